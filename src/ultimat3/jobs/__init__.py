@@ -1,0 +1,1 @@
+"""ultimat3-jobs: durable background jobs with transactional enqueue."""

@@ -1,0 +1,199 @@
+"""The driver seam: what every storage backend does, in records.
+
+A driver stores jobs and moves them between states. It never decides policy: whether a failed
+job retries, and when, is decided above it (``retry.next_retry``) and handed down as a
+``Failure.retry_at``. Methods are noun-first and speak the records of ``records.py``; no SQL,
+cursor or row crosses the seam.
+
+Rules every driver keeps (the contract suite in ``tests/contract`` checks each one):
+
+- **Time.** Every method that reads the time takes ``now``: ``None`` means the database's own
+  clock (PostgreSQL ``now()``; the host clock for SQLite and memory). Lease expiry and due-ness
+  are compared against that one clock.
+- **Dedupe.** ``(tenant_id, idempotency_key)`` is unique among stored rows, enforced by the
+  database (a unique index), never by check-then-insert. A duplicate insert returns the stored
+  row's id with ``deduped=True`` and changes nothing. Pruning a row frees its key.
+- **Claim.** A claim takes due jobs (``state`` scheduled or available, ``run_at <= now``) from
+  unpaused queues, highest ``priority`` first, then oldest ``run_at``, then id; sets them
+  ``running``, adds one to ``attempt`` (the attempt is counted at claim time, so a job that kills
+  its worker cannot loop forever), and gives each a fresh lease token expiring at
+  ``now + lease_for``. No two claims ever return the same (job, token).
+- **Fencing.** Every write after the claim names a ``Lease``; it changes a row only while the
+  row is ``running`` with that token. A stale token matches nothing, and the method reports
+  which ids it changed.
+- **Transactions.** ``transaction()`` yields an opaque executor (a connection) inside a write
+  transaction on the job database; passing it as ``executor=`` makes an insert or a completion
+  part of that transaction: visible if and only if it commits.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from ultimat3.jobs.records import (
+    ClaimParams,
+    Failure,
+    InsertResult,
+    Job,
+    JobFilter,
+    JobState,
+    Lease,
+    NewJob,
+    QueueInfo,
+)
+
+__all__ = ["Driver", "Executor"]
+
+#: A driver-specific handle on a connection inside a transaction (``sqlite3.Connection``,
+#: ``psycopg.Connection``, or the memory driver's staging buffer). Opaque above the seam.
+Executor = Any
+
+
+class Driver(Protocol):
+    #: "memory", "sqlite" or "postgres".
+    name: str
+    #: Where the jobs live, with any password masked; for messages and the CLI.
+    display_url: str
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def migrate(self) -> list[int]:
+        """Apply pending migrations (serialised across processes); return the versions applied."""
+        ...
+
+    def migration_sql(self) -> list[tuple[int, str]]:
+        """Every migration as ``(version, sql)``, for teams that run their own tool."""
+        ...
+
+    def close(self) -> None: ...
+
+    # -- transactions ------------------------------------------------------------------------
+
+    def transaction(self) -> AbstractContextManager[Executor]:
+        """A write transaction on the job database: commits on normal exit, rolls back on error."""
+        ...
+
+    def adopt(self, connection: Any) -> Executor:
+        """Check that a caller's own connection reaches this job database, and return it as an
+        executor. Raises ``ConfigurationError`` (with a fix) when it cannot join."""
+        ...
+
+    # -- jobs --------------------------------------------------------------------------------
+
+    def job_insert_many(
+        self, jobs: Sequence[NewJob], *, executor: Executor | None = None, now: datetime | None = None
+    ) -> list[InsertResult]:
+        """Insert jobs, in order, deduplicated on (tenant_id, idempotency_key), also within the
+        batch. A job whose ``run_at`` is after ``now`` is stored ``scheduled``, else ``available``.
+        Without ``executor`` the batch commits in its own transaction before returning."""
+        ...
+
+    def job_claim(self, params: ClaimParams) -> list[Job]:
+        """Claim up to ``params.limit`` due jobs from ``params.queues`` (see the module rules)."""
+        ...
+
+    def lease_extend(
+        self, leases: Sequence[Lease], lease_for: timedelta, *, now: datetime | None = None
+    ) -> set[str]:
+        """Push the expiry of held leases to ``now + lease_for``; return the ids still held."""
+        ...
+
+    def job_complete_many(
+        self,
+        leases: Sequence[Lease],
+        *,
+        executor: Executor | None = None,
+        now: datetime | None = None,
+    ) -> set[str]:
+        """Mark held jobs ``completed`` (clearing the lease); return the ids changed."""
+        ...
+
+    def job_fail_many(self, failures: Sequence[Failure], *, now: datetime | None = None) -> set[str]:
+        """Record each failure in the job's error history; the job becomes ``scheduled`` at
+        ``retry_at`` (``available`` when that is not after now), or ``dead`` when ``retry_at`` is
+        None. Return the ids changed."""
+        ...
+
+    def job_snooze(
+        self, lease: Lease, run_at: datetime | None, *, now: datetime | None = None
+    ) -> bool:
+        """Put a held job back to wait until ``run_at`` (None: now) without consuming the
+        attempt (``attempt`` goes back down by one). Used by ``Snooze`` and by a worker that
+        releases jobs at shutdown."""
+        ...
+
+    def job_cancel(
+        self,
+        job_id: str,
+        *,
+        reason: str,
+        lease: Lease | None = None,
+        tenant_id: str | None = None,
+        now: datetime | None = None,
+    ) -> bool:
+        """Cancel an active job. With ``lease``, only while that lease is held (a handler
+        cancelling itself); without, any scheduled, available or running job (a running one
+        loses its lease, so its worker's later writes match nothing)."""
+        ...
+
+    def job_list_expired(self, *, limit: int, now: datetime | None = None) -> list[Job]:
+        """Running jobs whose lease expired before now, oldest expiry first. The caller fails
+        them through their (expired) lease, so a worker that comes back races fairly."""
+        ...
+
+    def job_get(self, job_id: str, *, tenant_id: str | None = None) -> Job | None:
+        """One job; with ``tenant_id``, only that tenant's."""
+        ...
+
+    def job_list(
+        self, where: JobFilter, *, limit: int = 100, before_id: str | None = None
+    ) -> list[Job]:
+        """Jobs matching ``where``, newest id first; ``before_id`` pages (keyset)."""
+        ...
+
+    def job_count(self, where: JobFilter) -> dict[tuple[str, JobState], int]:
+        """How many jobs match, per (queue, state); absent keys mean zero."""
+        ...
+
+    def job_retry(
+        self, ids: Sequence[str], *, tenant_id: str | None = None, now: datetime | None = None
+    ) -> list[str]:
+        """Make dead or cancelled jobs available now with one more attempt allowed (history
+        kept; ``max_attempts`` rises to ``attempt + 1`` when exhausted). Return the ids changed."""
+        ...
+
+    def job_discard(self, ids: Sequence[str], *, tenant_id: str | None = None) -> list[str]:
+        """Delete dead or cancelled jobs; return the ids deleted."""
+        ...
+
+    def job_prune(
+        self, *, states: frozenset[JobState], finished_before: datetime, limit: int
+    ) -> int:
+        """Delete up to ``limit`` jobs in final ``states`` that finished before the given time."""
+        ...
+
+    # -- queues ------------------------------------------------------------------------------
+
+    def queue_set_paused(self, queue: str, paused: bool) -> None:
+        """Pause or resume a queue; a paused queue is not claimed from (running jobs finish)."""
+        ...
+
+    def queue_list(self) -> list[QueueInfo]:
+        """Every queue that has jobs or a pause setting, with per-state counts."""
+        ...
+
+    # -- wake-ups ----------------------------------------------------------------------------
+
+    def wait_for_jobs(self, timeout: float, wake: threading.Event) -> None:
+        """Block up to ``timeout`` seconds; return early when jobs may have been inserted or
+        changed by any process, or when ``wake`` is set. A hint only: callers still poll."""
+        ...
+
+
+def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

@@ -1,0 +1,128 @@
+"""Every error the library raises on purpose, under one root.
+
+Each error says what went wrong (``cause``) and what to do about it (``fix``), and carries the
+exit code the command line uses for it. A class's docstring is its default message.
+
+    JobsError
+    ├── ConfigurationError          bad URL, bad option, bad duration, bad cron or zone
+    │   ├── DurationError
+    │   ├── CronError
+    │   └── RegistrationError       a name or handle registered twice, an unknown job
+    ├── SerializationError          input that does not survive a JSON round trip
+    │   └── PayloadTooLargeError
+    ├── DeserializationError        a stored payload that cannot be decoded
+    ├── OutboxNoTxError             mode="required" and no transaction to join
+    ├── DriverUnavailableError      the database cannot be reached or used
+    ├── JobNotFoundError
+    └── InvalidStateError           an action that the job's state does not allow
+
+Control flow is not an error: ``Snooze`` and ``Cancel`` (``ultimat3.jobs.job``) sit outside
+this tree because a handler raises them to ask for something, not to report a failure.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class JobsError(Exception):
+    """Something went wrong in ultimat3-jobs."""
+
+    exit_code: ClassVar[int] = 1
+    default_fix: ClassVar[str] = ""
+
+    def __init__(
+        self, cause: str | None = None, *, fix: str | None = None, **context: Any
+    ) -> None:
+        self.cause = cause or (type(self).__doc__ or "").strip().splitlines()[0]
+        self.fix = fix if fix is not None else self.default_fix
+        self.context = context
+        super().__init__(self.cause)
+
+    def __str__(self) -> str:
+        if self.fix:
+            return f"{self.cause}\n  fix: {self.fix}"
+        return self.cause
+
+    def to_dict(self) -> dict[str, Any]:
+        """The error as JSON-ready data, for ``--json`` output and logs."""
+        return {
+            "error": type(self).__name__,
+            "cause": self.cause,
+            "fix": self.fix,
+            **{k: v for k, v in self.context.items() if isinstance(v, str | int | float | bool)},
+        }
+
+
+class ConfigurationError(JobsError):
+    """The configuration is not valid."""
+
+    exit_code = 2
+
+
+class DurationError(ConfigurationError):
+    """The duration is not valid."""
+
+    default_fix = 'write a number of seconds, a timedelta, or text such as "250ms", "90s", "1h30m", "2d"'
+
+
+class CronError(ConfigurationError):
+    """The cron expression or time zone is not valid."""
+
+
+class RegistrationError(ConfigurationError):
+    """A job or task is registered in a way that cannot work."""
+
+
+class SerializationError(JobsError):
+    """The job input cannot be stored as JSON."""
+
+    def __init__(
+        self, cause: str | None = None, *, path: str = "input", fix: str | None = None
+    ) -> None:
+        self.path = path
+        super().__init__(cause, fix=fix, path=path)
+
+
+class PayloadTooLargeError(SerializationError):
+    """The job input is larger than the payload limit."""
+
+    default_fix = (
+        "store large data elsewhere (a table, a file, object storage) and pass its id, "
+        "or raise the limit with App(payload_limit=...)"
+    )
+
+
+class DeserializationError(JobsError):
+    """A stored job payload cannot be decoded."""
+
+    default_fix = "inspect the row with `ultimat3-jobs jobs show ID`; it was written by another version or by hand"
+
+
+class OutboxNoTxError(JobsError):
+    """An enqueue ran outside any transaction while the outbox mode is "required"."""
+
+    default_fix = (
+        "enqueue inside `with app.transaction():` or `with app.using(conn):`, "
+        "or pass outbox=False for an enqueue that must not wait for a transaction"
+    )
+
+
+class DriverUnavailableError(JobsError):
+    """The job database cannot be used."""
+
+    def __init__(
+        self, cause: str | None = None, *, driver: str = "", fix: str | None = None
+    ) -> None:
+        self.driver = driver
+        super().__init__(cause, fix=fix, driver=driver)
+
+
+class JobNotFoundError(JobsError):
+    """No job has that id."""
+
+    default_fix = "list jobs with `ultimat3-jobs jobs list`; ids of pruned jobs are gone"
+
+
+class InvalidStateError(JobsError):
+    """The job's state does not allow this action."""

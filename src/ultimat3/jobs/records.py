@@ -1,0 +1,172 @@
+"""The records that cross the driver seam: frozen dataclasses, never rows or cursors.
+
+Times are timezone-aware UTC ``datetime``; durations are ``timedelta``; ``input`` is the JSON
+text exactly as stored (the serializer owns encoding and decoding, drivers never parse it).
+
+Job states::
+
+    scheduled ──(run_at reached)──> available ──(claim)──> running ──> completed
+        ^                                                     │ └────> dead      (exhausted)
+        └──────────────(fail with retry / snooze)─────────────┘ └────> cancelled
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+DEFAULT_QUEUE = "default"
+
+
+class JobState(StrEnum):
+    SCHEDULED = "scheduled"
+    AVAILABLE = "available"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+
+#: States a job can still leave on its own.
+ACTIVE_STATES = frozenset({JobState.SCHEDULED, JobState.AVAILABLE, JobState.RUNNING})
+#: States that end a job.
+FINAL_STATES = frozenset({JobState.COMPLETED, JobState.DEAD, JobState.CANCELLED})
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A job to insert. ``id`` and ``idempotency_key`` are fixed by the caller, so a relay that
+    publishes the same staged job twice produces one row."""
+
+    id: str
+    name: str
+    queue: str
+    input: str
+    idempotency_key: str
+    max_attempts: int
+    run_at: datetime | None = None  # None: now, on the database's clock
+    priority: int = 0
+    tenant_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InsertResult:
+    """What an insert did: ``id`` is the existing job's when ``deduped``."""
+
+    id: str
+    deduped: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptError:
+    """One failed attempt, as stored in a job's error history."""
+
+    attempt: int
+    at: datetime
+    kind: str  # the exception class, or "timeout", "worker_lost"
+    message: str
+    traceback: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt,
+            "at": self.at.isoformat(),
+            "kind": self.kind,
+            "message": self.message,
+            "traceback": self.traceback,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> AttemptError:
+        return cls(
+            attempt=int(data["attempt"]),
+            at=datetime.fromisoformat(data["at"]),
+            kind=str(data["kind"]),
+            message=str(data["message"]),
+            traceback=str(data.get("traceback", "")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Proof that a worker holds a running job. Every write after the claim names it; a write
+    whose token is no longer the row's matches nothing (fencing)."""
+
+    id: str
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job row."""
+
+    id: str
+    name: str
+    queue: str
+    input: str
+    tenant_id: str | None
+    idempotency_key: str
+    priority: int
+    state: JobState
+    attempt: int
+    max_attempts: int
+    run_at: datetime
+    created_at: datetime
+    attempted_at: datetime | None = None
+    finished_at: datetime | None = None
+    lease_token: str | None = None
+    lease_expires_at: datetime | None = None
+    worker_id: str | None = None
+    errors: tuple[AttemptError, ...] = ()
+    cancel_reason: str | None = None
+
+    @property
+    def lease(self) -> Lease:
+        if self.lease_token is None:
+            raise ValueError(f"job {self.id} is {self.state}, it holds no lease")
+        return Lease(self.id, self.lease_token)
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    """Which jobs to list or count. Every field narrows; None means any."""
+
+    states: frozenset[JobState] | None = None
+    queue: str | None = None
+    name: str | None = None
+    tenant_id: str | None = None
+    ids: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One completed job, fenced by its lease."""
+
+    lease: Lease
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """One failed attempt: retried at ``retry_at``, or parked as dead when it is None."""
+
+    lease: Lease
+    error: AttemptError
+    retry_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    name: str
+    paused: bool
+    counts: dict[JobState, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimParams:
+    queues: tuple[str, ...]
+    limit: int
+    lease_for: timedelta
+    worker_id: str
+    now: datetime | None = None

@@ -1,1 +1,70 @@
-"""ultimat3-jobs: durable background jobs with transactional enqueue."""
+"""ultimat3-jobs: durable background jobs for Python.
+
+Define jobs with ``@job``, cron tasks with ``task(...)``, register the modules that export them
+with an ``App``, enqueue inside your database transaction, and run ``ultimat3-jobs worker``.
+SQLite with no configuration; PostgreSQL with a URL.
+
+The public names are the ones below; everything else is private and may change.
+``ultimat3.jobs.testing`` holds the helpers for tests.
+"""
+
+from ultimat3.jobs.tasks import TaskHandle, task
+
+from ultimat3.jobs.app import App
+from ultimat3.jobs.clock import Clock, SystemClock
+from ultimat3.jobs.errors import (
+    ConfigurationError,
+    CronError,
+    DeserializationError,
+    DriverUnavailableError,
+    DurationError,
+    InvalidStateError,
+    JobNotFoundError,
+    JobsError,
+    OutboxNoTxError,
+    PayloadTooLargeError,
+    RegistrationError,
+    SerializationError,
+)
+from ultimat3.jobs.job import Cancel, EnqueueResult, JobContext, JobHandle, Snooze, job
+from ultimat3.jobs.records import DEFAULT_QUEUE, AttemptError, Job, JobState, QueueInfo
+from ultimat3.jobs.retry import DEFAULT_RETRY, Retry, next_retry, retry_schedule
+from ultimat3.jobs.serialization import Codec
+from ultimat3.jobs.worker import Worker
+
+__all__ = [
+    "DEFAULT_QUEUE",
+    "DEFAULT_RETRY",
+    "App",
+    "AttemptError",
+    "Cancel",
+    "Clock",
+    "Codec",
+    "ConfigurationError",
+    "CronError",
+    "DeserializationError",
+    "DriverUnavailableError",
+    "DurationError",
+    "EnqueueResult",
+    "InvalidStateError",
+    "Job",
+    "JobContext",
+    "JobHandle",
+    "JobNotFoundError",
+    "JobState",
+    "JobsError",
+    "OutboxNoTxError",
+    "PayloadTooLargeError",
+    "QueueInfo",
+    "RegistrationError",
+    "Retry",
+    "SerializationError",
+    "Snooze",
+    "SystemClock",
+    "TaskHandle",
+    "Worker",
+    "job",
+    "next_retry",
+    "retry_schedule",
+    "task",
+]

@@ -64,7 +64,9 @@ class FakeClock:
     def __init__(self, start: datetime | None = None) -> None:
         start = start or datetime(2026, 1, 1, tzinfo=UTC)
         if start.tzinfo is None:
-            raise ValueError("FakeClock needs a timezone-aware start, e.g. datetime(..., tzinfo=UTC)")
+            raise ValueError(
+                "FakeClock needs a timezone-aware start, e.g. datetime(..., tzinfo=UTC)"
+            )
         self._now = start.astimezone(UTC)
         self._mono = 0.0
         self._lock = threading.Lock()

@@ -58,6 +58,9 @@ class Driver(Protocol):
     name: str
     #: Where the jobs live, with any password masked; for messages and the CLI.
     display_url: str
+    #: True when one open write transaction blocks every other writer (SQLite), so a write
+    #: outside the caller's open transaction, from the same thread, could only deadlock.
+    single_writer: bool
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -85,7 +88,11 @@ class Driver(Protocol):
     # -- jobs --------------------------------------------------------------------------------
 
     def job_insert_many(
-        self, jobs: Sequence[NewJob], *, executor: Executor | None = None, now: datetime | None = None
+        self,
+        jobs: Sequence[NewJob],
+        *,
+        executor: Executor | None = None,
+        now: datetime | None = None,
     ) -> list[InsertResult]:
         """Insert jobs, in order, deduplicated on (tenant_id, idempotency_key), also within the
         batch. A job whose ``run_at`` is after ``now`` is stored ``scheduled``, else ``available``.
@@ -112,7 +119,9 @@ class Driver(Protocol):
         """Mark held jobs ``completed`` (clearing the lease); return the ids changed."""
         ...
 
-    def job_fail_many(self, failures: Sequence[Failure], *, now: datetime | None = None) -> set[str]:
+    def job_fail_many(
+        self, failures: Sequence[Failure], *, now: datetime | None = None
+    ) -> set[str]:
         """Record each failure in the job's error history; the job becomes ``scheduled`` at
         ``retry_at`` (``available`` when that is not after now), or ``dead`` when ``retry_at`` is
         None. Return the ids changed."""

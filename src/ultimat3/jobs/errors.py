@@ -31,9 +31,7 @@ class JobsError(Exception):
     exit_code: ClassVar[int] = 1
     default_fix: ClassVar[str] = ""
 
-    def __init__(
-        self, cause: str | None = None, *, fix: str | None = None, **context: Any
-    ) -> None:
+    def __init__(self, cause: str | None = None, *, fix: str | None = None, **context: Any) -> None:
         self.cause = cause or (type(self).__doc__ or "").strip().splitlines()[0]
         self.fix = fix if fix is not None else self.default_fix
         self.context = context
@@ -57,13 +55,13 @@ class JobsError(Exception):
 class ConfigurationError(JobsError):
     """The configuration is not valid."""
 
-    exit_code = 2
-
 
 class DurationError(ConfigurationError):
     """The duration is not valid."""
 
-    default_fix = 'write a number of seconds, a timedelta, or text such as "250ms", "90s", "1h30m", "2d"'
+    default_fix = (
+        'write a number of seconds, a timedelta, or text such as "250ms", "90s", "1h30m", "2d"'
+    )
 
 
 class CronError(ConfigurationError):

@@ -1,0 +1,27 @@
+"""Jobs the benchmark's worker process runs (`--app benchjobs:app`)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from ultimat3.jobs import App, job
+
+_out = os.environ.get("BENCH_LATENCY_FILE", "")
+
+
+@job
+def noop(input: Any) -> None:
+    return None
+
+
+@job(queue="latency")
+def stamp(input: dict[str, Any]) -> None:
+    """Records how long after its enqueue it started (same host, same clock)."""
+    started = time.time()
+    with open(_out, "a") as f:
+        f.write(f"{started - input['t']:.6f}\n")
+
+
+app = App(os.environ["ULTIMAT3_JOBS_URL"], modules=[__import__(__name__)])

@@ -1,0 +1,335 @@
+"""Throughput and latency, per driver, each beside the bare-SQL baseline measured in the same run.
+
+    python bench/run.py                 # SQLite (and PostgreSQL when its binaries are present)
+    python bench/run.py --driver sqlite --quick
+
+Figures are jobs per second and latency percentiles on this machine, noisy by nature: quote
+them as ratios to the baselines printed beside them. Not a test: nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+
+def rate(n: int, seconds: float) -> str:
+    return f"{n / seconds:>12,.0f}/s"
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+class Table:
+    def __init__(self, title: str) -> None:
+        self.title = title
+        self.rows: list[tuple[str, str, str]] = []
+
+    def add(self, what: str, ours: str, baseline: str = "") -> None:
+        self.rows.append((what, ours, baseline))
+        print(f"  {what:<48} {ours:>20}   {baseline}", flush=True)
+
+    def header(self) -> None:
+        print(f"\n== {self.title}")
+        print(f"  {'measure':<48} {'ultimat3-jobs':>20}   baseline (bare SQL, same run)")
+
+
+# -- SQLite baselines ----------------------------------------------------------------------
+
+
+def sqlite_connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("pragma journal_mode=wal")
+    conn.execute("pragma synchronous=full")
+    conn.execute("pragma busy_timeout=30000")
+    return conn
+
+
+def sqlite_bare_insert(path: Path, n: int) -> float:
+    conn = sqlite_connect(path)
+    conn.execute("create table if not exists t(id integer primary key, v text)")
+    started = time.perf_counter()
+    for i in range(n):
+        conn.execute("begin immediate")
+        conn.execute("insert into t(v) values (?)", (f"v{i}",))
+        conn.execute("commit")
+    elapsed = time.perf_counter() - started
+    conn.close()
+    return elapsed
+
+
+def sqlite_bare_executemany(path: Path, n: int) -> float:
+    conn = sqlite_connect(path)
+    conn.execute("create table if not exists m(id integer primary key, v text)")
+    rows = [(f"v{i}",) for i in range(n)]
+    started = time.perf_counter()
+    conn.execute("begin immediate")
+    conn.executemany("insert into m(v) values (?)", rows)
+    conn.execute("commit")
+    elapsed = time.perf_counter() - started
+    conn.close()
+    return elapsed
+
+
+def sqlite_bare_claim_loop(path: Path, n: int) -> float:
+    conn = sqlite_connect(path)
+    conn.execute("create table if not exists q(id integer primary key, state text, lease text)")
+    conn.execute("create index if not exists q_avail on q(id) where state = 'available'")
+    conn.execute("begin immediate")
+    conn.executemany("insert into q(state) values ('available')", [()] * n)
+    conn.execute("commit")
+    started = time.perf_counter()
+    while True:
+        conn.execute("begin immediate")
+        ids = [
+            r[0]
+            for r in conn.execute(
+                "update q set state = 'running', lease = 'x' where id in "
+                "(select id from q where state = 'available' order by id limit 10) returning id"
+            )
+        ]
+        conn.execute("commit")
+        if not ids:
+            break
+        conn.execute("begin immediate")
+        conn.executemany(
+            "update q set state = 'completed' where id = ? and lease = 'x'", [(i,) for i in ids]
+        )
+        conn.execute("commit")
+    elapsed = time.perf_counter() - started
+    conn.close()
+    return elapsed
+
+
+def sqlite_bare_data_version_latency(path: Path, samples: int) -> list[float]:
+    watcher = sqlite_connect(path)
+    writer = sqlite_connect(path)
+    writer.execute("create table if not exists dv(id integer primary key)")
+    seen: list[float] = []
+    for _ in range(samples):
+        base = watcher.execute("pragma data_version").fetchone()[0]
+        stamp: list[float] = []
+
+        def write(stamp: list[float] = stamp) -> None:
+            time.sleep(0.005)
+            stamp.append(time.perf_counter())
+            writer.execute("insert into dv default values")
+
+        t = threading.Thread(target=write)
+        t.start()
+        while watcher.execute("pragma data_version").fetchone()[0] == base:
+            time.sleep(0.001)
+        noticed = time.perf_counter()
+        t.join()
+        seen.append(noticed - stamp[0])
+    watcher.close()
+    writer.close()
+    return seen
+
+
+# -- library measures (any driver) ---------------------------------------------------------
+
+
+def load_app(url: str, tmp: Path) -> Any:
+    os.environ["ULTIMAT3_JOBS_URL"] = url
+    os.environ["BENCH_LATENCY_FILE"] = str(tmp / "latency.txt")
+    sys.path.insert(0, str(HERE))
+    sys.modules.pop("benchjobs", None)
+    import benchjobs
+
+    benchjobs.app.open()  # open + migrate outside the timings
+    return benchjobs
+
+
+def spawn_worker(url: str, tmp: Path, *args: str) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "ULTIMAT3_JOBS_URL": url,
+        "BENCH_LATENCY_FILE": str(tmp / "latency.txt"),
+        "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "ultimat3.jobs", "--app", "benchjobs:app", "worker", *args],
+        env=env,
+        cwd=HERE,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_library(
+    table: Table,
+    url: str,
+    tmp: Path,
+    quick: bool,
+    baselines: dict[str, float],
+    in_tx: Callable[[Any, int], tuple[float, float]],
+) -> None:
+    bj = load_app(url, tmp)
+    app = bj.app
+    n_single = 1000 if quick else 3000
+    started = time.perf_counter()
+    for i in range(n_single):
+        bj.noop.enqueue({"i": i})
+    elapsed = time.perf_counter() - started
+    single = n_single / elapsed
+    table.add(
+        "single enqueue (one commit each)",
+        rate(n_single, elapsed),
+        f"{baselines['insert']:,.0f}/s one-row INSERT  (ratio {single / baselines['insert']:.2f})",
+    )
+
+    n_bulk = 50_000 if quick else 200_000
+    inputs = [{"i": i} for i in range(n_bulk)]
+    started = time.perf_counter()
+    for chunk in range(0, n_bulk, 10_000):
+        app.enqueue_many(bj.noop, inputs[chunk : chunk + 10_000])
+    elapsed = time.perf_counter() - started
+    table.add(
+        "bulk enqueue (10,000 per call)",
+        rate(n_bulk, elapsed),
+        f"{baselines['bulk']:,.0f}/s {baselines['bulk_label']}",
+    )
+
+    total = n_single + n_bulk
+    worker = spawn_worker(url, tmp, "--queue", "default", "--poll-interval", "100ms")
+    started = time.perf_counter()
+    deadline = started + 600
+    while app.count_jobs(state="completed") < total and time.perf_counter() < deadline:
+        time.sleep(0.05)
+    elapsed = time.perf_counter() - started
+    worker.terminate()
+    worker.wait()
+    table.add(
+        f"drain {total:,} no-op jobs (1 worker process, defaults)",
+        rate(total, elapsed),
+        f"{baselines['claim']:,.0f}/s bare claim-10/ack-10 loop  (ratio {total / elapsed / baselines['claim']:.2f})",
+    )
+
+    worker = spawn_worker(url, tmp, "--queue", "latency", "--poll-interval", "1s")
+    time.sleep(1.5)
+    out = tmp / "latency.txt"
+    out.unlink(missing_ok=True)
+    n_lat = 250 if quick else 500
+    for _ in range(n_lat):
+        bj.stamp.enqueue({"t": time.time()})
+        time.sleep(1 / 50)
+    time.sleep(1.0)
+    lat = [float(x) * 1000 for x in out.read_text().split()]
+    table.add(
+        f"enqueue-to-start at 50 jobs/s ({len(lat)} jobs) p50/p95/p99",
+        f"{pct(lat, 50):.2f}/{pct(lat, 95):.2f}/{pct(lat, 99):.2f} ms",
+        baselines.get("wake_label", ""),
+    )
+    out.unlink()
+    idle_samples: list[float] = []
+    cpu_idle = 0.0
+    for _ in range(3 if quick else 5):
+        before = cpu_seconds(worker.pid)
+        time.sleep(5)
+        cpu_idle = (cpu_seconds(worker.pid) - before) / 5
+        bj.stamp.enqueue({"t": time.time()})
+        time.sleep(0.5)
+    idle_samples = [float(x) * 1000 for x in out.read_text().split()]
+    table.add(
+        f"first job after 5 s idle ({len(idle_samples)} samples) median/max",
+        f"{statistics.median(idle_samples):.2f}/{max(idle_samples):.2f} ms",
+    )
+    table.add("idle worker CPU (share of one core)", f"{cpu_idle * 100:.2f} %")
+    worker.terminate()
+    worker.wait()
+
+    n_tx = 500 if quick else 2000
+    bare, with_job = in_tx(bj, n_tx)
+    table.add(
+        "added cost of one enqueue inside a business tx",
+        f"{(with_job - bare) / n_tx * 1000:.3f} ms",
+        f"tx alone {bare / n_tx * 1000:.3f} ms; with enqueue {with_job / n_tx * 1000:.3f} ms",
+    )
+    app.close()
+
+
+def sqlite_in_tx(bj: Any, n: int) -> tuple[float, float]:
+    app = bj.app
+    with app.transaction() as conn:
+        conn.execute("create table if not exists orders(id integer primary key, v text)")
+
+    def run(enqueue: bool) -> float:
+        started = time.perf_counter()
+        for i in range(n):
+            with app.transaction() as conn:
+                conn.execute("insert into orders(v) values (?)", (f"o{i}",))
+                if enqueue:
+                    bj.noop.enqueue({"order": i})
+        return time.perf_counter() - started
+
+    run(True)  # warm
+    return run(False), run(True)
+
+
+def bench_sqlite(quick: bool) -> None:
+    table = Table("SQLite (WAL, synchronous=FULL, default settings)")
+    table.header()
+    tmp = Path(tempfile.mkdtemp(prefix="u3bench-sqlite-"))
+    try:
+        n = 2000 if quick else 5000
+        insert = n / sqlite_bare_insert(tmp / "bare.sqlite3", n)
+        m = 200_000 if quick else 500_000
+        bulk = m / sqlite_bare_executemany(tmp / "bare.sqlite3", m)
+        c = 20_000 if quick else 50_000
+        claim = c / sqlite_bare_claim_loop(tmp / "bare.sqlite3", c)
+        dv = [x * 1000 for x in sqlite_bare_data_version_latency(tmp / "bare.sqlite3", 50)]
+        baselines = {
+            "insert": insert,
+            "bulk": bulk,
+            "bulk_label": "executemany rows",
+            "claim": claim,
+            "wake_label": f"bare data_version poll notices a commit in {statistics.median(dv):.2f} ms p50",
+        }
+        measure_library(
+            table, f"sqlite:///{tmp / 'jobs.sqlite3'}", tmp, quick, baselines, sqlite_in_tx
+        )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--driver", choices=["sqlite", "postgres", "all"], default="all")
+    parser.add_argument("--quick", action="store_true", help="Smaller counts (about a minute).")
+    args = parser.parse_args()
+    if args.driver in ("sqlite", "all"):
+        bench_sqlite(args.quick)
+    if args.driver in ("postgres", "all"):
+        try:
+            from bench_pg import bench_postgres
+        except ImportError as exc:
+            print(f"\n== PostgreSQL: skipped ({exc})")
+        else:
+            bench_postgres(args.quick, Table, measure_library)
+
+
+if __name__ == "__main__":
+    main()

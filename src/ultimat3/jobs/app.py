@@ -1,0 +1,358 @@
+"""The App: one job database, the jobs and tasks registered with it, and how to reach both.
+
+``App()`` with no argument uses ``$ULTIMAT3_JOBS_URL``, else a SQLite file named
+``ultimat3-jobs.sqlite3`` in the working directory (its path is logged when it is opened).
+The database is opened and migrated on first use, so creating an App costs nothing.
+
+Enqueueing joins the current transaction (see ``ultimat3.jobs.outbox``)::
+
+    with app.transaction() as conn:          # a connection to the job database, in BEGIN
+        conn.execute("insert into orders ...")
+        send_receipt.enqueue({"order": 42})  # same transaction: no order, no receipt
+
+There are no hidden globals: an App is an object, several can live in one process, and a
+handle finds its app from context (the one running the job, or ``with app:``) or from the one
+app that registered it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import Token
+from types import ModuleType
+from typing import Any, Unpack
+
+from ultimat3.jobs import events
+from ultimat3.jobs.clock import Clock, SystemClock
+from ultimat3.jobs.driver import Driver
+from ultimat3.jobs.drivers import default_url, open_driver, url_from_env
+from ultimat3.jobs.duration import DurationInput, to_timedelta
+from ultimat3.jobs.errors import ConfigurationError, JobNotFoundError, RegistrationError
+from ultimat3.jobs.job import (
+    EnqueueKwargs,
+    Enqueuer,
+    EnqueueResult,
+    JobHandle,
+    Registered,
+    Registry,
+    current_app,
+)
+from ultimat3.jobs.maintenance import MaintenanceConfig
+from ultimat3.jobs.outbox import EnqueueOptions, Mode, TxBinding, bind, build_job, insert
+from ultimat3.jobs.records import Job, JobFilter, JobState, NewJob, QueueInfo
+from ultimat3.jobs.serialization import Codec, Serializer
+from ultimat3.jobs.worker import Worker, WorkerConfig
+
+DEFAULT_PAYLOAD_LIMIT = 1_048_576
+
+
+class App(Enqueuer):
+    """A job database and the jobs registered with it."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        modules: Sequence[ModuleType | object] = (),
+        driver: Driver | None = None,
+        mode: Mode = "default",
+        codecs: Sequence[Codec[Any]] = (),
+        payload_limit: int = DEFAULT_PAYLOAD_LIMIT,
+        clock: Clock | None = None,
+        migrate: bool = True,
+    ) -> None:
+        if mode not in ("default", "required"):
+            raise ConfigurationError(
+                f"mode={mode!r} is not valid",
+                fix='use mode="default" (enqueue outside a transaction commits on its own) or "required"',
+            )
+        if driver is not None and url is not None:
+            raise ConfigurationError("App got both url= and driver=", fix="pass one of them")
+        self.url = url or (None if driver is not None else url_from_env() or default_url())
+        self.mode: Mode = mode
+        self.clock: Clock = clock or SystemClock()
+        self.serializer = Serializer(codecs=codecs, payload_limit=payload_limit)
+        self.registry = Registry()
+        self._driver = driver
+        self._migrate = migrate
+        self._opened = False
+        self._open_lock = threading.Lock()
+        self._entered: list[Token[Enqueuer | None]] = []
+        #: Set by ``testing.inline``: runs jobs instead of writing them.
+        self._intercept: Callable[[list[NewJob]], list[EnqueueResult]] | None = None
+        if modules:
+            self.register(*modules)
+
+    # -- set-up ------------------------------------------------------------------------------
+
+    @property
+    def driver(self) -> Driver:
+        """The driver, opened and migrated on first use."""
+        if self._opened and self._driver is not None:
+            return self._driver
+        with self._open_lock:
+            if self._driver is None:
+                assert self.url is not None
+                self._driver = open_driver(self.url)
+            if not self._opened:
+                if self._migrate:
+                    applied = self._driver.migrate()
+                    if applied:
+                        events.info("jobs.migrated", versions=applied)
+                events.info("jobs.opened", url=self._driver.display_url)
+                self._opened = True
+            return self._driver
+
+    def open(self) -> Driver:
+        """Open and migrate the database now, rather than on first use."""
+        return self.driver
+
+    def register(self, *modules: ModuleType | object) -> list[Registered]:
+        """Register every job and task a module exports, named by its export name."""
+        registered = self.registry.register(*modules)
+        for item in registered:
+            if item.kind == "job":
+                self.registry.jobs[item.name]._bind_app(self)
+        return registered
+
+    def knows(self, handle: JobHandle[Any]) -> bool:
+        return self.registry.knows(handle)
+
+    def close(self) -> None:
+        """Close the database and stop being the app that handles enqueue through."""
+        for handle in self.registry.jobs.values():
+            handle._unbind_app(self)
+        if self._driver is not None:
+            self._driver.close()
+        self._opened = False
+
+    def __enter__(self) -> App:
+        """Make this the current app for ``handle.enqueue()`` in this context."""
+        self._entered.append(current_app.set(self))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        current_app.reset(self._entered.pop())
+
+    # -- enqueue -----------------------------------------------------------------------------
+
+    def enqueue(
+        self, handle: JobHandle[Any], input: Any, /, **options: Unpack[EnqueueKwargs]
+    ) -> EnqueueResult:
+        """Enqueue one job; inside a transaction, as part of it (see the module docstring).
+
+        Options: ``run_at`` or ``delay``, ``tenant_id``, ``queue``, ``priority``,
+        ``max_attempts``, ``idempotency_key``, ``outbox`` (see ``EnqueueKwargs``).
+        """
+        opts = EnqueueOptions(**options)
+        return self._insert([self._build(handle, input, opts)], opts.outbox)[0]
+
+    def enqueue_many(
+        self, handle: JobHandle[Any], inputs: Iterable[Any], /, **options: Unpack[EnqueueKwargs]
+    ) -> list[EnqueueResult]:
+        """Enqueue one job per input, in one transaction: all are written, or none."""
+        opts = EnqueueOptions(**options)
+        if opts.idempotency_key is not None:
+            raise ConfigurationError(
+                "enqueue_many got one idempotency_key for many jobs",
+                fix="give the job an idempotency_key function of its input, or enqueue one by one",
+            )
+        jobs = [self._build(handle, value, opts) for value in inputs]
+        return self._insert(jobs, opts.outbox) if jobs else []
+
+    async def enqueue_async(
+        self, handle: JobHandle[Any], input: Any, /, **options: Unpack[EnqueueKwargs]
+    ) -> EnqueueResult:
+        """``enqueue`` for async code: the same logic, off the event loop's thread."""
+        return await asyncio.to_thread(lambda: self.enqueue(handle, input, **options))
+
+    async def enqueue_many_async(
+        self, handle: JobHandle[Any], inputs: Iterable[Any], /, **options: Unpack[EnqueueKwargs]
+    ) -> list[EnqueueResult]:
+        values = list(inputs)
+        return await asyncio.to_thread(lambda: self.enqueue_many(handle, values, **options))
+
+    def _build(self, handle: JobHandle[Any], input: Any, options: EnqueueOptions) -> NewJob:
+        if not isinstance(handle, JobHandle):
+            raise RegistrationError(
+                f"enqueue needs a job handle, got {type(handle).__name__}",
+                fix="decorate the function with @job and register its module with app.register()",
+            )
+        if not self.registry.knows(handle):
+            label = handle.bound_name or getattr(handle.fn, "__qualname__", "?")
+            raise RegistrationError(
+                f"job {label!r} is not registered with this app",
+                fix="call app.register(module) with the module that exports it before enqueuing",
+            )
+        return build_job(handle, input, options, serializer=self.serializer, now=self.clock.now())
+
+    def _insert(self, jobs: list[NewJob], outbox: bool | None) -> list[EnqueueResult]:
+        if self._intercept is not None:
+            return self._intercept(jobs)
+        return insert(
+            self.driver,
+            jobs,
+            mode=self.mode,
+            outbox=outbox,
+            now=self.clock.pinned(),
+            label=jobs[0].name,
+        )
+
+    # -- transactions ------------------------------------------------------------------------
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """A connection to the job database inside a transaction, for business SQL; every
+        enqueue in the block joins it. Commits on normal exit, rolls back on an exception."""
+        driver = self.driver
+        with driver.transaction() as executor, bind(TxBinding(driver, executor)):
+            yield executor
+
+    @contextmanager
+    def using(self, connection: Any) -> Iterator[Any]:
+        """Join a transaction on your own connection (``sqlite3``, psycopg): enqueues in the
+        block insert on it and commit or roll back with it. You commit it, as usual."""
+        driver = self.driver
+        executor = driver.adopt(connection)
+        with bind(TxBinding(driver, executor)):
+            yield connection
+
+    # -- workers -----------------------------------------------------------------------------
+
+    def worker(
+        self,
+        *,
+        queues: Sequence[str] | None = None,
+        concurrency: int = 10,
+        lease: DurationInput = "30s",
+        poll_interval: DurationInput = "1s",
+        shutdown_grace: DurationInput = "10s",
+        rescue_interval: DurationInput = "5s",
+        retention: DurationInput = "1d",
+        dead_retention: DurationInput | None = None,
+        heartbeat: DurationInput | None = None,
+    ) -> Worker:
+        """A worker for this app's jobs (``worker.run()`` blocks; ``with worker:`` runs it in
+        background threads)."""
+        chosen = tuple(queues) if queues else self.queues_of_jobs()
+        if not chosen:
+            raise ConfigurationError(
+                "the worker has no queue to serve: no job is registered",
+                fix="register your jobs module (App(modules=[...]) or --app module:app), or pass queues=",
+            )
+        config = WorkerConfig(
+            queues=chosen,
+            concurrency=concurrency,
+            lease=to_timedelta(lease),
+            heartbeat=to_timedelta(heartbeat) if heartbeat is not None else None,
+            poll_interval=to_timedelta(poll_interval),
+            shutdown_grace=to_timedelta(shutdown_grace),
+            rescue_interval=to_timedelta(rescue_interval),
+            maintenance=MaintenanceConfig(
+                retention=to_timedelta(retention),
+                dead_retention=to_timedelta(dead_retention) if dead_retention is not None else None,
+            ),
+        )
+        return Worker(
+            driver=self.driver,
+            handles=self.registry.job_named,
+            queues=chosen,
+            serializer=self.serializer,
+            clock=self.clock,
+            app=self,
+            config=config,
+        )
+
+    def queues_of_jobs(self) -> tuple[str, ...]:
+        return tuple(sorted({h.queue for h in self.registry.jobs.values()}))
+
+    # -- inspecting and operating ------------------------------------------------------------
+
+    def get_job(self, job_id: str, *, tenant_id: str | None = None) -> Job:
+        found = self.driver.job_get(job_id, tenant_id=tenant_id)
+        if found is None:
+            raise JobNotFoundError(f"no job has the id {job_id!r}")
+        return found
+
+    def list_jobs(
+        self,
+        *,
+        state: JobState | str | Iterable[JobState | str] | None = None,
+        queue: str | None = None,
+        name: str | None = None,
+        tenant_id: str | None = None,
+        limit: int = 50,
+        before_id: str | None = None,
+    ) -> list[Job]:
+        return self.driver.job_list(
+            _filter(state, queue, name, tenant_id), limit=limit, before_id=before_id
+        )
+
+    def count_jobs(
+        self,
+        *,
+        state: JobState | str | Iterable[JobState | str] | None = None,
+        queue: str | None = None,
+        name: str | None = None,
+        tenant_id: str | None = None,
+    ) -> int:
+        counts = self.driver.job_count(_filter(state, queue, name, tenant_id))
+        return sum(counts.values())
+
+    def decode_input(self, job: Job) -> Any:
+        """A job's input as plain JSON data (codecs applied)."""
+        return self.serializer.loads(job.input)
+
+    def retry_jobs(self, ids: Sequence[str], *, tenant_id: str | None = None) -> list[str]:
+        """Give dead or cancelled jobs one more attempt, now."""
+        return self.driver.job_retry(list(ids), tenant_id=tenant_id, now=self.clock.pinned())
+
+    def discard_jobs(self, ids: Sequence[str], *, tenant_id: str | None = None) -> list[str]:
+        """Delete dead or cancelled jobs."""
+        return self.driver.job_discard(list(ids), tenant_id=tenant_id)
+
+    def cancel_job(
+        self, job_id: str, *, reason: str = "cancelled by an operator", tenant_id: str | None = None
+    ) -> bool:
+        """Cancel a scheduled, available or running job (a running one loses its lease)."""
+        return self.driver.job_cancel(
+            job_id, reason=reason, tenant_id=tenant_id, now=self.clock.pinned()
+        )
+
+    def pause_queue(self, queue: str) -> None:
+        self.driver.queue_set_paused(queue, True)
+
+    def resume_queue(self, queue: str) -> None:
+        self.driver.queue_set_paused(queue, False)
+
+    def queues(self) -> list[QueueInfo]:
+        return self.driver.queue_list()
+
+
+def _filter(
+    state: JobState | str | Iterable[JobState | str] | None,
+    queue: str | None,
+    name: str | None,
+    tenant_id: str | None,
+) -> JobFilter:
+    states: frozenset[JobState] | None
+    if state is None:
+        states = None
+    elif isinstance(state, str):
+        states = frozenset({_state(state)})
+    else:
+        states = frozenset(_state(s) for s in state)
+    return JobFilter(states=states, queue=queue, name=name, tenant_id=tenant_id)
+
+
+def _state(value: JobState | str) -> JobState:
+    try:
+        return JobState(value)
+    except ValueError:
+        raise ConfigurationError(
+            f"{value!r} is not a job state",
+            fix="use one of: " + ", ".join(s.value for s in JobState),
+        ) from None

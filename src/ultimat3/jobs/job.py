@@ -1,0 +1,439 @@
+"""Job definitions, the handle an app enqueues through, and the registry of names.
+
+``@job`` turns a function of one JSON input into a ``JobHandle``. Names come from where the
+handle is exported: ``app.register(module)`` names each handle after the module attribute that
+holds it (seed ``registerJobs``), unless ``@job(name=...)`` fixed one. A handle exported under
+two names, or two handles under one name, is an error with a fix, never a silent pick.
+
+``handle.enqueue(input)`` works wherever it is called from: it asks the current app (the one
+running the job, or the one entered with ``with app:``), else the one app that registered the
+handle. With none, or several and no current one, it raises ``RegistrationError`` saying which
+app to use.
+
+Control flow raised by handlers sits outside the error tree: ``Snooze`` puts the job back to
+wait without consuming an attempt, ``Cancel`` ends it as cancelled.
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import ModuleType
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Generic,
+    Literal,
+    Protocol,
+    TypedDict,
+    TypeVar,
+    Unpack,
+    overload,
+)
+
+if TYPE_CHECKING:
+    from ultimat3.jobs.tasks import TaskHandle
+
+from ultimat3.jobs.duration import DurationInput, to_timedelta
+from ultimat3.jobs.errors import ConfigurationError, RegistrationError
+from ultimat3.jobs.records import DEFAULT_QUEUE, InsertResult
+from ultimat3.jobs.retry import DEFAULT_RETRY, Retry
+from ultimat3.jobs.serialization import input_type
+
+__all__ = [
+    "Cancel",
+    "EnqueueKwargs",
+    "EnqueueResult",
+    "JobContext",
+    "JobHandle",
+    "Registered",
+    "Registry",
+    "Snooze",
+    "check_queue_name",
+    "current_app",
+    "delay_to_run_at",
+    "is_job_handle",
+    "job",
+]
+
+InputT = TypeVar("InputT")
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: What an enqueue did: the job id, and whether an existing job with the same idempotency key
+#: was returned instead of a new one.
+EnqueueResult = InsertResult
+
+_NAME_RE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-:")
+
+
+class EnqueueKwargs(TypedDict, total=False):
+    """The options of one enqueue (``app.enqueue`` and ``handle.enqueue``)."""
+
+    #: When to run (an aware datetime); or ``delay``, a duration from now. Default: now.
+    run_at: datetime | None
+    delay: DurationInput | None
+    tenant_id: str | None
+    #: Overrides the job's queue, priority, or attempts for this one enqueue.
+    queue: str | None
+    priority: int | None
+    max_attempts: int | None
+    #: Overrides the job's idempotency key function: a duplicate returns the existing job.
+    idempotency_key: str | None
+    #: False: commit on its own even inside a transaction (the seed's escape hatch).
+    outbox: bool | None
+
+
+class Enqueuer(Protocol):
+    """What a handle needs from an app (the app implements it)."""
+
+    def enqueue(
+        self, handle: JobHandle[Any], input: Any, /, **options: Unpack[EnqueueKwargs]
+    ) -> EnqueueResult: ...
+
+    async def enqueue_async(
+        self, handle: JobHandle[Any], input: Any, /, **options: Unpack[EnqueueKwargs]
+    ) -> EnqueueResult: ...
+
+    def knows(self, handle: JobHandle[Any]) -> bool: ...
+
+
+#: The app whose job is running, or that the caller entered with ``with app:``.
+current_app: ContextVar[Enqueuer | None] = ContextVar("ultimat3_jobs_current_app", default=None)
+
+
+class Snooze(Exception):
+    """Raised by a handler: run me again after ``delay``, without consuming an attempt."""
+
+    def __init__(self, delay: DurationInput = 0) -> None:
+        self.delay = to_timedelta(delay)
+        super().__init__(f"snooze for {self.delay}")
+
+
+class Cancel(Exception):
+    """Raised by a handler: stop retrying; the job ends ``cancelled`` with ``reason``."""
+
+    def __init__(self, reason: str = "cancelled by the job") -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+@dataclass
+class JobContext:
+    """What a handler that asks for it (a second parameter) knows about its run."""
+
+    id: str
+    name: str
+    queue: str
+    attempt: int
+    max_attempts: int
+    tenant_id: str | None
+    enqueued_at: datetime
+    _heartbeat: Callable[[], bool] = field(repr=False, default=lambda: True)
+    _cancelled: Callable[[], bool] = field(repr=False, default=lambda: False)
+
+    def heartbeat(self) -> bool:
+        """Extend the lease now (the worker also does it on its own); False if it was lost."""
+        return self._heartbeat()
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the worker gave up on this run (timeout, shutdown, lost lease): a
+        long-running sync handler should check it and return."""
+        return self._cancelled()
+
+    @property
+    def is_last_attempt(self) -> bool:
+        return self.attempt >= self.max_attempts
+
+
+class JobHandle(Generic[InputT]):
+    """A registered unit of work. Call it to run the function directly; ``enqueue`` to run it
+    in a worker."""
+
+    kind: Literal["job"] = "job"
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        retry: Retry | None = None,
+        idempotency_key: Callable[[InputT], str] | None = None,
+        timeout: DurationInput | None = None,
+        priority: int = 0,
+    ) -> None:
+        if not callable(fn):
+            raise ConfigurationError(
+                f"@job needs a function, got {type(fn).__name__}",
+                fix="put @job directly above a `def` or `async def` that takes one input",
+            )
+        self.fn = fn
+        self._name = _check_name(name, "job") if name is not None else None
+        self._explicit_name = name is not None
+        self.queue = _check_name(queue, "queue") if queue is not None else DEFAULT_QUEUE
+        self.retry = retry if retry is not None else DEFAULT_RETRY
+        if not isinstance(self.retry, Retry):
+            raise ConfigurationError(
+                f"retry= must be a Retry, got {type(retry).__name__}",
+                fix="write retry=Retry(attempts=5, backoff='exponential', delay='1s')",
+            )
+        self.idempotency_key = idempotency_key
+        self.timeout = to_timedelta(timeout) if timeout is not None else None
+        if (
+            isinstance(priority, bool)
+            or not isinstance(priority, int)
+            or not -100 <= priority <= 100
+        ):
+            raise ConfigurationError(
+                f"priority must be an int from -100 to 100, got {priority!r}",
+                fix="higher runs first; the default is 0",
+            )
+        self.priority = priority
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.input_type = input_type(fn)
+        self.wants_context = _wants_context(fn)
+        self._apps: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    @property
+    def name(self) -> str:
+        if self._name is None:
+            qual = getattr(self.fn, "__qualname__", repr(self.fn))
+            raise RegistrationError(
+                f"job {qual} has no name yet: it is not registered with any app",
+                fix="call app.register(module) with the module that exports it, or pass @job(name=...)",
+            )
+        return self._name
+
+    @property
+    def bound_name(self) -> str | None:
+        return self._name
+
+    def _bind_name(self, name: str) -> None:
+        if self._name is None:
+            self._name = _check_name(name, "job")
+        elif self._name != name and not self._explicit_name:
+            raise RegistrationError(
+                f"one job handle is exported under two names: {self._name!r} and {name!r}",
+                fix=f"export it under one name, or fix its name with @job(name={self._name!r})",
+            )
+
+    def _bind_app(self, app: Enqueuer) -> None:
+        self._apps.add(app)
+
+    def _unbind_app(self, app: Enqueuer) -> None:
+        self._apps.discard(app)
+
+    def __call__(self, input: InputT, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(input, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return (
+            f"<JobHandle {self._name or getattr(self.fn, '__qualname__', '?')} queue={self.queue}>"
+        )
+
+    def _app(self) -> Enqueuer:
+        app = current_app.get()
+        if app is not None and app.knows(self):
+            return app
+        apps = list(self._apps)
+        if len(apps) == 1:
+            return apps[0]  # type: ignore[no-any-return]
+        label = self._name or getattr(self.fn, "__qualname__", "?")
+        if not apps:
+            raise RegistrationError(
+                f"job {label!r} is not registered with any app, so it cannot be enqueued",
+                fix="create an App and call app.register(your_jobs_module) before enqueuing",
+            )
+        raise RegistrationError(
+            f"job {label!r} is registered with {len(apps)} apps and none is current",
+            fix="call app.enqueue(handle, input), or enqueue inside `with app:`",
+        )
+
+    def enqueue(self, input: InputT, **options: Unpack[EnqueueKwargs]) -> EnqueueResult:
+        """Enqueue through the current app; joins the current transaction (see ``App``)."""
+        return self._app().enqueue(self, input, **options)
+
+    async def enqueue_async(self, input: InputT, **options: Unpack[EnqueueKwargs]) -> EnqueueResult:
+        return await self._app().enqueue_async(self, input, **options)
+
+
+@overload
+def job(fn: F, /) -> JobHandle[Any]: ...
+
+
+@overload
+def job(
+    *,
+    name: str | None = None,
+    queue: str | None = None,
+    retry: Retry | None = None,
+    idempotency_key: Callable[[Any], str] | None = None,
+    timeout: DurationInput | None = None,
+    priority: int = 0,
+) -> Callable[[F], JobHandle[Any]]: ...
+
+
+def job(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    queue: str | None = None,
+    retry: Retry | None = None,
+    idempotency_key: Callable[[Any], str] | None = None,
+    timeout: DurationInput | None = None,
+    priority: int = 0,
+) -> JobHandle[Any] | Callable[[F], JobHandle[Any]]:
+    """Define a job: ``@job`` or ``@job(queue="mail", retry=Retry(attempts=5))``.
+
+    The function takes one JSON input (a dict, list, str, number, bool or None; or a dataclass
+    or pydantic model when annotated so) and, optionally, a ``JobContext`` second. ``def``
+    handlers run on the worker's threads, ``async def`` handlers on its event loop.
+    """
+
+    def wrap(f: Callable[..., Any]) -> JobHandle[Any]:
+        return JobHandle(
+            f,
+            name=name,
+            queue=queue,
+            retry=retry,
+            idempotency_key=idempotency_key,
+            timeout=timeout,
+            priority=priority,
+        )
+
+    if fn is not None:
+        return wrap(fn)
+    return wrap
+
+
+def is_job_handle(value: object) -> bool:
+    return isinstance(value, JobHandle)
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    """One name that ``register`` bound (seed ``RegisteredPrimitive``)."""
+
+    kind: Literal["job", "task"]
+    name: str
+    module: str
+
+
+class Registry:
+    """Names to handles, for one app. Not thread-safe for registration; register at start-up."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, JobHandle[Any]] = {}
+        self.tasks: dict[str, TaskHandle] = {}
+
+    def register(self, *modules: ModuleType | object) -> list[Registered]:
+        """Register every job and task handle a module exports, under its export name.
+
+        Names are taken in sorted order; ``__all__`` limits them when the module defines it.
+        A plain object (a class, a namespace) works too: its public attributes are the exports.
+        """
+        registered: list[Registered] = []
+        for module in modules:
+            mod_name = getattr(module, "__name__", type(module).__name__)
+            for attr in _export_names(module):
+                value = getattr(module, attr, None)
+                if isinstance(value, JobHandle):
+                    registered.append(self.add_job(value, attr, mod_name))
+                elif getattr(value, "kind", None) == "task":
+                    registered.append(self.add_task(value, attr, mod_name))
+        return registered
+
+    def add_job(self, handle: JobHandle[Any], export_name: str, module: str = "") -> Registered:
+        name = handle.bound_name if handle._explicit_name else export_name
+        assert name is not None
+        for other_name, other in self.jobs.items():
+            if other is handle and other_name != name:
+                raise RegistrationError(
+                    f"one job handle is exported under two names: {other_name!r} and {name!r}",
+                    fix=f"export it once, or fix its name with @job(name={other_name!r})",
+                )
+        existing = self.jobs.get(name)
+        if existing is not None and existing is not handle:
+            raise RegistrationError(
+                f"two different jobs are registered under the name {name!r}",
+                fix="rename one of them, or give one an explicit @job(name=...)",
+            )
+        handle._bind_name(name)
+        self.jobs[name] = handle
+        return Registered("job", name, module)
+
+    def add_task(self, handle: TaskHandle, export_name: str, module: str = "") -> Registered:
+        name = handle.name or export_name
+        for other_name, other in self.tasks.items():
+            if other is handle and other_name != name:
+                raise RegistrationError(
+                    f"one task is exported under two names: {other_name!r} and {name!r}",
+                    fix=f"export it once, or fix its name with task(..., name={other_name!r})",
+                )
+        existing = self.tasks.get(name)
+        if existing is not None and existing is not handle:
+            raise RegistrationError(
+                f"two different tasks are registered under the name {name!r}",
+                fix="rename one of them, or give one an explicit task(..., name=...)",
+            )
+        handle._bind_name(name)
+        self.tasks[name] = handle
+        return Registered("task", name, module)
+
+    def job_named(self, name: str) -> JobHandle[Any] | None:
+        return self.jobs.get(name)
+
+    def knows(self, handle: JobHandle[Any]) -> bool:
+        name = handle.bound_name
+        return name is not None and self.jobs.get(name) is handle
+
+
+def _export_names(module: object) -> Sequence[str]:
+    declared: Iterable[str] | None = getattr(module, "__all__", None)
+    names = declared if declared is not None else (n for n in dir(module) if not n.startswith("_"))
+    return sorted(set(names))
+
+
+def _check_name(name: str, what: str) -> str:
+    if not isinstance(name, str) or not name or len(name) > 200 or not set(name) <= _NAME_RE_CHARS:
+        raise ConfigurationError(
+            f"{what} name {name!r} is not valid",
+            fix=f"use 1-200 characters of letters, digits and _ . - : for a {what} name",
+        )
+    return name
+
+
+def check_queue_name(name: str) -> str:
+    return _check_name(name, "queue")
+
+
+def _wants_context(fn: Callable[..., Any]) -> bool:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [
+        p
+        for p in params
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    if len(positional) == 0:
+        raise ConfigurationError(
+            f"job function {getattr(fn, '__qualname__', fn)!r} takes no input parameter",
+            fix="give it one parameter for its JSON input, e.g. `def send(input: dict) -> None`",
+        )
+    return len(positional) >= 2
+
+
+def delay_to_run_at(now: datetime, delay: DurationInput | None) -> datetime | None:
+    if delay is None:
+        return None
+    return now + to_timedelta(delay)

@@ -1,0 +1,34 @@
+"""Jobs for the fault tests, run by real worker processes (`--app faultjobs:app`)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from ultimat3.jobs import App, JobContext, Retry, job
+
+LEDGER = os.environ.get("FAULT_LEDGER", "")
+
+
+@job(retry=Retry(attempts=3, delay="100ms", jitter=False))
+def ledger(input: dict[str, Any], ctx: JobContext) -> None:
+    """Appends `id attempt pid start` to the ledger (fsync'd), then sleeps."""
+    with open(LEDGER, "a") as f:
+        f.write(f"{ctx.id} {ctx.attempt} {os.getpid()} start\n")
+        f.flush()
+        os.fsync(f.fileno())
+    time.sleep(float(input.get("sleep", 0)))
+    with open(LEDGER, "a") as f:
+        f.write(f"{ctx.id} {ctx.attempt} {os.getpid()} done\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@job(retry=Retry(attempts=3, delay="100ms", jitter=False))
+def suicide(input: dict[str, Any]) -> None:
+    """Kills its own worker process on every attempt."""
+    os._exit(137)
+
+
+app = App(os.environ["ULTIMAT3_JOBS_URL"], modules=[__import__(__name__)])

@@ -1,0 +1,194 @@
+"""Transactional enqueue (DESIGN §2.1): visible if and only if the caller's transaction commits."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ultimat3.jobs import (
+    App,
+    ConfigurationError,
+    JobState,
+    OutboxNoTxError,
+    PayloadTooLargeError,
+    RegistrationError,
+    SerializationError,
+    job,
+)
+from ultimat3.jobs.drivers import sqlite_path
+
+
+@job
+def noop(input: dict[str, Any]) -> None:
+    return None
+
+
+@job(idempotency_key=lambda i: str(i["order"]))
+def receipt(input: dict[str, Any]) -> None:
+    return None
+
+
+def test_commit_makes_the_job_visible(make_app: Callable[..., App], make_module: Any) -> None:
+    app = make_app(make_module(noop=noop))
+    with app.transaction():
+        result = noop.enqueue({"n": 1})
+    assert app.get_job(result.id).state is JobState.AVAILABLE
+
+
+def test_rollback_takes_the_job_with_it(make_app: Callable[..., App], make_module: Any) -> None:
+    app = make_app(make_module(noop=noop))
+    with pytest.raises(RuntimeError), app.transaction():
+        result = noop.enqueue({"n": 1})
+        raise RuntimeError("request failed")
+    assert app.driver.job_get(result.id) is None
+    assert app.count_jobs() == 0
+
+
+def test_business_rows_and_job_share_the_transaction(sqlite_url: str, make_module: Any) -> None:
+    app = App(sqlite_url, modules=[make_module(noop=noop)])
+    with app.transaction() as conn:
+        conn.execute("create table orders(id integer primary key)")
+    with pytest.raises(RuntimeError), app.transaction() as conn:
+        conn.execute("insert into orders values (1)")
+        noop.enqueue({"order": 1})
+        raise RuntimeError("boom")
+    with app.transaction() as conn:
+        assert conn.execute("select count(*) from orders").fetchone()[0] == 0
+    assert app.count_jobs() == 0
+    with app.transaction() as conn:
+        conn.execute("insert into orders values (2)")
+        noop.enqueue({"order": 2})
+    assert app.count_jobs() == 1
+    app.close()
+
+
+def test_own_sqlite_connection_joins(sqlite_url: str, make_module: Any) -> None:
+    app = App(sqlite_url, modules=[make_module(noop=noop)])
+    app.open()
+    conn = sqlite3.connect(sqlite_path(sqlite_url), isolation_level=None)
+    conn.execute("begin immediate")
+    with app.using(conn):
+        rolled = noop.enqueue({"n": 1})
+    conn.execute("rollback")
+    assert app.driver.job_get(rolled.id) is None
+    conn.execute("begin immediate")
+    with app.using(conn):
+        kept = noop.enqueue({"n": 2})
+    conn.execute("commit")
+    assert app.get_job(kept.id).state is JobState.AVAILABLE
+    conn.close()
+    app.close()
+
+
+def test_a_connection_to_another_database_is_refused(
+    sqlite_url: str, tmp_path: Path, make_module: Any
+) -> None:
+    app = App(sqlite_url, modules=[make_module(noop=noop)])
+    other = sqlite3.connect(tmp_path / "other.sqlite3")
+    with pytest.raises(ConfigurationError), app.using(other):
+        pass
+    other.close()
+    app.close()
+
+
+def test_required_mode_refuses_an_enqueue_outside_a_transaction(
+    make_app: Callable[..., App], make_module: Any
+) -> None:
+    app = make_app(make_module(noop=noop), mode="required")
+    with pytest.raises(OutboxNoTxError) as caught:
+        noop.enqueue({})
+    assert "transaction" in caught.value.fix
+    assert app.count_jobs() == 0
+    escaped = noop.enqueue({}, outbox=False)
+    assert app.get_job(escaped.id)
+    with app.transaction():
+        noop.enqueue({})
+    assert app.count_jobs() == 2
+
+
+def test_outbox_false_escapes_the_transaction(
+    make_app: Callable[..., App], make_module: Any
+) -> None:
+    app = make_app(make_module(noop=noop))
+    if app.driver.single_writer:
+        # One writer at a time: a separate commit inside the open transaction would wait for
+        # itself, so the escape hatch says so instead of hanging.
+        with pytest.raises(ConfigurationError) as caught, app.transaction():
+            noop.enqueue({"audit": True}, outbox=False)
+        assert "after the transaction" in caught.value.fix
+        return
+    with pytest.raises(RuntimeError), app.transaction():
+        escaped = noop.enqueue({"audit": True}, outbox=False)
+        raise RuntimeError("rolled back")
+    assert app.get_job(escaped.id).state is JobState.AVAILABLE
+
+
+def test_idempotency_key_dedupes(make_app: Callable[..., App], make_module: Any) -> None:
+    app = make_app(make_module(receipt=receipt, noop=noop))
+    first = receipt.enqueue({"order": 7})
+    second = receipt.enqueue({"order": 7})
+    assert not first.deduped
+    assert second.deduped and second.id == first.id
+    # Without a key function, identical inputs are not merged.
+    assert noop.enqueue({"a": 1}).id != noop.enqueue({"a": 1}).id
+    # Keys are namespaced by job: the same business key under two jobs gives two jobs.
+    other = app.enqueue(noop, {}, idempotency_key="7")
+    assert other.id != first.id and not other.deduped
+
+
+def test_bulk_enqueue(make_app: Callable[..., App], make_module: Any) -> None:
+    app = make_app(make_module(receipt=receipt))
+    results = app.enqueue_many(receipt, [{"order": i % 50} for i in range(100)])
+    assert len(results) == 100
+    assert sum(r.deduped for r in results) == 50
+    assert app.count_jobs() == 50
+    assert results[0].id == results[50].id
+
+
+def test_bad_input_writes_nothing(make_app: Callable[..., App], make_module: Any) -> None:
+    app = make_app(make_module(noop=noop), payload_limit=1000)
+    with pytest.raises(SerializationError) as caught:
+        noop.enqueue({"items": [1, 2, {"when": object()}]})
+    assert caught.value.path == "input.items[2].when"
+    with pytest.raises(PayloadTooLargeError):
+        noop.enqueue({"blob": "x" * 2000})
+    with pytest.raises(SerializationError):
+        app.enqueue_many(noop, [{"ok": 1}, {"bad": {1, 2}}])
+    assert app.count_jobs() == 0
+
+
+def test_enqueue_options(make_app: Callable[..., App], make_module: Any) -> None:
+    app = make_app(make_module(noop=noop))
+    later = noop.enqueue({}, delay="1h", tenant_id="acme", queue="slow", priority=5)
+    got = app.get_job(later.id)
+    assert got.state is JobState.SCHEDULED
+    assert (got.tenant_id, got.queue, got.priority) == ("acme", "slow", 5)
+    with pytest.raises(ConfigurationError):
+        noop.enqueue({}, delay="soon")
+    with pytest.raises(ConfigurationError):
+        noop.enqueue({}, priority=1000)
+
+
+def test_unregistered_handles_cannot_be_enqueued(make_app: Callable[..., App]) -> None:
+    @job
+    def lonely(input: dict[str, Any]) -> None:
+        return None
+
+    with pytest.raises(RegistrationError) as caught:
+        lonely.enqueue({})
+    assert "register" in caught.value.fix
+    app = make_app()
+    with pytest.raises(RegistrationError):
+        app.enqueue(lonely, {})
+
+
+async def test_async_enqueue(make_app: Callable[..., App], make_module: Any) -> None:
+    app = make_app(make_module(noop=noop))
+    result = await noop.enqueue_async({"n": 1})
+    assert app.get_job(result.id).name == "noop"
+    many = await app.enqueue_many_async(noop, [{"n": 2}, {"n": 3}])
+    assert len(many) == 2

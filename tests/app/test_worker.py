@@ -1,0 +1,402 @@
+"""The worker: retries, dead-letter, snooze, cancel, timeouts, leases, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from ultimat3.jobs import App, Cancel, JobContext, JobState, Retry, Snooze, job
+from ultimat3.jobs.records import ClaimParams
+from ultimat3.jobs.testing import FakeClock, drain
+
+calls: list[Any] = []
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    calls.clear()
+
+
+@job
+def record(input: dict[str, Any]) -> None:
+    calls.append(input)
+
+
+@job
+async def record_async(input: dict[str, Any]) -> None:
+    await asyncio.sleep(0)
+    calls.append(input)
+
+
+@job(retry=Retry(attempts=3, delay="10s", jitter=False))
+def always_fails(input: dict[str, Any]) -> None:
+    raise ValueError(f"bad input {input}")
+
+
+@job(retry=Retry(attempts=2, delay="1s", jitter=False, dead_letter=False))
+def dropped_when_exhausted(input: dict[str, Any]) -> None:
+    raise ValueError("nope")
+
+
+@job
+def snoozes(input: dict[str, Any], ctx: JobContext) -> None:
+    calls.append(ctx.attempt)
+    if len(calls) == 1:
+        raise Snooze("30s")
+
+
+@job
+def cancels(input: dict[str, Any]) -> None:
+    raise Cancel("customer closed the account")
+
+
+@dataclass
+class Order:
+    id: int
+    total: float
+
+
+@job
+def typed(order: Order) -> None:
+    calls.append(order)
+
+
+@pytest.fixture
+def app(url: str, clock: FakeClock, make_module: Any) -> App:
+    module = make_module(
+        record=record,
+        record_async=record_async,
+        always_fails=always_fails,
+        dropped_when_exhausted=dropped_when_exhausted,
+        snoozes=snoozes,
+        cancels=cancels,
+        typed=typed,
+    )
+    created = App(url, modules=[module], clock=clock)
+    yield created
+    created.close()
+
+
+def test_drain_runs_sync_and_async_jobs(app: App) -> None:
+    record.enqueue({"n": 1})
+    record_async.enqueue({"n": 2})
+    stats = drain(app)
+    assert stats.completed == 2
+    assert sorted(c["n"] for c in calls) == [1, 2]
+    assert app.count_jobs(state="completed") == 2
+
+
+def test_retries_follow_the_policy_then_park_the_job(app: App, clock: FakeClock) -> None:
+    result = always_fails.enqueue({"x": 1})
+    drain(app)
+    first = app.get_job(result.id)
+    assert first.state is JobState.SCHEDULED and first.attempt == 1
+    assert first.run_at == clock.now() + timedelta(seconds=10)
+    assert drain(app).claimed == 0  # not due yet
+    clock.advance("10s")
+    drain(app)
+    second = app.get_job(result.id)
+    assert second.attempt == 2 and second.run_at == clock.now() + timedelta(seconds=20)
+    clock.advance("20s")
+    drain(app)
+    dead = app.get_job(result.id)
+    assert dead.state is JobState.DEAD and dead.attempt == 3
+    assert [e.attempt for e in dead.errors] == [1, 2, 3]
+    assert all(e.kind == "ValueError" and "bad input" in e.message for e in dead.errors)
+    assert "Traceback" in dead.errors[0].traceback
+    # Retried through the API: one more attempt, history kept.
+    assert app.retry_jobs([result.id]) == [result.id]
+    again = app.get_job(result.id)
+    assert again.state is JobState.AVAILABLE and again.max_attempts == 4
+    drain(app)
+    assert len(app.get_job(result.id).errors) == 4
+
+
+def test_dead_letter_false_drops_the_exhausted_job(app: App, clock: FakeClock) -> None:
+    result = dropped_when_exhausted.enqueue({})
+    drain(app)
+    clock.advance("1s")
+    drain(app)
+    assert app.driver.job_get(result.id) is None
+
+
+def test_snooze_does_not_consume_an_attempt(app: App, clock: FakeClock) -> None:
+    result = snoozes.enqueue({})
+    drain(app)
+    snoozed = app.get_job(result.id)
+    assert snoozed.state is JobState.SCHEDULED and snoozed.attempt == 0
+    clock.advance("30s")
+    drain(app)
+    assert calls == [1, 1]
+    assert app.get_job(result.id).state is JobState.COMPLETED
+
+
+def test_cancel_from_the_handler(app: App) -> None:
+    result = cancels.enqueue({})
+    drain(app)
+    got = app.get_job(result.id)
+    assert got.state is JobState.CANCELLED
+    assert got.cancel_reason == "customer closed the account"
+
+
+def test_typed_input_arrives_as_its_type(app: App) -> None:
+    typed.enqueue(Order(id=3, total=9.5))
+    drain(app)
+    assert calls == [Order(id=3, total=9.5)]
+
+
+def test_unknown_job_names_fail_and_retry(app: App) -> None:
+    from ultimat3.jobs.ids import uuid7
+    from ultimat3.jobs.records import NewJob
+
+    app.driver.job_insert_many(
+        [
+            NewJob(
+                id=uuid7(),
+                name="renamed_long_ago",
+                queue="default",
+                input="{}",
+                idempotency_key=uuid7(),
+                max_attempts=2,
+            )
+        ],
+        now=app.clock.pinned(),
+    )
+    drain(app)
+    (found,) = app.list_jobs(name="renamed_long_ago")
+    assert found.state is JobState.SCHEDULED
+    assert found.errors[0].kind == "unknown_job"
+
+
+def test_corrupt_payload_is_parked_without_retry(app: App) -> None:
+    from ultimat3.jobs.ids import uuid7
+    from ultimat3.jobs.records import NewJob
+
+    app.driver.job_insert_many(
+        [
+            NewJob(
+                id=uuid7(),
+                name="typed",
+                queue="default",
+                input='{"id": "x"}',
+                idempotency_key=uuid7(),
+                max_attempts=5,
+            )
+        ],
+        now=app.clock.pinned(),
+    )
+    drain(app)
+    (found,) = app.list_jobs(name="typed")
+    assert found.state is JobState.DEAD and found.attempt == 1
+    assert found.errors[0].kind == "DeserializationError"
+
+
+def test_threaded_worker_runs_many_jobs(make_app: Callable[..., App], make_module: Any) -> None:
+    app = make_app(make_module(record=record, record_async=record_async))
+    app.enqueue_many(record, [{"n": i} for i in range(150)])
+    app.enqueue_many(record_async, [{"n": i} for i in range(150, 200)])
+    with app.worker(concurrency=8, poll_interval="50ms") as worker:
+        deadline = time.monotonic() + 20
+        while app.count_jobs(state="completed") < 200 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert sorted(c["n"] for c in calls) == list(range(200))
+    assert worker.stats.completed == 200
+
+
+def test_worker_picks_up_jobs_enqueued_while_idle(make_app: Callable[..., App], make_module: Any) -> None:
+    app = make_app(make_module(record=record))
+    with app.worker(concurrency=2, poll_interval="5s"):
+        time.sleep(0.2)
+        started = time.monotonic()
+        record.enqueue({"n": 1})
+        while not calls and time.monotonic() - started < 4:
+            time.sleep(0.005)
+        latency = time.monotonic() - started
+    assert calls == [{"n": 1}]
+    assert latency < 1.0, f"the wake-up hint did not fire (took {latency:.2f}s, poll is 5s)"
+
+
+release = threading.Event()
+
+
+@job(timeout="200ms", retry=Retry(attempts=2, delay="0s", jitter=False))
+def slow_sync(input: dict[str, Any], ctx: JobContext) -> None:
+    while not ctx.cancelled and not release.is_set():
+        time.sleep(0.01)
+    calls.append(("saw-cancel", ctx.cancelled))
+
+
+@job(timeout="200ms", retry=Retry(attempts=1))
+async def slow_async(input: dict[str, Any]) -> None:
+    await asyncio.sleep(30)
+
+
+def test_timeouts_fail_the_attempt(make_app: Callable[..., App], make_module: Any) -> None:
+    release.clear()
+    app = make_app(make_module(slow_sync=slow_sync, slow_async=slow_async))
+    sync_job = slow_sync.enqueue({})
+    async_job = slow_async.enqueue({})
+    with app.worker(concurrency=4, poll_interval="50ms"):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            a = app.get_job(async_job.id)
+            s = app.get_job(sync_job.id)
+            if a.state is JobState.DEAD and s.state is JobState.DEAD:
+                break
+            time.sleep(0.02)
+    assert app.get_job(async_job.id).errors[0].kind == "timeout"
+    s = app.get_job(sync_job.id)
+    assert s.state is JobState.DEAD, s
+    assert [e.kind for e in s.errors] == ["timeout", "timeout"]
+    assert ("saw-cancel", True) in calls
+
+
+gate = threading.Event()
+
+
+@job
+def waits_for_gate(input: dict[str, Any]) -> None:
+    gate.wait(10)
+    calls.append(input)
+
+
+def test_graceful_stop_finishes_or_releases(make_app: Callable[..., App], make_module: Any) -> None:
+    gate.clear()
+    app = make_app(make_module(waits_for_gate=waits_for_gate))
+    first = waits_for_gate.enqueue({"n": 1})
+    worker = app.worker(concurrency=1, poll_interval="50ms")
+    worker.start()
+    deadline = time.monotonic() + 5
+    while app.get_job(first.id).state is not JobState.RUNNING and time.monotonic() < deadline:
+        time.sleep(0.01)
+    second = waits_for_gate.enqueue({"n": 2})
+    # Grace shorter than the job: it is released without consuming its attempt.
+    worker.stop(grace=0.2)
+    released = app.get_job(first.id)
+    assert released.state is JobState.AVAILABLE and released.attempt == 0
+    assert app.get_job(second.id).state is JobState.AVAILABLE  # never claimed after the stop
+    gate.set()
+    time.sleep(0.05)
+    # The handler finished after its release: its completion is fenced out.
+    assert app.get_job(first.id).state is JobState.AVAILABLE
+
+
+def test_graceful_stop_waits_for_short_jobs(make_app: Callable[..., App], make_module: Any) -> None:
+    gate.clear()
+    app = make_app(make_module(waits_for_gate=waits_for_gate))
+    first = waits_for_gate.enqueue({"n": 1})
+    worker = app.worker(concurrency=1, poll_interval="50ms")
+    worker.start()
+    while app.get_job(first.id).state is not JobState.RUNNING:
+        time.sleep(0.01)
+    threading.Timer(0.2, gate.set).start()
+    worker.stop(grace=5)
+    assert app.get_job(first.id).state is JobState.COMPLETED
+
+
+def test_a_lost_lease_cancels_the_run_and_fences_its_write(make_app: Callable[..., App], make_module: Any) -> None:
+    gate.clear()
+    app = make_app(make_module(waits_for_gate=waits_for_gate))
+    result = waits_for_gate.enqueue({"n": 1})
+    with app.worker(concurrency=1, poll_interval="50ms", lease="1s", heartbeat="100ms"):
+        while app.get_job(result.id).state is not JobState.RUNNING:
+            time.sleep(0.01)
+        assert app.cancel_job(result.id)
+        time.sleep(0.4)  # a heartbeat notices the lost lease
+        gate.set()
+        time.sleep(0.2)
+    got = app.get_job(result.id)
+    assert got.state is JobState.CANCELLED
+
+
+def test_heartbeats_keep_a_long_job_from_being_rescued(make_app: Callable[..., App], make_module: Any) -> None:
+    gate.clear()
+    app = make_app(make_module(waits_for_gate=waits_for_gate))
+    result = waits_for_gate.enqueue({"n": 1})
+    with app.worker(
+        concurrency=1,
+        poll_interval="50ms",
+        lease="500ms",
+        heartbeat="100ms",
+        rescue_interval="100ms",
+    ):
+        time.sleep(1.5)  # three leases long
+        assert app.get_job(result.id).attempt == 1
+        gate.set()
+        deadline = time.monotonic() + 5
+        while (
+            app.get_job(result.id).state is not JobState.COMPLETED and time.monotonic() < deadline
+        ):
+            time.sleep(0.01)
+    got = app.get_job(result.id)
+    assert got.state is JobState.COMPLETED and got.attempt == 1 and not got.errors
+
+
+def test_expired_leases_are_rescued_and_the_attempt_counts(app: App, clock: FakeClock) -> None:
+    result = record.enqueue({"n": 1})
+    app.driver.job_claim(
+        ClaimParams(
+            queues=("default",),
+            limit=1,
+            lease_for=timedelta(seconds=30),
+            worker_id="gone",
+            now=clock.now(),
+        )
+    )
+    clock.advance("31s")
+    worker = app.worker()
+    assert worker.maintenance.rescue() == [result.id]
+    rescued = app.get_job(result.id)
+    assert rescued.attempt == 1 and rescued.errors[0].kind == "worker_lost"
+    assert rescued.state is JobState.SCHEDULED  # after the policy's backoff, like any failure
+    clock.advance("1s")
+    drain(app)
+    assert app.get_job(result.id).state is JobState.COMPLETED
+    assert app.get_job(result.id).attempt == 2
+
+
+def test_paused_queues_are_not_claimed(app: App) -> None:
+    record.enqueue({"n": 1})
+    app.pause_queue("default")
+    assert drain(app).claimed == 0
+    assert [q.paused for q in app.queues() if q.name == "default"] == [True]
+    app.resume_queue("default")
+    assert drain(app).completed == 1
+
+
+def test_job_context(app: App) -> None:
+    seen: list[JobContext] = []
+
+    @job
+    def ctx_job(input: dict[str, Any], ctx: JobContext) -> None:
+        seen.append(ctx)
+        assert ctx.heartbeat()
+
+    app.registry.add_job(ctx_job, "ctx_job")
+    ctx_job._bind_app(app)
+    result = ctx_job.enqueue({}, tenant_id="t1")
+    drain(app)
+    (ctx,) = seen
+    assert (ctx.id, ctx.name, ctx.attempt, ctx.tenant_id, ctx.cancelled) == (
+        result.id,
+        "ctx_job",
+        1,
+        "t1",
+        False,
+    )
+
+
+def test_pruner_removes_old_finished_jobs(app: App, clock: FakeClock) -> None:
+    first = record.enqueue({"n": 1})
+    drain(app)
+    clock.advance("2d")
+    worker = app.worker(retention="1d")
+    assert worker.maintenance.prune() == 1
+    assert app.driver.job_get(first.id) is None

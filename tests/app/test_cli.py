@@ -24,7 +24,7 @@ def poison(input):
 
 nightly = task("30 2 * * *", tz="America/New_York", enqueue=lambda: [(resize, {})])
 
-app = App({url!r}, modules=[__import__(__name__)])
+app = App(URL, modules=[__import__(__name__)])
 """
 
 
@@ -32,7 +32,7 @@ app = App({url!r}, modules=[__import__(__name__)])
 def app_ref(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     name = f"cliapp_{abs(hash(tmp_path)) % 10**8}"
     (tmp_path / f"{name}.py").write_text(
-        APP_MODULE.format(url=f"sqlite:///{tmp_path / 'cli.sqlite3'}")
+        APP_MODULE.replace("URL", repr(f"sqlite:///{tmp_path / 'cli.sqlite3'}"))
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     yield f"{name}:app"

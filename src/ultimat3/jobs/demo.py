@@ -10,6 +10,7 @@ checked as it goes, and the command exits 1 if any guarantee did not hold.
 from __future__ import annotations
 
 import itertools
+import logging
 import sys
 import tempfile
 import threading
@@ -82,12 +83,17 @@ class _Watcher(threading.Thread):
         self.started = started
         self.seen: dict[str, tuple[JobState, int]] = {}
         self.stop = threading.Event()
+        self.lock = threading.Lock()
 
     def run(self) -> None:
         while not self.stop.wait(0.03):
             self.poll()
 
     def poll(self) -> None:
+        with self.lock:
+            self._poll()
+
+    def _poll(self) -> None:
         for j in self.app.list_jobs(limit=100):
             key = (j.state, j.attempt)
             if self.seen.get(j.id) == key:
@@ -132,8 +138,13 @@ def run_demo(directory: str | None = None) -> int:
         leftover.unlink()
     app = App(f"sqlite:///{path}", modules=[sys.modules[__name__]])
     failures: list[str] = []
+    started = time.monotonic()
+    watcher = _Watcher(app, started)
+    # The tour tells its own story; the library's warnings (a dead job) would interleave.
+    logging.getLogger("ultimat3.jobs").setLevel(logging.ERROR)
 
     def check(ok: bool, good: str, bad: str) -> None:
+        watcher.poll()  # print every state change so far before the verdict
         if ok:
             _ok(good)
         else:
@@ -150,8 +161,6 @@ def run_demo(directory: str | None = None) -> int:
         steps = ", ".join(format_duration(d) for d in retry_schedule(handle.retry)) or "none"
         click.echo(f"      {name:<22} {handle.retry.attempts} attempts, retries after: {steps}")
 
-    started = time.monotonic()
-    watcher = _Watcher(app, started)
     worker = app.worker(concurrency=4, poll_interval="100ms", shutdown_grace="2s")
     worker.start()
     watcher.start()

@@ -44,6 +44,7 @@ from ultimat3.jobs.records import (
     Lease,
     NewJob,
     QueueInfo,
+    ScheduleState,
 )
 
 __all__ = ["Driver", "Executor"]
@@ -193,6 +194,42 @@ class Driver(Protocol):
 
     def queue_list(self) -> list[QueueInfo]:
         """Every queue that has jobs or a pause setting, with per-state counts."""
+        ...
+
+    # -- cron schedules and leadership -----------------------------------------------------
+
+    def schedule_state(
+        self, tasks: Sequence[str], *, now: datetime | None = None
+    ) -> dict[str, ScheduleState]:
+        """The state of each task, creating missing ones with ``first_seen_at = now``."""
+        ...
+
+    def schedule_fire(
+        self,
+        task: str,
+        occurrence: datetime,
+        jobs: Sequence[NewJob],
+        *,
+        now: datetime | None = None,
+    ) -> list[InsertResult] | None:
+        """Dispatch one occurrence, exactly once: in ONE transaction, move the task's
+        ``last_fired_at`` forward to ``occurrence`` only if it is before it (compare-and-set;
+        a task unknown to ``schedule_state`` counts as never fired), and insert ``jobs``.
+        Returns None, writing nothing, when the occurrence (or a later one) was already fired,
+        so two schedulers racing cannot both fire it, and a crash between the two writes cannot
+        happen."""
+        ...
+
+    def leader_elect(
+        self, name: str, holder: str, ttl: timedelta, *, now: datetime | None = None
+    ) -> bool:
+        """Become or stay the leader of ``name`` until ``now + ttl``: succeeds when nobody
+        holds it, its lease expired, or ``holder`` holds it already. Expiry is judged on the
+        database's clock."""
+        ...
+
+    def leader_resign(self, name: str, holder: str) -> None:
+        """Give up leadership of ``name`` if ``holder`` has it."""
         ...
 
     # -- wake-ups ----------------------------------------------------------------------------

@@ -164,6 +164,16 @@ class QueueInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class ScheduleState:
+    """A cron task's persisted state: when the scheduler first knew it (nothing is owed before
+    that), and the last occurrence dispatched for it."""
+
+    task: str
+    first_seen_at: datetime
+    last_fired_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimParams:
     queues: tuple[str, ...]
     limit: int

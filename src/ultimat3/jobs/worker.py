@@ -187,7 +187,8 @@ class Worker:
         self._stopped = threading.Event()
         self._stopped.set()
         self._started = False
-        self._threads: list[threading.Thread] = []
+        self._halt = threading.Event()  # tells the heartbeat thread to end, last of all
+        self._threads: dict[str, threading.Thread] = {}
         self._tasks: queue.SimpleQueue[_Run | None] = queue.SimpleQueue()
         self._outcomes: queue.SimpleQueue[_Outcome | None] = queue.SimpleQueue()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -203,6 +204,7 @@ class Worker:
                 return
             self._started = True
             self._stopped.clear()
+            self._halt.clear()
             self._stop_asked.clear()
             self._hard_stop.clear()
             self._claiming.set()
@@ -322,8 +324,13 @@ class Worker:
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
         thread = threading.Thread(target=target, name=f"ultimat3-jobs-{name}", daemon=True)
-        self._threads.append(thread)
+        self._threads[name] = thread
         thread.start()
+
+    def _join(self, name: str, timeout: float | None) -> None:
+        thread = self._threads.get(name)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
 
     def _claim(self, limit: int) -> list[Job]:
         jobs = self.driver.job_claim(
@@ -366,7 +373,11 @@ class Worker:
                 if concurrency - self.inflight < refill:
                     self._wake.wait(poll)
                 continue
-            self.driver.wait_for_jobs(poll, self._wake)
+            try:
+                self.driver.wait_for_jobs(poll, self._wake)
+            except JobsError as exc:
+                events.warning("jobs.worker.wait-failed", error=exc.cause)
+                self._stop_asked.wait(poll)
 
     def _dispatch(self, job: Job) -> None:
         handle = self.handles(job.name)
@@ -469,7 +480,7 @@ class Worker:
         every = self.config.heartbeat_every()
         tick = min(0.1, every)
         next_beat = time.monotonic() + every
-        while not self._stopped.wait(tick):
+        while not self._halt.wait(tick):
             now = time.monotonic()
             with self._lock:
                 runs = list(self._inflight.values())
@@ -534,6 +545,8 @@ class Worker:
 
     def _shutdown(self, grace: float) -> None:
         deadline = time.monotonic() + grace
+        # No claim may land after the release below: wait for a claim in flight to finish.
+        self._join("claim", None if not self._hard_stop.is_set() else 5.0)
         while self.inflight and time.monotonic() < deadline and not self._hard_stop.is_set():
             self._wake.wait(0.05)
             self._wake.clear()
@@ -550,9 +563,10 @@ class Worker:
         self._outcomes.put(None)
         for _ in range(self.config.concurrency):
             self._tasks.put(None)
-        flusher = next((t for t in self._threads if t.name.endswith("-flush")), None)
-        if flusher is not None:
-            flusher.join(timeout=None if not self._hard_stop.is_set() else 5.0)
+        self._join("flush", None if not self._hard_stop.is_set() else 5.0)
+        self._join("maintenance", 30.0)
+        self._halt.set()
+        self._join("heartbeat", 5.0)
         if self._loop is not None and self._loop_thread is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._loop_thread.join(timeout=5.0)
@@ -561,7 +575,7 @@ class Worker:
         events.info("jobs.worker.stopped", worker_id=self.worker_id, released=len(remaining))
         with self._lock:
             self._started = False
-            self._threads = []
+            self._threads = {}
             self._loop = None
             self._tasks = queue.SimpleQueue()
             self._outcomes = queue.SimpleQueue()

@@ -1,0 +1,599 @@
+"""The memory driver: the reference semantics of the ``Driver`` protocol, in one process.
+
+Everything lives in dicts guarded by one lock, so every method is atomic with respect to every
+other: the contract suite (``tests/contract``) treats this driver as the oracle the SQL drivers
+must agree with. Records are frozen ``Job`` values, replaced whole on every change.
+
+Semantics this driver pins down (the SQL drivers follow them):
+
+- **Tenants.** ``tenant_id=None`` means "no tenant": jobs without a tenant share one dedupe
+  space, as if None were a value (unlike SQL's ``NULL``, which never equals itself). ``""`` is
+  an ordinary tenant id, distinct from None. In ``JobFilter`` and in the ``tenant_id=``
+  arguments of ``job_get``/``job_cancel``/``job_retry``/``job_discard``, None means "any
+  tenant" (no scoping); a string scopes to exactly that tenant.
+- **Time.** ``now`` is used when given, else the host clock. A retry or snooze time that is
+  not after ``now`` makes the job ``available`` with ``run_at`` kept as given.
+- **Order.** Claims take highest priority, then oldest ``run_at``, then smallest id;
+  ``job_list`` gives newest id first; ``job_list_expired`` oldest expiry first (then id); a
+  bounded prune deletes the oldest finished first.
+- **Retry by hand** keeps ``attempt`` and the error history, clears ``finished_at`` and
+  ``cancel_reason``, and raises ``max_attempts`` to ``attempt + 1`` only when exhausted.
+- **Fencing** is by token, not by time: an expired lease still works until someone else changes
+  the row (the rescuer fails it through that same lease; a new claim issues a new token).
+- **Transactions.** ``transaction()`` yields a ``MemoryTransaction``: inserts and completions
+  passed ``executor=tx`` are staged on it and applied together, under the lock, at commit, or
+  dropped when the ``with`` block raises. Dedupe inside the transaction sees committed rows and
+  the rows this transaction staged.
+- **Wake-ups.** ``wait_for_jobs`` returns early after an insert (a staged one at its commit), a
+  failure, a snooze, a manual retry or a resumed queue: every change that can make a job
+  claimable.
+
+Limits (where it differs from a database, knowingly):
+
+- Nothing is persisted and nothing is shared across processes.
+- Staged rows are invisible to other transactions, and nothing blocks on them. If another
+  writer commits the same (tenant, key) between staging and commit, the committed row wins and
+  the staged insert is dropped at commit (PostgreSQL would instead make that writer wait and
+  then dedupe onto the staged row). A staged completion whose lease was lost before commit is
+  likewise dropped, although staging reported it.
+- A claim scans the scheduled and available jobs (linear in the backlog): fine for tests and
+  demos, not for a backlog of millions.
+- ``wait_for_jobs`` notices a set ``wake`` event within about 50 ms (an ``Event`` cannot
+  notify a ``Condition``), and a change at once.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from ultimat3.jobs.clock import SystemClock, utcnow
+from ultimat3.jobs.driver import Driver, Executor
+from ultimat3.jobs.errors import ConfigurationError
+from ultimat3.jobs.ids import token
+from ultimat3.jobs.records import (
+    ACTIVE_STATES,
+    FINAL_STATES,
+    ClaimParams,
+    Failure,
+    InsertResult,
+    Job,
+    JobFilter,
+    JobState,
+    Lease,
+    NewJob,
+    QueueInfo,
+    ScheduleState,
+)
+
+__all__ = ["MemoryDriver", "MemoryTransaction"]
+
+_Key = tuple[str | None, str]
+#: How often a waiter re-checks its ``wake`` event, in seconds.
+_WAKE_POLL = 0.05
+#: Only dead and cancelled jobs can be retried or discarded by hand.
+_PARKED = frozenset({JobState.DEAD, JobState.CANCELLED})
+_WAITING = frozenset({JobState.SCHEDULED, JobState.AVAILABLE})
+_ADOPT_FIX = (
+    "with the memory driver, pass the executor that `driver.transaction()` yields; "
+    "a database connection cannot join an in-memory job store (use the sqlite or postgres "
+    "driver for transactional enqueue on your own connection)"
+)
+
+
+@dataclass(eq=False)
+class MemoryTransaction:
+    """A staging buffer for one memory transaction: the executor ``transaction()`` yields.
+
+    Rows staged here become visible, all together, only when the transaction commits.
+    """
+
+    driver: MemoryDriver
+    inserts: list[Job] = field(default_factory=list)
+    keys: dict[_Key, str] = field(default_factory=dict)
+    completions: list[tuple[Lease, datetime]] = field(default_factory=list)
+    completed_ids: set[str] = field(default_factory=set)
+    open: bool = True
+
+
+class MemoryDriver:
+    """Jobs in dicts behind one lock; see the module docstring for the semantics it pins."""
+
+    name = "memory"
+    display_url = "memory://"
+    # Writers never wait for an open transaction here: staged rows take no lock.
+    single_writer = False
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._generation = 0  # bumped on every change a waiter cares about
+        self._jobs: dict[str, Job] = {}
+        self._keys: dict[_Key, str] = {}
+        self._paused: dict[str, bool] = {}
+        self._waiting: set[str] = set()  # ids of scheduled and available jobs, for claims
+        self._schedules: dict[str, ScheduleState] = {}
+        self._leaders: dict[str, tuple[str, datetime]] = {}  # name -> (holder, expires_at)
+        self._monotonic = SystemClock().monotonic
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def migrate(self) -> list[int]:
+        return []
+
+    def migration_sql(self) -> list[tuple[int, str]]:
+        return []
+
+    def close(self) -> None:
+        with self._lock:
+            self._notify()
+
+    # -- transactions ------------------------------------------------------------------------
+
+    @contextmanager
+    def transaction(self) -> Iterator[MemoryTransaction]:
+        tx = MemoryTransaction(self)
+        try:
+            yield tx
+        except BaseException:
+            tx.open = False
+            raise
+        with self._lock:
+            tx.open = False
+            self._commit(tx)
+
+    def adopt(self, connection: Any) -> Executor:
+        return self._tx(connection)
+
+    def _tx(self, executor: Any) -> MemoryTransaction:
+        if not isinstance(executor, MemoryTransaction) or executor.driver is not self:
+            raise ConfigurationError(
+                f"the memory driver cannot join {type(executor).__name__} as a transaction",
+                fix=_ADOPT_FIX,
+            )
+        if not executor.open:
+            raise ConfigurationError(
+                "this memory transaction has already committed or rolled back",
+                fix="use the executor only inside its `with driver.transaction()` block",
+            )
+        return executor
+
+    def _commit(self, tx: MemoryTransaction) -> None:
+        inserted = False
+        for job in tx.inserts:
+            key = (job.tenant_id, job.idempotency_key)
+            # Another writer committed the key or id since staging: the committed row wins.
+            if key in self._keys or job.id in self._jobs:
+                continue
+            self._put(job)
+            self._keys[key] = job.id
+            inserted = True
+        for lease, now in tx.completions:
+            self._complete(lease, now)
+        if inserted:
+            self._notify()
+
+    # -- jobs --------------------------------------------------------------------------------
+
+    def job_insert_many(
+        self,
+        jobs: Sequence[NewJob],
+        *,
+        executor: Executor | None = None,
+        now: datetime | None = None,
+    ) -> list[InsertResult]:
+        at = _now(now)
+        tx = self._tx(executor) if executor is not None else None
+        with self._lock:
+            results: list[InsertResult] = []
+            for new in jobs:
+                key = (new.tenant_id, new.idempotency_key)
+                existing = self._keys.get(key) or (tx.keys.get(key) if tx else None)
+                if existing is not None:
+                    results.append(InsertResult(existing, deduped=True))
+                    continue
+                if new.id in self._jobs or (tx is not None and new.id in tx.keys.values()):
+                    raise ValueError(f"job id {new.id} is already stored under another key")
+                job = _new_job(new, at)
+                if tx is None:
+                    self._put(job)
+                    self._keys[key] = job.id
+                else:
+                    tx.inserts.append(job)
+                    tx.keys[key] = job.id
+                results.append(InsertResult(job.id, deduped=False))
+            if tx is None and any(not r.deduped for r in results):
+                self._notify()
+            return results
+
+    def job_claim(self, params: ClaimParams) -> list[Job]:
+        at = _now(params.now)
+        queues = set(params.queues)
+        with self._lock:
+            due = (
+                job
+                for job in map(self._jobs.__getitem__, self._waiting)
+                if job.run_at <= at
+                and job.queue in queues
+                and not self._paused.get(job.queue, False)
+            )
+            best = heapq.nsmallest(
+                max(0, params.limit), due, key=lambda job: (-job.priority, job.run_at, job.id)
+            )
+            claimed: list[Job] = []
+            for job in best:
+                running = replace(
+                    job,
+                    state=JobState.RUNNING,
+                    attempt=job.attempt + 1,
+                    attempted_at=at,
+                    lease_token=token(),
+                    lease_expires_at=at + params.lease_for,
+                    worker_id=params.worker_id,
+                )
+                self._put(running)
+                claimed.append(running)
+            return claimed
+
+    def lease_extend(
+        self, leases: Sequence[Lease], lease_for: timedelta, *, now: datetime | None = None
+    ) -> set[str]:
+        at = _now(now)
+        held: set[str] = set()
+        with self._lock:
+            for lease in leases:
+                job = self._held(lease)
+                if job is not None:
+                    self._put(replace(job, lease_expires_at=at + lease_for))
+                    held.add(job.id)
+        return held
+
+    def job_complete_many(
+        self,
+        leases: Sequence[Lease],
+        *,
+        executor: Executor | None = None,
+        now: datetime | None = None,
+    ) -> set[str]:
+        at = _now(now)
+        tx = self._tx(executor) if executor is not None else None
+        changed: set[str] = set()
+        with self._lock:
+            for lease in leases:
+                if tx is None:
+                    if self._complete(lease, at):
+                        changed.add(lease.id)
+                elif self._held(lease) is not None and lease.id not in tx.completed_ids:
+                    tx.completions.append((lease, at))
+                    tx.completed_ids.add(lease.id)
+                    changed.add(lease.id)
+        return changed
+
+    def job_fail_many(
+        self, failures: Sequence[Failure], *, now: datetime | None = None
+    ) -> set[str]:
+        at = _now(now)
+        changed: set[str] = set()
+        with self._lock:
+            for failure in failures:
+                job = self._held(failure.lease)
+                if job is None:
+                    continue
+                errors = (*job.errors, failure.error)
+                if failure.retry_at is None:
+                    job = replace(job, state=JobState.DEAD, finished_at=at, errors=errors)
+                else:
+                    retry_at = _utc(failure.retry_at)
+                    job = replace(job, state=_waiting(retry_at, at), run_at=retry_at, errors=errors)
+                self._put(_unleased(job))
+                changed.add(job.id)
+            if changed:
+                self._notify()
+        return changed
+
+    def job_snooze(
+        self, lease: Lease, run_at: datetime | None, *, now: datetime | None = None
+    ) -> bool:
+        at = _now(now)
+        until = _utc(run_at) if run_at is not None else at
+        with self._lock:
+            job = self._held(lease)
+            if job is None:
+                return False
+            self._put(
+                _unleased(
+                    replace(
+                        job,
+                        state=_waiting(until, at),
+                        run_at=until,
+                        attempt=max(0, job.attempt - 1),
+                    )
+                )
+            )
+            self._notify()
+            return True
+
+    def job_cancel(
+        self,
+        job_id: str,
+        *,
+        reason: str,
+        lease: Lease | None = None,
+        tenant_id: str | None = None,
+        now: datetime | None = None,
+    ) -> bool:
+        at = _now(now)
+        with self._lock:
+            job = self._scoped(job_id, tenant_id)
+            if job is None:
+                return False
+            if lease is not None:
+                if lease.id != job_id or self._held(lease) is None:
+                    return False
+            elif job.state not in ACTIVE_STATES:
+                return False
+            self._put(
+                _unleased(
+                    replace(job, state=JobState.CANCELLED, finished_at=at, cancel_reason=reason)
+                )
+            )
+            return True
+
+    def job_list_expired(self, *, limit: int, now: datetime | None = None) -> list[Job]:
+        at = _now(now)
+        with self._lock:
+            expired = [
+                job
+                for job in self._jobs.values()
+                if job.state is JobState.RUNNING
+                and job.lease_expires_at is not None
+                and job.lease_expires_at < at
+            ]
+        expired.sort(key=lambda job: (job.lease_expires_at, job.id))
+        return expired[: max(0, limit)]
+
+    def job_get(self, job_id: str, *, tenant_id: str | None = None) -> Job | None:
+        with self._lock:
+            return self._scoped(job_id, tenant_id)
+
+    def job_list(
+        self, where: JobFilter, *, limit: int = 100, before_id: str | None = None
+    ) -> list[Job]:
+        with self._lock:
+            found = [
+                job
+                for job in self._jobs.values()
+                if _matches(job, where) and (before_id is None or job.id < before_id)
+            ]
+        found.sort(key=lambda job: job.id, reverse=True)
+        return found[: max(0, limit)]
+
+    def job_count(self, where: JobFilter) -> dict[tuple[str, JobState], int]:
+        with self._lock:
+            counts = Counter(
+                (job.queue, job.state) for job in self._jobs.values() if _matches(job, where)
+            )
+        return dict(counts)
+
+    def job_retry(
+        self, ids: Sequence[str], *, tenant_id: str | None = None, now: datetime | None = None
+    ) -> list[str]:
+        at = _now(now)
+        changed: list[str] = []
+        with self._lock:
+            for job_id in dict.fromkeys(ids):
+                job = self._scoped(job_id, tenant_id)
+                if job is None or job.state not in _PARKED:
+                    continue
+                self._put(
+                    replace(
+                        job,
+                        state=JobState.AVAILABLE,
+                        run_at=at,
+                        max_attempts=max(job.max_attempts, job.attempt + 1),
+                        finished_at=None,
+                        cancel_reason=None,
+                    )
+                )
+                changed.append(job_id)
+            if changed:
+                self._notify()
+        return changed
+
+    def job_discard(self, ids: Sequence[str], *, tenant_id: str | None = None) -> list[str]:
+        deleted: list[str] = []
+        with self._lock:
+            for job_id in dict.fromkeys(ids):
+                job = self._scoped(job_id, tenant_id)
+                if job is not None and job.state in _PARKED:
+                    self._delete(job)
+                    deleted.append(job_id)
+        return deleted
+
+    def job_prune(
+        self, *, states: frozenset[JobState], finished_before: datetime, limit: int
+    ) -> int:
+        cutoff = _utc(finished_before)
+        with self._lock:
+            old = [
+                job
+                for job in self._jobs.values()
+                if job.state in states
+                and job.state in FINAL_STATES
+                and job.finished_at is not None
+                and job.finished_at < cutoff
+            ]
+            old.sort(key=lambda job: (job.finished_at, job.id))
+            for job in old[: max(0, limit)]:
+                self._delete(job)
+        return min(len(old), max(0, limit))
+
+    # -- queues ------------------------------------------------------------------------------
+
+    def queue_set_paused(self, queue: str, paused: bool) -> None:
+        with self._lock:
+            self._paused[queue] = paused
+            if not paused:
+                self._notify()
+
+    def queue_list(self) -> list[QueueInfo]:
+        with self._lock:
+            counts: dict[str, Counter[JobState]] = {name: Counter() for name in self._paused}
+            for job in self._jobs.values():
+                counts.setdefault(job.queue, Counter())[job.state] += 1
+            return [
+                QueueInfo(name, self._paused.get(name, False), dict(counts[name]))
+                for name in sorted(counts)
+            ]
+
+    # -- wake-ups ----------------------------------------------------------------------------
+
+    # -- cron schedules and leadership -----------------------------------------------------
+
+    def schedule_state(
+        self, tasks: Sequence[str], *, now: datetime | None = None
+    ) -> dict[str, ScheduleState]:
+        at = _now(now)
+        with self._lock:
+            for task in tasks:
+                self._schedules.setdefault(task, ScheduleState(task, at, None))
+            return {task: self._schedules[task] for task in tasks}
+
+    def schedule_fire(
+        self,
+        task: str,
+        occurrence: datetime,
+        jobs: Sequence[NewJob],
+        *,
+        now: datetime | None = None,
+    ) -> list[InsertResult] | None:
+        at = _now(now)
+        occurrence = _utc(occurrence)
+        with self._lock:
+            state = self._schedules.get(task) or ScheduleState(task, at, None)
+            if state.last_fired_at is not None and state.last_fired_at >= occurrence:
+                return None
+            self._schedules[task] = replace(state, last_fired_at=occurrence)
+        return self.job_insert_many(jobs, now=now)
+
+    def leader_elect(
+        self, name: str, holder: str, ttl: timedelta, *, now: datetime | None = None
+    ) -> bool:
+        at = _now(now)
+        with self._lock:
+            current = self._leaders.get(name)
+            if current is not None and current[0] != holder and current[1] > at:
+                return False
+            self._leaders[name] = (holder, at + ttl)
+            return True
+
+    def leader_resign(self, name: str, holder: str) -> None:
+        with self._lock:
+            current = self._leaders.get(name)
+            if current is not None and current[0] == holder:
+                del self._leaders[name]
+
+    def wait_for_jobs(self, timeout: float, wake: threading.Event) -> None:
+        deadline = self._monotonic() + timeout
+        with self._changed:
+            seen = self._generation
+            while self._generation == seen and not wake.is_set():
+                remaining = deadline - self._monotonic()
+                if remaining <= 0:
+                    return
+                self._changed.wait(min(remaining, _WAKE_POLL))
+
+    # -- helpers (call with the lock held) ---------------------------------------------------
+
+    def _notify(self) -> None:
+        self._generation += 1
+        self._changed.notify_all()
+
+    def _held(self, lease: Lease) -> Job | None:
+        job = self._jobs.get(lease.id)
+        if job is None or job.state is not JobState.RUNNING or job.lease_token != lease.token:
+            return None
+        return job
+
+    def _scoped(self, job_id: str, tenant_id: str | None) -> Job | None:
+        job = self._jobs.get(job_id)
+        if job is None or (tenant_id is not None and job.tenant_id != tenant_id):
+            return None
+        return job
+
+    def _complete(self, lease: Lease, at: datetime) -> bool:
+        job = self._held(lease)
+        if job is None:
+            return False
+        self._put(_unleased(replace(job, state=JobState.COMPLETED, finished_at=at)))
+        return True
+
+    def _put(self, job: Job) -> None:
+        # The one place rows change, so the index of waiting jobs cannot drift from the rows.
+        self._jobs[job.id] = job
+        if job.state in _WAITING:
+            self._waiting.add(job.id)
+        else:
+            self._waiting.discard(job.id)
+
+    def _delete(self, job: Job) -> None:
+        del self._jobs[job.id]
+        self._waiting.discard(job.id)
+        self._keys.pop((job.tenant_id, job.idempotency_key), None)
+
+
+def _now(now: datetime | None) -> datetime:
+    return utcnow() if now is None else _utc(now)
+
+
+def _utc(moment: datetime) -> datetime:
+    if moment.tzinfo is None:
+        raise ValueError(f"{moment!r} is naive; drivers take timezone-aware UTC datetimes")
+    return moment.astimezone(UTC)
+
+
+def _waiting(run_at: datetime, now: datetime) -> JobState:
+    return JobState.SCHEDULED if run_at > now else JobState.AVAILABLE
+
+
+def _unleased(job: Job) -> Job:
+    return replace(job, lease_token=None, lease_expires_at=None)
+
+
+def _new_job(new: NewJob, now: datetime) -> Job:
+    run_at = now if new.run_at is None else _utc(new.run_at)
+    return Job(
+        id=new.id,
+        name=new.name,
+        queue=new.queue,
+        input=new.input,
+        tenant_id=new.tenant_id,
+        idempotency_key=new.idempotency_key,
+        priority=new.priority,
+        state=_waiting(run_at, now),
+        attempt=0,
+        max_attempts=new.max_attempts,
+        run_at=run_at,
+        created_at=now,
+    )
+
+
+def _matches(job: Job, where: JobFilter) -> bool:
+    return (
+        (where.states is None or job.state in where.states)
+        and (where.queue is None or job.queue == where.queue)
+        and (where.name is None or job.name == where.name)
+        and (where.tenant_id is None or job.tenant_id == where.tenant_id)
+        and (where.ids is None or job.id in where.ids)
+    )
+
+
+if TYPE_CHECKING:
+    # mypy proves here that the class satisfies the protocol, signature by signature.
+    _conforms: Driver = MemoryDriver()

@@ -1,0 +1,245 @@
+-- Named queries of the SQLite driver (drivers/sqlite.py). Each block starts with `-- name:`.
+--
+-- Every statement that reads or returns a whole job lists the columns in the order of
+-- records.Job; the driver unpacks rows by position. Times are INTEGER microseconds since the
+-- epoch, UTC. A JSON array bound as text stands in for a list of values (json_each), so each
+-- query keeps one fixed text however many values it takes.
+
+-- name: migrations_table_exists
+SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'x_migrations';
+
+-- name: migration_versions
+SELECT version FROM x_migrations ORDER BY version;
+
+-- name: migration_record
+INSERT INTO x_migrations (version, applied_at)
+VALUES (:version, CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER));
+
+-- name: job_insert
+-- Positional, in this order, because executemany binds tuples fastest.
+INSERT INTO x_jobs (id, tenant_id, name, queue, input, idempotency_key, priority, state,
+                    max_attempts, run_at, created_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (idempotency_key, tenant_id IS NULL, ifnull(tenant_id, '')) DO NOTHING;
+
+-- name: job_id_by_key
+SELECT id FROM x_jobs WHERE idempotency_key = ?2 AND tenant_id IS ?1;
+
+-- name: job_claim_queue
+-- One queue: the partial index x_jobs_claim yields rows in claim order, so the inner SELECT
+-- stops after :limit rows however long the backlog. Each job's lease token is the claim's
+-- random :token plus its id: fresh for every claim, and different for every job of a batch.
+UPDATE x_jobs
+SET state = 'running',
+    attempt = attempt + 1,
+    attempted_at = :now,
+    lease_token = :token || '.' || id,
+    lease_expires_at = :expires_at,
+    worker_id = :worker_id
+WHERE id IN (
+    SELECT id FROM x_jobs
+    WHERE queue = :queue
+      AND state IN ('scheduled', 'available')
+      AND run_at <= :now
+      AND NOT EXISTS (SELECT 1 FROM x_queues WHERE name = :queue AND paused = 1)
+    ORDER BY priority DESC, run_at, id
+    LIMIT :limit
+)
+RETURNING id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
+          max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
+          lease_expires_at, worker_id, errors, cancel_reason;
+
+-- name: queue_paused_among
+SELECT name FROM x_queues
+WHERE paused = 1 AND name IN (SELECT value FROM json_each(:queues));
+
+-- name: job_claim_candidates
+-- Several queues: the best :limit of each queue, merged in Python, then claimed by id.
+SELECT id, priority, run_at FROM x_jobs
+WHERE queue = :queue
+  AND state IN ('scheduled', 'available')
+  AND run_at <= :now
+ORDER BY priority DESC, run_at, id
+LIMIT :limit;
+
+-- name: job_claim_ids
+UPDATE x_jobs
+SET state = 'running',
+    attempt = attempt + 1,
+    attempted_at = :now,
+    lease_token = :token || '.' || id,
+    lease_expires_at = :expires_at,
+    worker_id = :worker_id
+WHERE id IN (SELECT value FROM json_each(:ids))
+  AND state IN ('scheduled', 'available')
+RETURNING id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
+          max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
+          lease_expires_at, worker_id, errors, cancel_reason;
+
+-- name: lease_extend
+-- The fenced writes below are run once per lease (executemany): ?1.. are positional.
+UPDATE x_jobs
+SET lease_expires_at = ?1
+WHERE id = ?2 AND lease_token = ?3 AND state = 'running';
+
+-- name: job_complete
+UPDATE x_jobs
+SET state = 'completed',
+    finished_at = ?1,
+    lease_token = NULL,
+    lease_expires_at = NULL
+WHERE id = ?2 AND lease_token = ?3 AND state = 'running';
+
+-- name: job_fail
+-- ?1 retry_at (NULL parks the job as dead), ?2 now, ?3 one AttemptError.to_json() object.
+UPDATE x_jobs
+SET state = CASE
+        WHEN ?1 IS NULL THEN 'dead'
+        WHEN ?1 > ?2 THEN 'scheduled'
+        ELSE 'available'
+    END,
+    run_at = coalesce(?1, run_at),
+    finished_at = CASE WHEN ?1 IS NULL THEN ?2 END,
+    errors = json_insert(errors, '$[#]', json(?3)),
+    lease_token = NULL,
+    lease_expires_at = NULL
+WHERE id = ?4 AND lease_token = ?5 AND state = 'running';
+
+-- name: job_snooze
+UPDATE x_jobs
+SET state = CASE WHEN :run_at > :now THEN 'scheduled' ELSE 'available' END,
+    run_at = :run_at,
+    attempt = max(attempt - 1, 0),
+    lease_token = NULL,
+    lease_expires_at = NULL
+WHERE id = :id AND lease_token = :token AND state = 'running';
+
+-- name: job_cancel
+UPDATE x_jobs
+SET state = 'cancelled',
+    finished_at = :now,
+    cancel_reason = :reason,
+    lease_token = NULL,
+    lease_expires_at = NULL
+WHERE id = :id
+  AND state IN ('scheduled', 'available', 'running')
+  AND (:tenant_id IS NULL OR tenant_id = :tenant_id);
+
+-- name: job_cancel_leased
+UPDATE x_jobs
+SET state = 'cancelled',
+    finished_at = :now,
+    cancel_reason = :reason,
+    lease_token = NULL,
+    lease_expires_at = NULL
+WHERE id = :id
+  AND lease_token = :token
+  AND state = 'running'
+  AND (:tenant_id IS NULL OR tenant_id = :tenant_id);
+
+-- name: job_list_expired
+SELECT id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
+       max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
+       lease_expires_at, worker_id, errors, cancel_reason
+FROM x_jobs
+WHERE state = 'running' AND lease_expires_at < :now
+ORDER BY lease_expires_at, id
+LIMIT :limit;
+
+-- name: job_get
+SELECT id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
+       max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
+       lease_expires_at, worker_id, errors, cancel_reason
+FROM x_jobs
+WHERE id = :id AND (:tenant_id IS NULL OR tenant_id = :tenant_id);
+
+-- name: job_list
+-- Each filter is NULL for "any"; :states and :ids are JSON arrays.
+SELECT id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
+       max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
+       lease_expires_at, worker_id, errors, cancel_reason
+FROM x_jobs
+WHERE (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
+  AND (:queue IS NULL OR queue = :queue)
+  AND (:name IS NULL OR name = :name)
+  AND (:tenant_id IS NULL OR tenant_id = :tenant_id)
+  AND (:ids IS NULL OR id IN (SELECT value FROM json_each(:ids)))
+  AND (:before_id IS NULL OR id < :before_id)
+ORDER BY id DESC
+LIMIT :limit;
+
+-- name: job_count
+SELECT queue, state, count(*)
+FROM x_jobs
+WHERE (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
+  AND (:queue IS NULL OR queue = :queue)
+  AND (:name IS NULL OR name = :name)
+  AND (:tenant_id IS NULL OR tenant_id = :tenant_id)
+  AND (:ids IS NULL OR id IN (SELECT value FROM json_each(:ids)))
+GROUP BY queue, state;
+
+-- name: job_retry
+UPDATE x_jobs
+SET state = 'available',
+    run_at = :now,
+    finished_at = NULL,
+    cancel_reason = NULL,
+    max_attempts = max(max_attempts, attempt + 1)
+WHERE id IN (SELECT value FROM json_each(:ids))
+  AND state IN ('dead', 'cancelled')
+  AND (:tenant_id IS NULL OR tenant_id = :tenant_id)
+RETURNING id;
+
+-- name: job_discard
+DELETE FROM x_jobs
+WHERE id IN (SELECT value FROM json_each(:ids))
+  AND state IN ('dead', 'cancelled')
+  AND (:tenant_id IS NULL OR tenant_id = :tenant_id)
+RETURNING id;
+
+-- name: job_prune
+-- Any rows finished before the cutoff qualify; no ORDER BY, so no sort of the whole backlog.
+DELETE FROM x_jobs
+WHERE id IN (
+    SELECT id FROM x_jobs
+    WHERE state IN (SELECT value FROM json_each(:states))
+      AND state IN ('completed', 'dead', 'cancelled')
+      AND finished_at < :finished_before
+    LIMIT :limit
+);
+
+-- name: queue_set_paused
+INSERT INTO x_queues (name, paused, updated_at)
+VALUES (:name, :paused, :now)
+ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = excluded.updated_at;
+
+-- name: queue_counts
+SELECT queue, state, count(*) FROM x_jobs GROUP BY queue, state;
+
+-- name: queue_settings
+SELECT name, paused FROM x_queues;
+
+-- name: data_version
+PRAGMA data_version;
+
+-- name: schedule_touch
+INSERT INTO x_schedules (task, first_seen_at) VALUES (:task, :now)
+ON CONFLICT (task) DO NOTHING;
+
+-- name: schedule_get
+SELECT task, first_seen_at, last_fired_at FROM x_schedules
+WHERE task IN (SELECT value FROM json_each(:tasks));
+
+-- name: schedule_advance
+-- Compare-and-set: only a later occurrence moves the state; zero rows means already fired.
+INSERT INTO x_schedules (task, first_seen_at, last_fired_at) VALUES (:task, :now, :at)
+ON CONFLICT (task) DO UPDATE SET last_fired_at = excluded.last_fired_at
+WHERE x_schedules.last_fired_at IS NULL OR x_schedules.last_fired_at < excluded.last_fired_at;
+
+-- name: leader_elect
+INSERT INTO x_leaders (name, holder, expires_at) VALUES (:name, :holder, :expires_at)
+ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
+WHERE x_leaders.holder = excluded.holder OR x_leaders.expires_at <= :now;
+
+-- name: leader_resign
+DELETE FROM x_leaders WHERE name = :name AND holder = :holder;

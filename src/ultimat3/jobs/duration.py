@@ -1,0 +1,144 @@
+"""Durations: one way in (``to_timedelta``), one way out (``format_duration``).
+
+Guarantees:
+
+- Every duration the library accepts becomes a non-negative ``timedelta``; anything else raises
+  ``DurationError`` quoting the bad value, before anything is written.
+- Text is a sequence of ``<number><unit>`` parts with units ``d``, ``h``, ``m``, ``s``, ``ms``,
+  largest first, each at most once, spaces allowed between parts: ``"250ms"``, ``"90s"``,
+  ``"1h30m"``, ``"1h 30m"``, ``"1.5s"``, ``"2d"``. Decimals are read exactly (no float error)
+  and rounded to the microsecond, half to even, as ``timedelta`` itself does.
+- Numbers are seconds; ``bool``, NaN, infinities and negatives are refused.
+- ``to_timedelta(format_duration(td)) == td`` for every non-negative ``timedelta``, to the
+  microsecond.
+
+Limits: no ISO 8601 (``PT5M``), no months or years (their length depends on a calendar), no
+unit-less text (``"30"`` is refused: write ``"30s"``), lower-case units only (``"5M"`` would be
+ambiguous).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import timedelta
+from fractions import Fraction
+from typing import TypeAlias
+
+from ultimat3.jobs.errors import DurationError
+
+__all__ = ["DurationInput", "format_duration", "to_timedelta"]
+
+DurationInput: TypeAlias = str | int | float | timedelta
+
+_US_PER_UNIT = {
+    "d": 86_400_000_000,
+    "h": 3_600_000_000,
+    "m": 60_000_000,
+    "s": 1_000_000,
+    "ms": 1_000,
+}
+_UNIT_RANK = {unit: rank for rank, unit in enumerate(_US_PER_UNIT)}
+# "ms" is listed before "m" and "s" so the alternation never splits it in two.
+_PART = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|d|h|m|s)\s*", re.ASCII)
+_MAX_US = timedelta.max // timedelta(microseconds=1)
+
+
+def to_timedelta(value: DurationInput) -> timedelta:
+    """The ``timedelta`` for a duration given as text, seconds, or a ``timedelta``.
+
+    Raises ``DurationError`` (a ``ConfigurationError``) whose cause quotes ``value``.
+    """
+    if isinstance(value, timedelta):
+        if value < timedelta(0):
+            raise _error(value, "is negative")
+        return value
+    if isinstance(value, bool):
+        raise _error(value, "is a bool, not a duration")
+    if isinstance(value, int):
+        if value < 0:
+            raise _error(value, "is negative")
+        return _from_us(value * 1_000_000, value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise _error(value, "is not a finite number")
+        if value < 0:
+            raise _error(value, "is negative")
+        try:
+            return timedelta(seconds=value)
+        except OverflowError:
+            raise _error(value, "is too long for a timedelta") from None
+    if isinstance(value, str):
+        return _parse(value)
+    raise _error(value, f"is a {type(value).__name__}, not text, a number or a timedelta")
+
+
+def format_duration(td: timedelta) -> str:
+    """Compact text for ``td`` that ``to_timedelta`` reads back exactly.
+
+    ``"1h30m"``, ``"250ms"``, ``"2.5s"``, ``"2d"``, ``"0s"``; a negative ``td`` (never accepted
+    as a setting, but possible as a difference) is printed with a leading ``-``.
+    """
+    total_us = td // timedelta(microseconds=1)
+    if total_us < 0:
+        return "-" + format_duration(-td)
+    if total_us == 0:
+        return "0s"
+    days, rest = divmod(total_us, _US_PER_UNIT["d"])
+    hours, rest = divmod(rest, _US_PER_UNIT["h"])
+    minutes, rest = divmod(rest, _US_PER_UNIT["m"])
+    seconds, micros = divmod(rest, _US_PER_UNIT["s"])
+    parts = [f"{n}{unit}" for n, unit in ((days, "d"), (hours, "h"), (minutes, "m")) if n]
+    if seconds:
+        parts.append(f"{seconds}{_fraction(micros, 6)}s")
+    elif micros:
+        whole_ms, micros_left = divmod(micros, 1000)
+        parts.append(f"{whole_ms}{_fraction(micros_left, 3)}ms")
+    return "".join(parts)
+
+
+def _fraction(value: int, digits: int) -> str:
+    """``value`` as the decimals of a number with ``digits`` places: 250000, 6 -> ".25"."""
+    if not value:
+        return ""
+    return "." + f"{value:0{digits}d}".rstrip("0")
+
+
+def _parse(text: str) -> timedelta:
+    total = Fraction(0)
+    pos = 0
+    last_rank = -1
+    stripped = text.strip()
+    if not stripped:
+        raise _error(text, "is empty")
+    if stripped.startswith("-"):
+        raise _error(text, "is negative")
+    while pos < len(stripped):
+        match = _PART.match(stripped, pos)
+        if match is None:
+            raise _error(text, _why_unreadable(stripped[pos:].strip()))
+        number, unit = match.groups()
+        rank = _UNIT_RANK[unit]
+        if rank <= last_rank:
+            raise _error(text, f'repeats a unit or lists "{unit}" after a smaller one')
+        last_rank = rank
+        total += Fraction(number) * _US_PER_UNIT[unit]
+        pos = match.end()
+    return _from_us(round(total), text)
+
+
+def _why_unreadable(rest: str) -> str:
+    """Why the text stopped parsing at ``rest``, its unread tail."""
+    if re.fullmatch(r"[\d.]+", rest, re.ASCII):
+        return f'has a number without a unit: "{rest}"'
+    return f'has an unknown part: "{rest}" (units are d, h, m, s, ms)'
+
+
+def _from_us(us: int, original: object) -> timedelta:
+    if us > _MAX_US:
+        raise _error(original, "is too long for a timedelta")
+    return timedelta(microseconds=us)
+
+
+def _error(value: object, why: str) -> DurationError:
+    return DurationError(f"duration {value!r} {why}", value=repr(value))

@@ -1,0 +1,242 @@
+"""The cron scheduler: turns each task's occurrences into jobs, exactly once.
+
+Guarantees:
+
+- **Exactly once per occurrence, across any number of schedulers.** Each occurrence is
+  dispatched by ``driver.schedule_fire``, which in one transaction moves the task's persisted
+  ``last_fired_at`` forward (compare-and-set) and inserts the occurrence's jobs. Two schedulers
+  that both believe they lead cannot both win the compare-and-set, and a crash cannot separate
+  the state from the jobs. Each job also carries the idempotency key ``task@occurrence``.
+- **Leader election only saves work.** One scheduler (the leader) computes plans; the others
+  idle. A leader that cannot renew its lease in time steps down before it expires. Correctness
+  never depends on there being exactly one leader.
+- **Catch-up after downtime** follows the task's policy (``skip``, ``run-once``, ``run-all``
+  bounded by ``max_catch_up``) over the persisted state; nothing is owed for the time before a
+  task was first seen. Skipped occurrences move the state forward, so a restart adds nothing.
+- **DST** follows Debian cron (``ultimat3.jobs.cron``): a fixed-time entry in the spring gap
+  fires once right after it, in the autumn fold once at the first instant.
+
+Time: plans are computed on the scheduler's clock (``Clock``; the fake one in tests), so a host
+whose clock is far off fires at the wrong time, but never twice.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from ultimat3.jobs import events
+from ultimat3.jobs.clock import Clock
+from ultimat3.jobs.cron import next_after, plan
+from ultimat3.jobs.driver import Driver
+from ultimat3.jobs.errors import JobsError
+from ultimat3.jobs.ids import token
+from ultimat3.jobs.job import JobHandle
+from ultimat3.jobs.records import InsertResult, NewJob
+from ultimat3.jobs.tasks import TaskHandle
+
+#: Builds the job row for one (handle, input) of an occurrence, with its idempotency key.
+JobBuilder = Callable[[JobHandle[Any], Any, str], NewJob]
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchedJob:
+    job: str
+    result: InsertResult
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchedOccurrence:
+    """What one occurrence enqueued (seed ``DispatchedOccurrence``)."""
+
+    task: str
+    occurrence: datetime
+    jobs: tuple[DispatchedJob, ...]
+    catch_up: bool
+
+
+class SoleLeader:
+    """Single node: always the leader (seed ``soleLeader``)."""
+
+    def acquire(self) -> bool:
+        return True
+
+    def release(self) -> None:
+        return None
+
+
+class DatabaseLeader:
+    """Leadership as a lease row in the job database (SQLite or PostgreSQL).
+
+    The holder renews every tick; it steps down on its own when it has not renewed within
+    ``ttl - margin`` of its monotonic clock, so it stops acting before another node can take
+    over, whatever the wall clocks say.
+    """
+
+    def __init__(
+        self,
+        driver: Driver,
+        *,
+        name: str = "scheduler",
+        ttl: timedelta = timedelta(seconds=15),
+        clock: Clock,
+        holder: str | None = None,
+    ) -> None:
+        self.driver = driver
+        self.name = name
+        self.ttl = ttl
+        self.clock = clock
+        self.holder = holder or f"scheduler-{token()[:12]}"
+        self._renewed_at: float | None = None
+
+    def acquire(self) -> bool:
+        started = self.clock.monotonic()
+        try:
+            won = self.driver.leader_elect(
+                self.name, self.holder, self.ttl, now=self.clock.pinned()
+            )
+        except JobsError as exc:
+            events.warning("jobs.scheduler.leader-unknown", holder=self.holder, error=exc.cause)
+            won = False
+        if won:
+            if self._renewed_at is None:
+                events.info("jobs.scheduler.leader-elected", holder=self.holder)
+            self._renewed_at = started
+            return True
+        if self._renewed_at is not None:
+            events.info("jobs.scheduler.leader-lost", holder=self.holder)
+        self._renewed_at = None
+        return False
+
+    @property
+    def is_leader(self) -> bool:
+        """True while the last renewal is recent enough to act on (a margin of a third)."""
+        if self._renewed_at is None:
+            return False
+        return self.clock.monotonic() - self._renewed_at < self.ttl.total_seconds() * 2 / 3
+
+    def release(self) -> None:
+        if self._renewed_at is not None:
+            try:
+                self.driver.leader_resign(self.name, self.holder)
+            except JobsError:
+                pass
+        self._renewed_at = None
+
+
+class Scheduler:
+    """Dispatches cron tasks. ``tick()`` does one round and returns what it enqueued."""
+
+    def __init__(
+        self,
+        *,
+        driver: Driver,
+        tasks: Mapping[str, TaskHandle],
+        build: JobBuilder,
+        clock: Clock,
+        leader: SoleLeader | DatabaseLeader,
+        tick_interval: timedelta = timedelta(seconds=1),
+        grace: timedelta = timedelta(seconds=60),
+    ) -> None:
+        self.driver = driver
+        self.tasks = dict(tasks)
+        self.build = build
+        self.clock = clock
+        self.leader = leader
+        self.tick_interval = tick_interval
+        self.grace = grace
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def next_run_for(self, handle: TaskHandle, after: datetime | None = None) -> datetime:
+        return next_after(handle.cron, handle.tz, after or self.clock.now())
+
+    def tick(self) -> list[DispatchedOccurrence]:
+        if not self.leader.acquire() or not self.tasks:
+            return []
+        states = self.driver.schedule_state(sorted(self.tasks), now=self.clock.pinned())
+        now = self.clock.now()
+        dispatched: list[DispatchedOccurrence] = []
+        for name in sorted(self.tasks):
+            if isinstance(self.leader, DatabaseLeader) and not self.leader.is_leader:
+                break  # stepped down mid-round: stop acting; the next leader carries on
+            dispatched.extend(self._dispatch(name, self.tasks[name], states[name], now))
+        return dispatched
+
+    def _dispatch(
+        self, name: str, handle: TaskHandle, state: Any, now: datetime
+    ) -> list[DispatchedOccurrence]:
+        p = plan(
+            handle.cron,
+            handle.tz,
+            last_fired=state.last_fired_at,
+            now=now,
+            catch_up=handle.catch_up,
+            max_catch_up=handle.max_catch_up,
+            started_at=state.first_seen_at,
+            grace=self.grace,
+        )
+        out: list[DispatchedOccurrence] = []
+        if p.missed:
+            events.warning(
+                "jobs.scheduler.missed", task=name, missed=p.missed, policy=handle.catch_up
+            )
+        for occurrence in p.fire:
+            key = f"{name}@{occurrence.at.isoformat()}"
+            entries = handle.entries()
+            jobs = [self.build(job_handle, value, key) for job_handle, value in entries]
+            results = self.driver.schedule_fire(name, occurrence.at, jobs, now=self.clock.pinned())
+            if results is None:
+                continue  # another scheduler fired it (or a later one) first
+            out.append(
+                DispatchedOccurrence(
+                    task=name,
+                    occurrence=occurrence.at,
+                    jobs=tuple(
+                        DispatchedJob(j.name, r) for j, r in zip(jobs, results, strict=True)
+                    ),
+                    catch_up=occurrence.catch_up,
+                )
+            )
+            events.info(
+                "jobs.scheduler.fired",
+                task=name,
+                occurrence=occurrence.at.isoformat(),
+                jobs=len(jobs),
+                catch_up=occurrence.catch_up,
+            )
+        if p.skip_to is not None and (not out or out[-1].occurrence < p.skip_to):
+            # Skipped occurrences are settled too, so the next round does not see them again.
+            self.driver.schedule_fire(name, p.skip_to, [], now=self.clock.pinned())
+        return out
+
+    # -- running -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._loop, name="ultimat3-jobs-scheduler", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        self.leader.release()
+
+    def _loop(self) -> None:
+        delay = 0.0
+        while not self._stop.wait(delay):
+            try:
+                self.tick()
+                delay = self.tick_interval.total_seconds()
+            except JobsError as exc:
+                events.warning("jobs.scheduler.tick-failed", error=exc.cause)
+                delay = min(5.0, max(delay * 2, 0.5))

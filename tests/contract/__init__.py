@@ -1,0 +1,1 @@
+"""The driver contract suite: one set of tests that every driver passes, memory as reference."""

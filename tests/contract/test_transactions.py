@@ -1,0 +1,117 @@
+"""``transaction()``: inserts and completions passed ``executor=`` are visible to others if
+and only if the transaction commits. Visibility is checked from another thread, which reads
+through the driver's own connections as any other worker would. Only reads run there: a write
+from outside would wait for the open transaction (SQLite has one writer at a time)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import pytest
+
+from ultimat3.jobs.driver import Driver, Executor
+from ultimat3.jobs.records import InsertResult, Job, JobFilter, JobState
+
+from .helpers import T0, Undo, at, claim, claim_one, get, insert, new_job, roll_back
+
+T = TypeVar("T")
+
+
+def elsewhere(call: Callable[[], T]) -> T:
+    """Run ``call`` on another thread (a reader outside the transaction)."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(call).result(timeout=30)
+
+
+def test_insert_is_visible_only_after_commit(driver: Driver) -> None:
+    a, b = new_job(), new_job()
+    with driver.transaction() as tx:
+        results = driver.job_insert_many([a, b], executor=tx, now=T0)
+        assert results == [InsertResult(a.id, False), InsertResult(b.id, False)]
+        assert elsewhere(lambda: driver.job_get(a.id)) is None
+        assert elsewhere(lambda: driver.job_list(JobFilter())) == []
+    assert get(driver, a.id).state is JobState.AVAILABLE
+    assert get(driver, b.id).created_at == T0
+    assert {job.id for job in claim(driver, at(1))} == {a.id, b.id}
+
+
+def test_rollback_leaves_nothing(driver: Driver) -> None:
+    job = new_job(key="k")
+    with pytest.raises(Undo):
+        roll_back(driver, lambda tx: driver.job_insert_many([job], executor=tx, now=T0))
+    assert driver.job_get(job.id) is None
+    assert claim(driver, at(1)) == []
+    again = new_job(key="k")
+    assert driver.job_insert_many([again], now=T0) == [InsertResult(again.id, False)], (
+        "the rolled-back key is free"
+    )
+
+
+def test_dedupe_inside_a_transaction(driver: Driver) -> None:
+    committed = new_job(key="old")
+    insert(driver, committed)
+    staged, twin, dup = new_job(key="new"), new_job(key="new"), new_job(key="old")
+    with driver.transaction() as tx:
+        assert driver.job_insert_many([staged], executor=tx, now=T0) == [
+            InsertResult(staged.id, False)
+        ]
+        assert driver.job_insert_many([twin, dup], executor=tx, now=T0) == [
+            InsertResult(staged.id, True),
+            InsertResult(committed.id, True),
+        ]
+    assert driver.job_get(twin.id) is None
+    assert driver.job_get(dup.id) is None
+    assert get(driver, staged.id).idempotency_key == "new"
+
+
+def test_complete_is_visible_only_after_commit(driver: Driver) -> None:
+    insert(driver, new_job())
+    job = claim_one(driver, at(1))
+    with driver.transaction() as tx:
+        assert driver.job_complete_many([job.lease], executor=tx, now=at(2)) == {job.id}
+        assert elsewhere(lambda: get(driver, job.id)) == job
+    done = get(driver, job.id)
+    assert (done.state, done.finished_at, done.lease_token) == (JobState.COMPLETED, at(2), None)
+
+
+def test_complete_rolled_back_keeps_the_job_running(driver: Driver) -> None:
+    insert(driver, new_job())
+    job = claim_one(driver, at(1))
+    with pytest.raises(Undo):
+        roll_back(driver, lambda tx: driver.job_complete_many([job.lease], executor=tx, now=at(2)))
+    assert get(driver, job.id) == job
+    assert driver.job_complete_many([job.lease], now=at(3)) == {job.id}
+
+
+def test_complete_in_a_transaction_is_fenced(driver: Driver) -> None:
+    insert(driver, new_job(), new_job())
+    a, b = claim(driver, at(1), limit=2)
+    assert driver.job_complete_many([a.lease], now=at(2)) == {a.id}
+    with driver.transaction() as tx:
+        assert driver.job_complete_many([a.lease, b.lease], executor=tx, now=at(3)) == {b.id}
+    assert get(driver, a.id).finished_at == at(2)
+    assert get(driver, b.id).state is JobState.COMPLETED
+
+
+def test_insert_and_complete_in_one_transaction(driver: Driver) -> None:
+    # The handler's follow-up job and its own completion commit together, or not at all.
+    insert(driver, new_job())
+    job = claim_one(driver, at(1))
+    follow_up = new_job(queue="next")
+
+    def both(tx: Executor) -> None:
+        driver.job_complete_many([job.lease], executor=tx, now=at(2))
+        driver.job_insert_many([follow_up], executor=tx, now=at(2))
+
+    with pytest.raises(Undo):
+        roll_back(driver, both)
+    assert driver.job_get(follow_up.id) is None
+    assert get(driver, job.id).state is JobState.RUNNING
+    with driver.transaction() as tx:
+        driver.job_complete_many([job.lease], executor=tx, now=at(3))
+        driver.job_insert_many([follow_up], executor=tx, now=at(3))
+    finished: Job = get(driver, job.id)
+    assert finished.state is JobState.COMPLETED
+    assert get(driver, follow_up.id).queue == "next"

@@ -1,0 +1,94 @@
+"""``wait_for_jobs``: a hint that returns early on an insert (from this process or another)
+or when ``wake`` is set, and after about ``timeout`` otherwise. Timings are asserted loosely:
+drivers may poll, and the machine may be busy."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ultimat3.jobs.driver import Driver
+from ultimat3.jobs.records import JobFilter
+
+from .helpers import SPAWN, T0, DriverSpec, new_job, proc_insert_until_stopped, run_processes
+
+LONG = 20.0  # the timeout a test waits with when it expects an early return
+EARLY = 8.0  # what "early" means
+
+
+def timed_wait(driver: Driver, timeout: float, wake: threading.Event) -> float:
+    start = time.monotonic()
+    driver.wait_for_jobs(timeout, wake)
+    return time.monotonic() - start
+
+
+@contextmanager
+def inserting_every(driver: Driver, seconds: float) -> Iterator[list[str]]:
+    """Insert a job every ``seconds`` on another thread while the block runs."""
+    stop, inserted = threading.Event(), []
+
+    def run() -> None:
+        while not stop.wait(seconds):
+            [result] = driver.job_insert_many([new_job(queue="wake")], now=T0)
+            inserted.append(result.id)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield inserted
+    finally:
+        stop.set()
+        thread.join(30)
+
+
+def test_times_out_without_changes(driver: Driver) -> None:
+    elapsed = timed_wait(driver, 0.6, threading.Event())
+    assert 0.45 <= elapsed < EARLY
+
+
+def test_returns_early_on_an_insert_from_another_thread(driver: Driver) -> None:
+    with inserting_every(driver, 0.2) as inserted:
+        elapsed = timed_wait(driver, LONG, threading.Event())
+    assert elapsed < EARLY
+    assert inserted, "returned before anything was inserted"
+
+
+def test_returns_early_when_woken(driver: Driver) -> None:
+    wake = threading.Event()
+    timer = threading.Timer(0.2, wake.set)
+    timer.start()
+    try:
+        elapsed = timed_wait(driver, LONG, wake)
+    finally:
+        timer.cancel()
+    assert 0.1 <= elapsed < EARLY
+
+
+def test_returns_at_once_when_already_woken(driver: Driver) -> None:
+    wake = threading.Event()
+    wake.set()
+    assert timed_wait(driver, LONG, wake) < 2.0
+
+
+def test_returns_early_on_an_insert_from_another_process(
+    shared_spec: DriverSpec, driver: Driver
+) -> None:
+    ready, go, stop = SPAWN.Event(), SPAWN.Event(), SPAWN.Event()
+    waited: list[float] = []
+
+    def parent() -> None:
+        assert ready.wait(30), "the child never started"
+        go.set()
+        waited.append(timed_wait(driver, LONG, threading.Event()))
+        stop.set()
+
+    thread = threading.Thread(target=parent, daemon=True)
+    thread.start()
+    [inserted] = run_processes(proc_insert_until_stopped, [(shared_spec, ready, go, stop)])
+    thread.join(30)
+    assert waited, "the wait never returned"
+    assert waited[0] < EARLY, waited
+    assert inserted >= 1
+    assert len(driver.job_list(JobFilter(queue="wake"))) == inserted

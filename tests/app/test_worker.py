@@ -210,7 +210,9 @@ def test_threaded_worker_runs_many_jobs(make_app: Callable[..., App], make_modul
     assert worker.stats.completed == 200
 
 
-def test_worker_picks_up_jobs_enqueued_while_idle(make_app: Callable[..., App], make_module: Any) -> None:
+def test_worker_picks_up_jobs_enqueued_while_idle(
+    make_app: Callable[..., App], make_module: Any
+) -> None:
     app = make_app(make_module(record=record))
     with app.worker(concurrency=2, poll_interval="5s"):
         time.sleep(0.2)
@@ -301,7 +303,9 @@ def test_graceful_stop_waits_for_short_jobs(make_app: Callable[..., App], make_m
     assert app.get_job(first.id).state is JobState.COMPLETED
 
 
-def test_a_lost_lease_cancels_the_run_and_fences_its_write(make_app: Callable[..., App], make_module: Any) -> None:
+def test_a_lost_lease_cancels_the_run_and_fences_its_write(
+    make_app: Callable[..., App], make_module: Any
+) -> None:
     gate.clear()
     app = make_app(make_module(waits_for_gate=waits_for_gate))
     result = waits_for_gate.enqueue({"n": 1})
@@ -316,7 +320,9 @@ def test_a_lost_lease_cancels_the_run_and_fences_its_write(make_app: Callable[..
     assert got.state is JobState.CANCELLED
 
 
-def test_heartbeats_keep_a_long_job_from_being_rescued(make_app: Callable[..., App], make_module: Any) -> None:
+def test_heartbeats_keep_a_long_job_from_being_rescued(
+    make_app: Callable[..., App], make_module: Any
+) -> None:
     gate.clear()
     app = make_app(make_module(waits_for_gate=waits_for_gate))
     result = waits_for_gate.enqueue({"n": 1})

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import Token
 from types import ModuleType
-from typing import Any, Unpack
+from typing import Any, Literal, Unpack
 
 from ultimat3.jobs import events
 from ultimat3.jobs.clock import Clock, SystemClock
@@ -43,6 +43,7 @@ from ultimat3.jobs.job import (
 from ultimat3.jobs.maintenance import MaintenanceConfig
 from ultimat3.jobs.outbox import EnqueueOptions, Mode, TxBinding, bind, build_job, insert
 from ultimat3.jobs.records import Job, JobFilter, JobState, NewJob, QueueInfo
+from ultimat3.jobs.scheduler import DatabaseLeader, Scheduler, SoleLeader
 from ultimat3.jobs.serialization import Codec, Serializer
 from ultimat3.jobs.worker import Worker, WorkerConfig
 
@@ -264,6 +265,51 @@ class App(Enqueuer):
             clock=self.clock,
             app=self,
             config=config,
+        )
+
+    def scheduler(
+        self,
+        *,
+        leader: Literal["sole", "database"] = "sole",
+        leader_ttl: DurationInput = "15s",
+        tick_interval: DurationInput = "1s",
+    ) -> Scheduler:
+        """The cron scheduler for this app's registered tasks (``start()``/``stop()``, or
+        ``tick()`` to dispatch once). ``leader="database"`` elects one active scheduler among
+        many through a lease row; either way each occurrence fires exactly once."""
+        driver = self.driver
+        chosen: SoleLeader | DatabaseLeader
+        if leader == "sole":
+            chosen = SoleLeader()
+        elif leader == "database":
+            chosen = DatabaseLeader(driver, ttl=to_timedelta(leader_ttl), clock=self.clock)
+        else:
+            raise ConfigurationError(
+                f"leader={leader!r} is not valid",
+                fix='use "sole" (one scheduler process) or "database" (elect one among many)',
+            )
+
+        def build(handle: JobHandle[Any], value: Any, key: str) -> NewJob:
+            if not self.registry.knows(handle):
+                raise RegistrationError(
+                    f"a task enqueues job {handle.bound_name or handle.fn!r}, which this app has not registered",
+                    fix="register the module that exports the job with the same app as the task",
+                )
+            return build_job(
+                handle,
+                value,
+                EnqueueOptions(idempotency_key=key),
+                serializer=self.serializer,
+                now=self.clock.now(),
+            )
+
+        return Scheduler(
+            driver=driver,
+            tasks=self.registry.tasks,
+            build=build,
+            clock=self.clock,
+            leader=chosen,
+            tick_interval=to_timedelta(tick_interval),
         )
 
     def queues_of_jobs(self) -> tuple[str, ...]:

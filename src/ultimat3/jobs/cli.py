@@ -11,17 +11,19 @@ import importlib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC
-from typing import Any, NoReturn, TypeVar
+from typing import Any, Literal, NoReturn, TypeVar
 from zoneinfo import ZoneInfo
 
 import click
-from ultimat3.jobs.cron import next_runs
 
 from ultimat3.jobs.app import App
+from ultimat3.jobs.cron import next_runs
 from ultimat3.jobs.drivers import open_driver
 from ultimat3.jobs.duration import format_duration
 from ultimat3.jobs.errors import ConfigurationError, JobsError
@@ -167,6 +169,85 @@ def worker(
         click.echo(f"stopped: {stats}", err=True)
 
 
+def _scheduler_options(f: F) -> F:
+    f = click.option(
+        "--leader",
+        type=click.Choice(["sole", "database"]),
+        default="database",
+        show_default=True,
+        help="database: elect one active scheduler among many.",
+    )(f)
+    f = click.option("--leader-ttl", default="15s", show_default=True)(f)
+    return click.option(
+        "--tick", default="1s", show_default=True, help="How often due occurrences are checked."
+    )(f)
+
+
+@cli.command()
+@_scheduler_options
+@pass_ctx
+def scheduler(ctx: Context, leader: str, leader_ttl: str, tick: str) -> None:
+    """Fire cron tasks until SIGTERM/SIGINT (each occurrence exactly once)."""
+    with explained():
+        app = ctx.app
+        if not app.registry.tasks:
+            raise ConfigurationError(
+                "no task is registered", fix="register a module that exports task(...) handles"
+            )
+        s = app.scheduler(leader=_leader(leader), leader_ttl=leader_ttl, tick_interval=tick)
+        click.echo(
+            f"scheduler on {app.driver.display_url}: {', '.join(sorted(app.registry.tasks))}",
+            err=True,
+        )
+        stop = _wait_for_signal()
+        s.start()
+        stop.wait()
+        s.stop()
+
+
+@cli.command("run")
+@click.option("-q", "--queue", "queues", multiple=True)
+@click.option("-c", "--concurrency", default=10, show_default=True, type=click.IntRange(1, 1000))
+@_scheduler_options
+@pass_ctx
+def run_all(
+    ctx: Context, queues: tuple[str, ...], concurrency: int, leader: str, leader_ttl: str, tick: str
+) -> None:
+    """Worker and scheduler in one process."""
+    with explained():
+        app = ctx.app
+        s = (
+            app.scheduler(leader=_leader(leader), leader_ttl=leader_ttl, tick_interval=tick)
+            if app.registry.tasks
+            else None
+        )
+        w = app.worker(queues=list(queues) or None, concurrency=concurrency)
+        click.echo(f"worker + scheduler on {app.driver.display_url}", err=True)
+        if s is not None:
+            s.start()
+        try:
+            w.run()
+        finally:
+            if s is not None:
+                s.stop()
+
+
+def _leader(value: str) -> Literal["sole", "database"]:
+    return "sole" if value == "sole" else "database"
+
+
+def _wait_for_signal() -> threading.Event:
+    """An event set by SIGTERM or SIGINT (installed in the main thread)."""
+    stop = threading.Event()
+
+    def handler(signum: int, frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return stop
+
+
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--count", default=5, show_default=True, help="Next cron runs per task.")
@@ -224,9 +305,9 @@ def schedule(ctx: Context, as_json: bool, count: int) -> None:
                 f"{' +jitter' if j['jitter'] else ''}  retries after: {sched}"
                 f"{'' if j['dead_letter'] else '  (dropped when exhausted)'}"
             )
-        for t in tasks:
-            click.echo(f"{t['task']}  {t['cron']}  {t['tz']}  ({t['explain']})")
-            for r in t["next"]:
+        for row in tasks:
+            click.echo(f"{row['task']}  {row['cron']}  {row['tz']}  ({row['explain']})")
+            for r in row["next"]:
                 click.echo(f"    {r['local']}   {r['utc']}")
 
 

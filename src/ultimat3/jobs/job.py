@@ -32,6 +32,7 @@ from typing import (
     TypedDict,
     TypeVar,
     Unpack,
+    cast,
     overload,
 )
 
@@ -348,7 +349,7 @@ class Registry:
                 if isinstance(value, JobHandle):
                     registered.append(self.add_job(value, attr, mod_name))
                 elif getattr(value, "kind", None) == "task":
-                    registered.append(self.add_task(value, attr, mod_name))
+                    registered.append(self.add_task(cast("TaskHandle", value), attr, mod_name))
         return registered
 
     def add_job(self, handle: JobHandle[Any], export_name: str, module: str = "") -> Registered:

@@ -22,6 +22,8 @@ whose clock is far off fires at the wrong time, but never twice.
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -30,12 +32,11 @@ from typing import Any
 
 from ultimat3.jobs import events
 from ultimat3.jobs.clock import Clock
-from ultimat3.jobs.cron import next_after, plan
 from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.errors import JobsError
 from ultimat3.jobs.ids import token
 from ultimat3.jobs.job import JobHandle
-from ultimat3.jobs.records import InsertResult, NewJob
+from ultimat3.jobs.records import InsertResult, NewJob, ScheduleState
 from ultimat3.jobs.tasks import TaskHandle
 
 #: Builds the job row for one (handle, input) of an occurrence, with its idempotency key.
@@ -89,7 +90,7 @@ class DatabaseLeader:
         self.name = name
         self.ttl = ttl
         self.clock = clock
-        self.holder = holder or f"scheduler-{token()[:12]}"
+        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{token()[:8]}"
         self._renewed_at: float | None = None
 
     def acquire(self) -> bool:
@@ -152,7 +153,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
 
     def next_run_for(self, handle: TaskHandle, after: datetime | None = None) -> datetime:
-        return next_after(handle.cron, handle.tz, after or self.clock.now())
+        return handle.next_runs(after or self.clock.now(), count=1)[0]
 
     def tick(self) -> list[DispatchedOccurrence]:
         if not self.leader.acquire() or not self.tasks:
@@ -167,15 +168,11 @@ class Scheduler:
         return dispatched
 
     def _dispatch(
-        self, name: str, handle: TaskHandle, state: Any, now: datetime
+        self, name: str, handle: TaskHandle, state: ScheduleState, now: datetime
     ) -> list[DispatchedOccurrence]:
-        p = plan(
-            handle.cron,
-            handle.tz,
+        p = handle.plan(
             last_fired=state.last_fired_at,
             now=now,
-            catch_up=handle.catch_up,
-            max_catch_up=handle.max_catch_up,
             started_at=state.first_seen_at,
             grace=self.grace,
         )

@@ -162,7 +162,7 @@ def test_catch_up_after_downtime(
 def test_run_all_is_bounded(
     make_scheduled_app: Callable[..., tuple[App, Scheduler, FakeClock]],
 ) -> None:
-    app, scheduler, clock = make_scheduled_app(
+    _app, scheduler, clock = make_scheduled_app(
         "* * * * *", "UTC", start=utc(2026, 5, 1), catch_up="run-all", max_catch_up=3
     )
     scheduler.tick()

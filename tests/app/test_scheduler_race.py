@@ -4,6 +4,7 @@ occurrences have no duplicate and no hole."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import sqlite3
@@ -115,5 +116,5 @@ def test_no_duplicate_and_no_hole(race: tuple[Path, list[subprocess.Popen[bytes]
         assert conn.execute("select count(*) from x_jobs").fetchone()[0] == len(occurrences)
     ordered = sorted(occurrences)
     assert len(ordered) >= 6
-    gaps = {b - a for a, b in zip(ordered, ordered[1:], strict=False)}
+    gaps = {b - a for a, b in itertools.pairwise(ordered)}
     assert gaps == {timedelta(seconds=2)}, f"holes in the fired occurrences: {sorted(gaps)}"

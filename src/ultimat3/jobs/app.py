@@ -48,6 +48,7 @@ from ultimat3.jobs.serialization import Codec, Serializer
 from ultimat3.jobs.worker import Worker, WorkerConfig
 
 DEFAULT_PAYLOAD_LIMIT = 1_048_576
+_NO_OPTIONS = EnqueueOptions()
 
 
 class App(Enqueuer):
@@ -148,7 +149,7 @@ class App(Enqueuer):
         Options: ``run_at`` or ``delay``, ``tenant_id``, ``queue``, ``priority``,
         ``max_attempts``, ``idempotency_key``, ``outbox`` (see ``EnqueueKwargs``).
         """
-        opts = EnqueueOptions(**options)
+        opts = EnqueueOptions(**options) if options else _NO_OPTIONS
         return self._insert([self._build(handle, input, opts)], opts.outbox)[0]
 
     def enqueue_many(

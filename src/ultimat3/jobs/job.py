@@ -243,9 +243,10 @@ class JobHandle(Generic[InputT]):
         app = current_app.get()
         if app is not None and app.knows(self):
             return app
+        if len(self._apps) == 1:
+            for only in self._apps:
+                return only  # type: ignore[no-any-return]
         apps = list(self._apps)
-        if len(apps) == 1:
-            return apps[0]  # type: ignore[no-any-return]
         label = self._name or getattr(self.fn, "__qualname__", "?")
         if not apps:
             raise RegistrationError(

@@ -29,6 +29,7 @@ from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError, OutboxNoTxError
 from ultimat3.jobs.ids import uuid7
 from ultimat3.jobs.job import JobHandle, check_queue_name
+from ultimat3.jobs.outbox_store import OutboxStore
 from ultimat3.jobs.records import InsertResult, NewJob
 from ultimat3.jobs.serialization import Serializer
 
@@ -37,10 +38,13 @@ Mode = Literal["default", "required"]
 
 @dataclass(frozen=True, slots=True)
 class TxBinding:
-    """A transaction that enqueues join: which job database it is on, and its executor."""
+    """A transaction that enqueues join: the job database it is on (``driver``), or, when it is
+    on another database, the outbox store that stages jobs there (``store``); and the executor
+    (the caller's connection)."""
 
-    driver: Driver
+    driver: Driver | None
     executor: Executor
+    store: OutboxStore | None = None
 
 
 #: The transaction the current code runs in, set by ``app.transaction()`` / ``app.using()``.
@@ -151,6 +155,11 @@ def insert(
         binding = None
     if binding is not None and binding.driver is driver:
         return driver.job_insert_many(jobs, executor=binding.executor, now=now)
+    if binding is not None and binding.store is not None:
+        # Another database: stage in its x_outbox, in the caller's transaction; the relay
+        # publishes after commit. The id is final; whether it dedupes is known only then.
+        binding.store.stage(binding.executor, jobs, now=now)
+        return [InsertResult(id=job.id, deduped=False) for job in jobs]
     if mode == "required" and outbox is not False:
         raise OutboxNoTxError(
             f"job {label!r} was enqueued outside any transaction and the app's mode is 'required'"

@@ -600,9 +600,19 @@ class SqliteDriver:
         slot = self._slot()
         return self._retry(lambda: body(slot.conn))
 
-    def _on_executor(self, executor: Any, body: Callable[[sqlite3.Connection], _T]) -> _T:
+    def _on_executor(
+        self,
+        executor: Any,
+        body: Callable[[sqlite3.Connection], _T],
+        *,
+        savepoint: bool = True,
+    ) -> _T:
         """Run ``body`` as part of the caller's transaction on ``executor`` (see the module
-        docstring for connections in legacy and autocommit modes)."""
+        docstring for connections in legacy and autocommit modes).
+
+        ``savepoint=False`` is for bodies that are atomic on their own (one statement, or their
+        own savepoint): SQLite undoes a failed statement without touching the transaction
+        around it, so the extra SAVEPOINT/RELEASE round trips would buy nothing."""
         if not isinstance(executor, sqlite3.Connection):
             raise ConfigurationError(
                 f"executor= must be a sqlite3.Connection for the SQLite driver, "
@@ -626,21 +636,24 @@ class SqliteDriver:
                 if isinstance(exc, sqlite3.Error) and _translatable(exc):
                     raise self._unavailable(exc) from exc
                 raise
-        conn.execute(f"SAVEPOINT {_SAVEPOINT}")
+        if savepoint:
+            conn.execute(f"SAVEPOINT {_SAVEPOINT}")
         try:
             result = body(conn)
         except BaseException as exc:
-            try:
-                conn.execute(f"ROLLBACK TO {_SAVEPOINT}")
-                conn.execute(f"RELEASE {_SAVEPOINT}")
-            except sqlite3.Error:
-                pass  # SQLite already rolled the whole transaction back (disk full, I/O)
+            if savepoint:
+                try:
+                    conn.execute(f"ROLLBACK TO {_SAVEPOINT}")
+                    conn.execute(f"RELEASE {_SAVEPOINT}")
+                except sqlite3.Error:
+                    pass  # SQLite already rolled the whole transaction back (disk full, I/O)
             if isinstance(exc, sqlite3.Error) and _translatable(exc):
                 if _is_busy(exc):
                     raise self._caller_busy(exc) from exc
                 raise self._unavailable(exc) from exc
             raise
-        conn.execute(f"RELEASE {_SAVEPOINT}")
+        if savepoint:
+            conn.execute(f"RELEASE {_SAVEPOINT}")
         return result
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -772,7 +785,8 @@ class SqliteDriver:
 
         if executor is None:
             return self._write(body)
-        return self._on_executor(executor, body)
+        # One INSERT, or an executemany inside _insert's own savepoint: atomic either way.
+        return self._on_executor(executor, body, savepoint=False)
 
     @staticmethod
     def _row(job: NewJob, now_us: int) -> tuple[Any, ...]:

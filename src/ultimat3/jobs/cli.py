@@ -299,11 +299,16 @@ def schedule(ctx: Context, as_json: bool, count: int) -> None:
         if not jobs and not tasks:
             click.echo("no jobs or tasks registered (pass --app module:app)")
         for j in jobs:
-            sched = ", ".join(j["schedule"]) or "no retry"
+            if j["schedule"]:
+                retries = f"retries after {', '.join(j['schedule'])}"
+                if j["jitter"]:
+                    retries += " (jittered: each between half and all of that)"
+            else:
+                retries = "no retry"
+            parked = "then dead-letter" if j["dead_letter"] else "then dropped"
             click.echo(
-                f"{j['job']}  queue={j['queue']}  attempts={j['attempts']} {j['backoff']}"
-                f"{' +jitter' if j['jitter'] else ''}  retries after: {sched}"
-                f"{'' if j['dead_letter'] else '  (dropped when exhausted)'}"
+                f"{j['job']}  queue={j['queue']}  {j['attempts']} attempts, {j['backoff']}, "
+                f"{retries}, {parked}"
             )
         for row in tasks:
             click.echo(f"{row['task']}  {row['cron']}  {row['tz']}  ({row['explain']})")

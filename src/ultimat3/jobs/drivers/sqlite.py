@@ -785,8 +785,9 @@ class SqliteDriver:
 
         if executor is None:
             return self._write(body)
-        # One INSERT, or an executemany inside _insert's own savepoint: atomic either way.
-        return self._on_executor(executor, body, savepoint=False)
+        # One INSERT is atomic on its own; a batch needs the savepoint, since its row-by-row
+        # pass can fail half way.
+        return self._on_executor(executor, body, savepoint=len(jobs) > 1)
 
     @staticmethod
     def _row(job: NewJob, now_us: int) -> tuple[Any, ...]:

@@ -12,10 +12,18 @@ from ultimat3.jobs import App
 from ultimat3.jobs.testing import FakeClock
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The same app-level behaviour on every driver (PostgreSQL: a fresh database per test)."""
     if request.param == "memory":
         return "memory://"
+    if request.param == "postgres":
+        from psycopg.conninfo import conninfo_to_dict
+
+        parts = conninfo_to_dict(request.getfixturevalue("pg_dsn"))
+        return (
+            f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+        )
     return f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
 
 

@@ -21,9 +21,7 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         from psycopg.conninfo import conninfo_to_dict
 
         parts = conninfo_to_dict(request.getfixturevalue("pg_dsn"))
-        return (
-            f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
-        )
+        return f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
     return f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
 
 

@@ -1,0 +1,1168 @@
+"""The PostgreSQL driver: many workers on many machines share one queue.
+
+Guarantees (beyond the ``Driver`` protocol's rules, which this driver keeps):
+
+- **One statement per operation.** A claim, a batch completion, a batch failure, an insert of
+  up to 5,000 jobs with its wake-up: each is one SQL statement on an autocommit connection, so
+  each is atomic and costs one round trip. Claims lock due rows with ``FOR UPDATE SKIP
+  LOCKED``: claimers on any number of machines never wait for each other and never receive
+  the same (job, token); a partial index holds only waiting jobs, so a large backlog of
+  finished rows costs a claim nothing. Due-ness and lease expiry are judged on the database
+  clock (``now()``) unless a caller pins ``now``, so host clock skew cannot expire a lease.
+- **Dedupe is the unique index's.** ``INSERT ... ON CONFLICT DO NOTHING``, then a look-up of
+  the stored ids for the rows that conflicted; an insert racing a concurrent one of the same
+  key waits for the other transaction, then dedupes onto its row. Batches of 200 jobs or more
+  first try ``COPY`` (several times faster) and fall back to that path when any key is taken.
+  A batch without ``executor`` that loses a deadlock to another writer is run again.
+- **Transactional enqueue.** With ``executor=`` (a caller's psycopg ``Connection``, or the one
+  ``transaction()`` yields) inserts and completions run on that connection inside a
+  SAVEPOINT, so a failed insert leaves the caller's transaction usable, and the driver never
+  commits it. A connection in autocommit mode with no transaction open is accepted: the
+  insert then commits on its own. A non-autocommit connection with no transaction yet gets the
+  implicit one psycopg opens, left open for the caller to commit.
+- **Wake-ups.** Inserts (of due jobs), retries, snoozes and resumed queues ``pg_notify`` the
+  channel named like the schema, with the queue name as the only payload, in the same
+  transaction: a rollback sends nothing. ``wait_for_jobs`` LISTENs on one dedicated
+  connection outside the pool, shared by every waiting thread; after any error on it, it
+  returns early (so the caller polls), then reconnects with backoff (capped at 5 s) and
+  re-LISTENs, returning early once more. ``listen=False`` (for transaction-mode poolers such
+  as PgBouncer, where LISTEN and prepared statements do not work) polls only: no LISTEN, no
+  prepared statements, no session state.
+- **Failures are errors with a fix.** A server that is down, a terminated session or an
+  exhausted pool raise ``DriverUnavailableError``; a missing schema says to migrate. The pool
+  heals by itself: a pooled connection whose session ended (its socket turned readable while
+  idle: a restart, ``pg_terminate_backend``) is replaced before use, at the cost of one
+  ``poll(2)``, and new connections are made as soon as the server is back.
+- **Migrations** run in one transaction under ``pg_advisory_xact_lock``: any number of
+  processes may migrate at once; one applies, the others find the work done.
+
+Schema: every table lives in ``schema`` (default ``ultimat3_jobs``, validated against
+``^[a-z_][a-z0-9_]{0,62}$``), is prefixed ``x_`` and is reached through a quoted identifier;
+every value is a bound parameter (the one exception, a claim's LIMIT, is an ``int`` written
+into the text; see ``job_claim_queue`` in ``queries.sql``). ``input`` is stored as ``json``,
+the exact text byte for byte; errors as a ``jsonb`` array; times as ``timestamptz``; ids and
+lease tokens (fresh random UUIDs) as text; ``tenant_id`` NULL for "no tenant".
+
+Limits: PostgreSQL 13 or newer (``gen_random_uuid()``). Sync connections only: an
+``AsyncConnection`` cannot be adopted yet. A connection that went half-open (a network cut
+without a reset) is found only when used, by TCP keepalives and ``tcp_user_timeout`` (~30 s
+by default). While the server is down a call fails after about half a second (when no pooled
+connection comes, one direct attempt tells an outage from a busy pool, at most once a
+second); an exhausted pool makes a call wait up to 5 s more. A call in flight when its session
+dies raises (it is not retried: the driver cannot know whether a write committed); the next
+call gets a fresh connection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import select
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, NoReturn
+from urllib.parse import urlsplit, urlunsplit
+
+from ultimat3.jobs import sql as sql_files
+from ultimat3.jobs.driver import Driver, Executor
+from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError, SerializationError
+from ultimat3.jobs.records import (
+    FINAL_STATES,
+    AttemptError,
+    ClaimParams,
+    Failure,
+    InsertResult,
+    Job,
+    JobFilter,
+    JobState,
+    Lease,
+    NewJob,
+    QueueInfo,
+    ScheduleState,
+)
+
+try:
+    import psycopg
+    from psycopg import errors as pg_errors
+    from psycopg import pq
+    from psycopg import sql as pg_sql
+    from psycopg.conninfo import conninfo_to_dict
+    from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
+except ImportError as _exc:  # pragma: no cover - exercised only without the extra
+    _MISSING: ImportError | None = _exc
+else:
+    _MISSING = None
+
+__all__ = ["PostgresDriver"]
+
+_NAME = "postgres"
+_SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+#: Jobs per INSERT statement; bigger batches run several statements in one transaction.
+_CHUNK = 5000
+#: From this many jobs, a batch first tries COPY (see ``_copy``), sent this many rows at a time.
+_COPY_FROM = 200
+_COPY_SLICE = 500
+#: How long a call waits for a pooled connection before it checks that the server is up, and
+#: then how much longer before it raises (the pool is exhausted).
+_QUICK_WAIT = 0.5
+_POOL_WAIT = 5.0
+#: One reconnection attempt chain of the pool gives up after this long; the next call starts a
+#: fresh chain (first attempt at once), which keeps the pool's exponential backoff short.
+_RECONNECT_WINDOW = 5.0
+#: How long one LISTEN wait lasts before ``wake`` and the deadline are checked again.
+_WAIT_SLICE = 0.1
+#: The listener checks that it still LISTENs after this much silence.
+_PROBE_AFTER = 30.0
+_LISTEN_BACKOFF_MAX = 5.0
+#: libpq settings applied unless the DSN sets them: detect dead peers within about 30 s.
+_CONNECT_DEFAULTS = {
+    "connect_timeout": "5",
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "30000",
+}
+#: SQLSTATE classes that mean "the server cannot serve us now": connection exception,
+#: insufficient resources, operator intervention (admin shutdown, query cancelled), system error.
+_UNAVAILABLE_CLASSES = ("08", "53", "57", "58")
+_STATES = {state.value: state for state in JobState}
+_MIGRATE_FIX = "run `ultimat3-jobs migrate` (or driver.migrate()) against this database"
+_ADOPT_FIX = (
+    "pass a psycopg 3 Connection to the job database (or the executor that "
+    "driver.transaction() yields); SQLAlchemy and Django connections go through their "
+    "integrations"
+)
+
+if TYPE_CHECKING:
+    Conn = psycopg.Connection[Any]
+    Row = tuple[Any, ...]
+
+
+class PostgresDriver:
+    """Jobs in PostgreSQL through psycopg 3 and a psycopg_pool connection pool.
+
+    ``dsn`` is a libpq URL or conninfo string. ``pool_min``/``pool_max`` size the pool (the
+    LISTEN connection is extra); ``listen=False`` turns LISTEN/NOTIFY and prepared statements
+    off for transaction-mode poolers; ``application_name`` labels every session.
+    """
+
+    name = _NAME
+    #: Writers do not block each other: a write beside an open transaction is fine.
+    single_writer = False
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = "ultimat3_jobs",
+        pool_min: int = 1,
+        pool_max: int = 10,
+        listen: bool = True,
+        application_name: str = "ultimat3-jobs",
+    ) -> None:
+        if _MISSING is not None:
+            raise DriverUnavailableError(
+                f"the postgres driver needs psycopg 3 and psycopg_pool: {_MISSING}",
+                driver=_NAME,
+                fix='pip install "ultimat3-jobs[postgres]"',
+            )
+        if not _SCHEMA.match(schema):
+            raise ConfigurationError(
+                f"the schema name {schema!r} is not allowed",
+                fix="use 1 to 63 lowercase letters, digits and underscores, not starting with "
+                'a digit (default "ultimat3_jobs")',
+            )
+        if not 0 <= pool_min <= pool_max or pool_max < 1:
+            raise ConfigurationError(
+                f"pool_min={pool_min}, pool_max={pool_max} is not a pool size",
+                fix="use 0 <= pool_min <= pool_max and pool_max >= 1",
+            )
+        try:
+            given = conninfo_to_dict(dsn)
+        except psycopg.ProgrammingError as exc:
+            raise ConfigurationError(
+                f"the PostgreSQL URL is not valid: {exc}",
+                fix="write postgresql://user:password@host:5432/dbname or a libpq conninfo string",
+            ) from None
+        self.display_url = _masked(dsn)
+        self._dsn = dsn
+        self._schema = schema
+        self._channel = schema
+        self._listen = listen
+        self._pool_max = pool_max
+        quoted = pg_sql.Identifier(schema).as_string(None)
+        self._jobs_table = f"{quoted}.x_jobs"
+        self._ledger_table = f"{quoted}.x_migrations"
+        self._q: dict[str, bytes] = {
+            name: text.replace("{schema}", quoted).encode()
+            for name, text in sql_files.queries(_NAME).items()
+        }
+        self._migrations = [
+            (
+                version,
+                text.replace("{schema}", quoted).rstrip()
+                + f"\n\nINSERT INTO {quoted}.x_migrations (version) VALUES ({version})"
+                " ON CONFLICT (version) DO NOTHING;\n",
+            )
+            for version, text in sql_files.migrations(_NAME)
+        ]
+        digest = hashlib.blake2b(f"ultimat3-jobs:migrate:{schema}".encode(), digest_size=8)
+        self._migrate_key = int.from_bytes(digest.digest(), "big", signed=True)
+
+        self._connect_kwargs: dict[str, Any] = {
+            key: value for key, value in _CONNECT_DEFAULTS.items() if key not in given
+        }
+        self._connect_kwargs["application_name"] = application_name
+        pool_kwargs: dict[str, Any] = {**self._connect_kwargs, "autocommit": True}
+        if not listen:
+            pool_kwargs["prepare_threshold"] = None
+        self._pool: ConnectionPool[Any] = ConnectionPool(
+            dsn,
+            min_size=pool_min,
+            max_size=pool_max,
+            kwargs=pool_kwargs,
+            open=False,
+            timeout=_POOL_WAIT,
+            reconnect_timeout=_RECONNECT_WINDOW,
+            name=f"ultimat3-jobs:{schema}",
+        )
+        self._pool.open(wait=False)
+        self._claim_one: dict[int, bytes] = {}
+        self._reachable_at = 0.0
+        self._closed = False
+        # Connections known to reach this database: ours (from transaction()) and adopted ones.
+        self._joinable: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._identity: tuple[Any, ...] | None = None
+
+        self._listener: Conn | None = None
+        self._listen_lock = threading.Lock()
+        self._wake_cond = threading.Condition()
+        self._wake_seq = 0
+        self._listen_lost = False
+        self._listen_backoff = 0.0
+        self._listen_retry_at = 0.0
+        self._probe_at = 0.0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def migrate(self) -> list[int]:
+        applied: list[int] = []
+        with self._connection() as conn, conn.transaction():
+            conn.execute(self._q["migrate_lock"], {"key": self._migrate_key}, prepare=False)
+            row = conn.execute(
+                self._q["migrate_has_ledger"], {"table": self._ledger_table}, prepare=False
+            ).fetchone()
+            done: set[int] = set()
+            if row and row[0]:
+                done = {r[0] for r in conn.execute(self._q["migrate_applied"], prepare=False)}
+            for version, text in self._migrations:
+                if version not in done:
+                    conn.execute(text.encode(), prepare=False)
+                    applied.append(version)
+        return applied
+
+    def migration_sql(self) -> list[tuple[int, str]]:
+        return list(self._migrations)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._wake_cond:
+            self._wake_cond.notify_all()
+        got = self._listen_lock.acquire(timeout=2 * _WAIT_SLICE + 1.0)
+        try:
+            self._drop_listener()
+        finally:
+            if got:
+                self._listen_lock.release()
+        self._pool.close(timeout=5.0)
+
+    # -- transactions ------------------------------------------------------------------------
+
+    @contextmanager
+    def transaction(self) -> Iterator[Executor]:
+        with self._connection() as conn, conn.transaction():
+            self._joinable.add(conn)
+            try:
+                yield conn
+            finally:
+                self._joinable.discard(conn)
+
+    def adopt(self, connection: Any) -> Executor:
+        if isinstance(connection, psycopg.AsyncConnection):
+            raise ConfigurationError(
+                "the postgres driver cannot join an async psycopg connection yet",
+                fix="enqueue on a sync psycopg Connection, or outside the transaction",
+            )
+        if not isinstance(connection, psycopg.Connection):
+            raise ConfigurationError(
+                f"the postgres driver cannot join a {type(connection).__name__}",
+                fix=_ADOPT_FIX,
+            )
+        if connection.closed:
+            raise ConfigurationError("the connection is closed", fix=_ADOPT_FIX)
+        if connection.info.transaction_status == pq.TransactionStatus.INERROR:
+            raise ConfigurationError(
+                "the connection's transaction has failed and can only be rolled back",
+                fix="roll the transaction back (or fix the statement that failed) first",
+            )
+        if connection in self._joinable:
+            return connection
+        theirs = self._server_identity(connection)
+        if theirs[:3] != self._own_identity(refresh=False)[:3] and (
+            theirs[:3] != self._own_identity(refresh=True)[:3]
+        ):
+            raise ConfigurationError(
+                f"the connection reaches database {theirs[0]!r} on another server or database "
+                f"than the job database ({self.display_url})",
+                fix="enqueue on a connection to the job database, or point the app at the "
+                "database your connection uses",
+            )
+        if not theirs[3]:
+            raise ConfigurationError(
+                f"the job tables ({self._jobs_table}) are not in the connection's database",
+                fix=_MIGRATE_FIX,
+            )
+        self._joinable.add(connection)
+        return connection
+
+    # -- jobs --------------------------------------------------------------------------------
+
+    def job_insert_many(
+        self,
+        jobs: Sequence[NewJob],
+        *,
+        executor: Executor | None = None,
+        now: datetime | None = None,
+    ) -> list[InsertResult]:
+        if not jobs:
+            return []
+        if executor is not None:
+            # A deadlock here is the caller's to handle: their transaction holds other locks.
+            with self._joined(executor) as conn:
+                return self._insert(conn, jobs, now)
+        if len(jobs) == 1:
+            # The common case, kept short: one statement; look-ups only on a conflict.
+            conn = self._checkout()
+            try:
+                rows = self._execute_insert(conn, jobs, now)
+                if rows:
+                    return [InsertResult(rows[0][0], deduped=False)]
+                return self._insert(conn, jobs, now)
+            except psycopg.Error as exc:
+                self._reraise(exc, conn)
+            finally:
+                self._pool.putconn(conn)
+        for attempt in range(3):
+            # Two batches sharing keys in different orders can deadlock on the unique index;
+            # the loser's transaction was rolled back whole, so it can run again.
+            try:
+                with self._connection() as conn:
+                    if len(jobs) < _COPY_FROM:
+                        return self._insert(conn, jobs, now)  # one statement, one transaction
+                    with conn.transaction():
+                        return self._insert(conn, jobs, now)
+            except pg_errors.DeadlockDetected:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def job_claim(self, params: ClaimParams) -> list[Job]:
+        if params.limit <= 0 or not params.queues:
+            return []
+        values: dict[str, Any] = {
+            "lease_for": params.lease_for,
+            "worker_id": params.worker_id,
+            "now": params.now,
+        }
+        queues = sorted(set(params.queues))
+        if len(queues) == 1:
+            rows = self._fetch(self._claim_one_query(params.limit), {**values, "queue": queues[0]})
+        else:
+            values.update(queues=_text_array(queues), limit=params.limit)
+            rows = self._fetch("job_claim", values)
+        return [_job(row) for row in rows]
+
+    def _claim_one_query(self, limit: int) -> bytes:
+        query = self._claim_one.get(limit)
+        if query is None:
+            # An int written into the text (see job_claim_queue in queries.sql).
+            query = self._q["job_claim_queue"].replace(b"{limit}", str(int(limit)).encode())
+            if len(self._claim_one) < 32:
+                self._claim_one[limit] = query
+        return query
+
+    def lease_extend(
+        self, leases: Sequence[Lease], lease_for: timedelta, *, now: datetime | None = None
+    ) -> set[str]:
+        if not leases:
+            return set()
+        rows = self._fetch(
+            "lease_extend", {**_lease_arrays(leases), "lease_for": lease_for, "now": now}
+        )
+        return {row[0] for row in rows}
+
+    def job_complete_many(
+        self,
+        leases: Sequence[Lease],
+        *,
+        executor: Executor | None = None,
+        now: datetime | None = None,
+    ) -> set[str]:
+        if not leases:
+            return set()
+        params = {**_lease_arrays(leases), "now": now}
+        if executor is not None:
+            with self._joined(executor) as conn:
+                rows = conn.execute(self._q["job_complete"], params).fetchall()
+        else:
+            rows = self._fetch("job_complete", params)
+        return {row[0] for row in rows}
+
+    def job_fail_many(
+        self, failures: Sequence[Failure], *, now: datetime | None = None
+    ) -> set[str]:
+        if not failures:
+            return set()
+        ordered = sorted(failures, key=lambda f: f.lease.id)  # lock order, as in _lease_arrays
+        rows = self._fetch(
+            "job_fail",
+            {
+                "failures": _json(
+                    [
+                        {
+                            "id": f.lease.id,
+                            "token": f.lease.token,
+                            "error": f.error.to_json(),
+                            "retry_at": f.retry_at.isoformat() if f.retry_at is not None else None,
+                        }
+                        for f in ordered
+                    ]
+                ),
+                "ids": _text_array([f.lease.id for f in ordered]),
+                "now": now,
+            },
+        )
+        return {row[0] for row in rows}
+
+    def job_snooze(
+        self, lease: Lease, run_at: datetime | None, *, now: datetime | None = None
+    ) -> bool:
+        rows = self._fetch(
+            "job_snooze",
+            {
+                "id": lease.id,
+                "token": lease.token,
+                "run_at": run_at,
+                "now": now,
+                "channel": self._channel,
+            },
+        )
+        return bool(rows and rows[0][0])
+
+    def job_cancel(
+        self,
+        job_id: str,
+        *,
+        reason: str,
+        lease: Lease | None = None,
+        tenant_id: str | None = None,
+        now: datetime | None = None,
+    ) -> bool:
+        if lease is not None and lease.id != job_id:
+            return False
+        rows = self._fetch(
+            "job_cancel",
+            {
+                "id": job_id,
+                "reason": reason,
+                "token": lease.token if lease is not None else None,
+                "tenant_id": tenant_id,
+                "now": now,
+            },
+        )
+        return bool(rows)
+
+    def job_list_expired(self, *, limit: int, now: datetime | None = None) -> list[Job]:
+        if limit <= 0:
+            return []
+        rows = self._fetch("job_list_expired", {"limit": limit, "now": now})
+        return [_job(row) for row in rows]
+
+    def job_get(self, job_id: str, *, tenant_id: str | None = None) -> Job | None:
+        rows = self._fetch("job_get", {"id": job_id, "tenant_id": tenant_id})
+        return _job(rows[0]) if rows else None
+
+    def job_list(
+        self, where: JobFilter, *, limit: int = 100, before_id: str | None = None
+    ) -> list[Job]:
+        if limit <= 0:
+            return []
+        params = {**_filter_params(where), "limit": limit, "before_id": before_id}
+        return [_job(row) for row in self._fetch("job_list", params, prepare=False)]
+
+    def job_count(self, where: JobFilter) -> dict[tuple[str, JobState], int]:
+        rows = self._fetch("job_count", _filter_params(where), prepare=False)
+        return {(queue, _STATES[state]): count for queue, state, count in rows}
+
+    def job_retry(
+        self, ids: Sequence[str], *, tenant_id: str | None = None, now: datetime | None = None
+    ) -> list[str]:
+        if not ids:
+            return []
+        rows = self._fetch(
+            "job_retry",
+            {"ids": _text_array(ids), "tenant_id": tenant_id, "now": now, "channel": self._channel},
+        )
+        changed = {row[0] for row in rows}
+        return [job_id for job_id in dict.fromkeys(ids) if job_id in changed]
+
+    def job_discard(self, ids: Sequence[str], *, tenant_id: str | None = None) -> list[str]:
+        if not ids:
+            return []
+        rows = self._fetch("job_discard", {"ids": _text_array(ids), "tenant_id": tenant_id})
+        deleted = {row[0] for row in rows}
+        return [job_id for job_id in dict.fromkeys(ids) if job_id in deleted]
+
+    def job_prune(
+        self, *, states: frozenset[JobState], finished_before: datetime, limit: int
+    ) -> int:
+        final = sorted(state.value for state in states & FINAL_STATES)
+        if not final or limit <= 0:
+            return 0
+        params = {"states": _text_array(final), "before": finished_before, "limit": limit}
+        with self._connection() as conn:
+            return conn.execute(self._q["job_prune"], params).rowcount
+
+    # -- queues ------------------------------------------------------------------------------
+
+    def queue_set_paused(self, queue: str, paused: bool) -> None:
+        self._fetch("queue_set_paused", {"name": queue, "paused": paused, "channel": self._channel})
+
+    def queue_list(self) -> list[QueueInfo]:
+        paused: dict[str, bool] = {}
+        counts: dict[str, dict[JobState, int]] = {}
+        for queue, is_paused, state, count in self._fetch("queue_list", {}, prepare=False):
+            paused[queue] = is_paused
+            per_state = counts.setdefault(queue, {})
+            if state is not None:
+                per_state[_STATES[state]] = count
+        return [QueueInfo(name, paused[name], counts[name]) for name in sorted(paused)]
+
+    # -- cron schedules and leadership -----------------------------------------------------
+
+    def schedule_state(
+        self, tasks: Sequence[str], *, now: datetime | None = None
+    ) -> dict[str, ScheduleState]:
+        if not tasks:
+            return {}
+        params = {"tasks": _text_array(sorted(set(tasks))), "now": now}
+        with self._connection() as conn:
+            conn.execute(self._q["schedule_register"], params)
+            rows = conn.execute(self._q["schedule_read"], params).fetchall()
+        found = {
+            task: ScheduleState(task, _utc(first), _utc(last) if last is not None else None)
+            for task, first, last in rows
+        }
+        return {task: found[task] for task in tasks}
+
+    def schedule_fire(
+        self,
+        task: str,
+        occurrence: datetime,
+        jobs: Sequence[NewJob],
+        *,
+        now: datetime | None = None,
+    ) -> list[InsertResult] | None:
+        with self._connection() as conn, conn.transaction():
+            advanced = conn.execute(
+                self._q["schedule_advance"],
+                {"task": task, "occurrence": occurrence, "now": now},
+            ).fetchall()
+            if not advanced:
+                return None
+            return self._insert(conn, jobs, now) if jobs else []
+
+    def leader_elect(
+        self, name: str, holder: str, ttl: timedelta, *, now: datetime | None = None
+    ) -> bool:
+        rows = self._fetch("leader_elect", {"name": name, "holder": holder, "ttl": ttl, "now": now})
+        return bool(rows)
+
+    def leader_resign(self, name: str, holder: str) -> None:
+        with self._connection() as conn:
+            conn.execute(self._q["leader_resign"], {"name": name, "holder": holder})
+
+    # -- wake-ups ----------------------------------------------------------------------------
+
+    def wait_for_jobs(self, timeout: float, wake: threading.Event) -> None:
+        timeout = max(0.0, timeout)
+        if not self._listen:
+            wake.wait(timeout)
+            return
+        deadline = time.monotonic() + timeout
+        seen = self._wake_seq
+        while not wake.is_set() and not self._closed:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._wake_seq != seen:
+                return
+            span = min(remaining, _WAIT_SLICE)
+            # One thread LISTENs at a time; the others wait for it to signal.
+            if self._listen_lock.acquire(blocking=False):
+                try:
+                    if self._listen_once(span, wake):
+                        return
+                finally:
+                    self._listen_lock.release()
+            else:
+                with self._wake_cond:
+                    if self._wake_seq == seen and not self._closed:
+                        self._wake_cond.wait(span)
+
+    def _listen_once(self, span: float, wake: threading.Event) -> bool:
+        """Wait up to ``span`` on the LISTEN connection (opening it if needed); True when the
+        caller should return early: a notification, a lost connection, or a fresh LISTEN."""
+        if self._closed:
+            return True
+        conn = self._listener
+        if conn is None:
+            now = time.monotonic()
+            if now < self._listen_retry_at:
+                wake.wait(min(span, self._listen_retry_at - now))
+                return False
+            try:
+                conn = psycopg.connect(self._dsn, autocommit=True, **self._connect_kwargs)
+                conn.execute(pg_sql.SQL("LISTEN {}").format(pg_sql.Identifier(self._channel)))
+            except psycopg.Error:
+                self._listen_backoff = min(max(0.25, 2 * self._listen_backoff), _LISTEN_BACKOFF_MAX)
+                self._listen_retry_at = time.monotonic() + self._listen_backoff
+                return False
+            self._listener = conn
+            self._listen_backoff = 0.0
+            self._probe_at = time.monotonic() + _PROBE_AFTER
+            if not self._listen_lost:
+                # The first LISTEN: the caller polled just before waiting, so the gap is short
+                # and polling covers it.
+                return False
+            self._listen_lost = False
+            self._signal()  # jobs inserted while nobody listened: every waiter polls once
+            return True
+        try:
+            got = list(conn.notifies(timeout=span, stop_after=1))
+            if got:
+                list(conn.notifies(timeout=0))  # what queued up meanwhile is covered by one poll
+                self._probe_at = time.monotonic() + _PROBE_AFTER
+                self._signal()
+                return True
+            if time.monotonic() >= self._probe_at:
+                self._probe_at = time.monotonic() + _PROBE_AFTER
+                conn.execute("SELECT 1")
+        except psycopg.Error:
+            self._drop_listener()
+            self._listen_lost = True
+            self._signal()
+            return True
+        return False
+
+    def _signal(self) -> None:
+        with self._wake_cond:
+            self._wake_seq += 1
+            self._wake_cond.notify_all()
+
+    def _drop_listener(self) -> None:
+        conn, self._listener = self._listener, None
+        if conn is not None:
+            try:
+                conn.close()
+            except psycopg.Error:
+                pass
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _insert(
+        self, conn: Conn, jobs: Sequence[NewJob], now: datetime | None
+    ) -> list[InsertResult]:
+        """Insert, then resolve the rows that conflicted to the stored ids. A conflicting row
+        can vanish before the look-up (pruned, or its transaction rolled back): insert again."""
+        if len(jobs) >= _COPY_FROM:
+            copied = self._copy(conn, jobs, now)
+            if copied is not None:
+                return copied
+        results: list[InsertResult | None] = [None] * len(jobs)
+        pending = list(range(len(jobs)))
+        for _ in range(5):
+            fresh: set[str] = set()
+            for start in range(0, len(pending), _CHUNK):
+                batch = [jobs[i] for i in pending[start : start + _CHUNK]]
+                fresh.update(row[0] for row in self._execute_insert(conn, batch, now))
+            conflicted: list[int] = []
+            for i in pending:
+                if jobs[i].id in fresh:
+                    fresh.discard(jobs[i].id)  # a second copy of one id in the batch is a dupe
+                    results[i] = InsertResult(jobs[i].id, deduped=False)
+                else:
+                    conflicted.append(i)
+            if not conflicted:
+                break
+            stored = self._ids_by_key(conn, [jobs[i] for i in conflicted])
+            pending = []
+            for i in conflicted:
+                found = stored.get((jobs[i].tenant_id, jobs[i].idempotency_key))
+                if found is None:
+                    pending.append(i)
+                else:
+                    results[i] = InsertResult(found, deduped=True)
+            if not pending:
+                break
+        if any(result is None for result in results):
+            raise DriverUnavailableError(
+                "inserted jobs kept conflicting with rows that vanished before they could be read",
+                driver=_NAME,
+                fix="retry the enqueue; if it persists, a pruner is deleting fresh rows",
+            )
+        return [result for result in results if result is not None]
+
+    def _copy(
+        self, conn: Conn, jobs: Sequence[NewJob], now: datetime | None
+    ) -> list[InsertResult] | None:
+        """The fast path of a big batch: COPY straight into the table (multi-row heap inserts,
+        text parsed in C), betting that no key is stored yet. A duplicate in the batch, or a
+        row that conflicts, returns None having written nothing, and the caller takes the
+        ON CONFLICT path, which dedupes. Runs inside the caller's transaction."""
+        if len({(j.tenant_id, j.idempotency_key) for j in jobs}) != len(jobs):
+            return None
+        row = conn.execute(self._q["clock"], {"now": now}).fetchone()
+        assert row is not None
+        at: datetime = row[0]
+        at_text = at.isoformat()
+        encoding = conn.info.encoding
+        due: set[str] = set()
+        try:
+            with conn.transaction(), conn.cursor() as cur, cur.copy(self._q["job_copy"]) as copy:
+                # COPY text is built here, cheaper than psycopg's write_row (which dumps each
+                # datetime), and sent in slices so the server works while the next is built.
+                for start in range(0, len(jobs), _COPY_SLICE):
+                    lines = []
+                    for j in jobs[start : start + _COPY_SLICE]:
+                        if j.run_at is None or j.run_at <= at:
+                            state = "available"
+                            due.add(j.queue)
+                        else:
+                            state = "scheduled"
+                        fields = (
+                            j.id,
+                            j.name,
+                            j.queue,
+                            j.input,
+                            "\\N" if j.tenant_id is None else j.tenant_id,
+                            j.idempotency_key,
+                            str(int(j.priority)),
+                            state,
+                            str(int(j.max_attempts)),
+                            at_text if j.run_at is None else j.run_at.isoformat(),
+                            at_text,
+                        )
+                        line = "\t".join(fields)
+                        if (
+                            line.count("\\") != (j.tenant_id is None)  # the \N of no tenant
+                            or line.count("\t") != len(fields) - 1
+                            or "\n" in line
+                            or "\r" in line
+                        ):
+                            line = "\t".join(_copy_escaped(j, fields))
+                        lines.append(line)
+                    lines.append("")
+                    copy.write("\n".join(lines).encode(encoding))
+        except pg_errors.UniqueViolation:
+            return None
+        except psycopg.DataError as exc:
+            raise SerializationError(
+                f"PostgreSQL refused the job: {_first_line(exc)}",
+                fix="pass the JSON text the serializer made, and numbers that fit in 32 bits",
+            ) from None
+        if due:
+            conn.execute(
+                self._q["notify_queues"],
+                {"channel": self._channel, "queues": _text_array(sorted(due))},
+            )
+        return [InsertResult(j.id, deduped=False) for j in jobs]
+
+    def _execute_insert(
+        self, conn: Conn, jobs: Sequence[NewJob], now: datetime | None
+    ) -> list[Row]:
+        query: bytes
+        params: dict[str, Any]
+        if len(jobs) == 1:
+            [j] = jobs
+            query = self._q["job_insert_one"]
+            params = {
+                "id": j.id,
+                "name": j.name,
+                "queue": j.queue,
+                "input": j.input,
+                "tenant_id": j.tenant_id,
+                "key": j.idempotency_key,
+                "priority": j.priority,
+                "max_attempts": j.max_attempts,
+                "run_at": j.run_at,
+                "now": now,
+                "channel": self._channel,
+            }
+        else:
+            rows = [
+                [
+                    j.id,
+                    j.name,
+                    j.queue,
+                    j.input,
+                    j.tenant_id,
+                    j.idempotency_key,
+                    j.priority,
+                    j.max_attempts,
+                    j.run_at.isoformat() if j.run_at is not None else None,
+                ]
+                for j in jobs
+            ]
+            query = self._q["job_insert"]
+            params = {"rows": _json(rows), "now": now, "channel": self._channel}
+        try:
+            return conn.execute(query, params).fetchall()
+        except pg_errors.UniqueViolation as exc:
+            if exc.diag.constraint_name == "x_jobs_pkey":
+                raise ValueError(
+                    f"a job id in this batch is already stored under another key: {exc.diag.message_detail}"
+                ) from None
+            raise
+        except psycopg.DataError as exc:
+            raise SerializationError(
+                f"PostgreSQL refused the job: {_first_line(exc)}",
+                fix="pass the JSON text the serializer made, and numbers that fit in 32 bits",
+            ) from None
+
+    def _ids_by_key(self, conn: Conn, jobs: Sequence[NewJob]) -> dict[tuple[str | None, str], str]:
+        rows = conn.execute(
+            self._q["job_ids_by_key"],
+            {"keys": _json([{"t": j.tenant_id, "k": j.idempotency_key} for j in jobs])},
+        ).fetchall()
+        return {
+            (jobs[ord_ - 1].tenant_id, jobs[ord_ - 1].idempotency_key): id_ for ord_, id_ in rows
+        }
+
+    def _fetch(
+        self, name: str | bytes, params: dict[str, Any], *, prepare: bool | None = None
+    ) -> list[Row]:
+        """Run one statement (a query name, or the text itself) on a pooled connection
+        (autocommit: it is its own transaction) and return its rows. A deadlock (two batches
+        locking shared rows in different orders) rolled the statement back whole, so it is
+        retried."""
+        query = self._q[name] if isinstance(name, str) else name
+        for attempt in range(3):
+            # Not `with self._connection()`: on the hot path its generator costs a few µs.
+            conn = self._checkout()
+            try:
+                return conn.execute(query, params, prepare=prepare).fetchall()
+            except pg_errors.DeadlockDetected:
+                if attempt == 2:
+                    raise
+            except psycopg.Error as exc:
+                self._reraise(exc, conn)
+            finally:
+                self._pool.putconn(conn)
+        raise AssertionError("unreachable")
+
+    @contextmanager
+    def _connection(self) -> Iterator[Conn]:
+        conn = self._checkout()
+        try:
+            yield conn
+        except psycopg.Error as exc:
+            self._reraise(exc, conn)
+        finally:
+            self._pool.putconn(conn)
+
+    def _checkout(self) -> Conn:
+        if self._closed:
+            raise DriverUnavailableError(
+                f"the driver for {self.display_url} is closed",
+                driver=_NAME,
+                fix="open a new driver (or App) instead of using a closed one",
+            )
+        try:
+            for _ in range(self._pool_max + 1):
+                conn: Conn = self._getconn()
+                if not _ended(conn):
+                    return conn
+                # The session ended while the connection sat in the pool (server restart,
+                # pg_terminate_backend): closing it makes the pool replace it.
+                conn.close()
+                self._pool.putconn(conn)
+            return self._getconn()
+        except PoolTimeout as exc:
+            raise DriverUnavailableError(
+                f"no free connection to PostgreSQL at {self.display_url} within "
+                f"{_POOL_WAIT:g} s, although the server accepts connections",
+                driver=_NAME,
+                fix="every pooled connection is busy: raise pool_max (and the server's "
+                "max_connections), or lower the worker concurrency",
+            ) from exc
+        except PoolClosed as exc:
+            raise DriverUnavailableError(
+                f"the driver for {self.display_url} is closed",
+                driver=_NAME,
+                fix="open a new driver (or App) instead of using a closed one",
+            ) from exc
+
+    def _getconn(self) -> Conn:
+        """A pooled connection. When none comes quickly, the server may be down, or the pool
+        busy: one direct connection attempt (at most one a second) tells them apart, so an
+        outage fails fast with libpq's own reason instead of after the whole wait."""
+        try:
+            conn: Conn = self._pool.getconn(timeout=_QUICK_WAIT)
+            return conn
+        except PoolTimeout:
+            pass
+        if time.monotonic() - self._reachable_at > 1.0:
+            try:
+                psycopg.connect(self._dsn, **self._connect_kwargs).close()
+            except psycopg.OperationalError as exc:
+                raise DriverUnavailableError(
+                    f"cannot connect to PostgreSQL at {self.display_url}: {_first_line(exc)}",
+                    driver=_NAME,
+                    fix="check that the server is running and reachable with this URL and "
+                    "its credentials; the driver reconnects by itself once it is back",
+                ) from exc
+            self._reachable_at = time.monotonic()
+        conn = self._pool.getconn(timeout=_POOL_WAIT)
+        return conn
+
+    @contextmanager
+    def _joined(self, executor: Any) -> Iterator[Conn]:
+        """Run inside the caller's transaction without ever ending it: a savepoint when a
+        transaction is open (or BEGIN/COMMIT on an idle autocommit connection)."""
+        conn = self.adopt(executor)
+        status = conn.info.transaction_status
+        try:
+            if status == pq.TransactionStatus.INTRANS or conn.autocommit:
+                with conn.transaction():
+                    yield conn
+            else:
+                # Idle, not autocommit: our statement opens the caller's transaction. On error
+                # it holds nothing of the caller's yet, so rolling it back loses nothing.
+                try:
+                    yield conn
+                except BaseException:
+                    if conn.info.transaction_status == pq.TransactionStatus.INERROR:
+                        conn.rollback()
+                    raise
+        except psycopg.Error as exc:
+            self._reraise(exc, conn)
+
+    def _reraise(self, exc: psycopg.Error, conn: Conn) -> NoReturn:
+        translated = self._translate(exc, conn)
+        if translated is exc:
+            raise exc
+        raise translated from exc
+
+    def _translate(self, exc: psycopg.Error, conn: Conn) -> Exception:
+        """The error to raise for a psycopg error: ours when it means the database cannot be
+        used, the original otherwise (a caller's SQL error is the caller's)."""
+        state = exc.sqlstate or ""
+        if isinstance(exc, pg_errors.UndefinedTable | pg_errors.InvalidSchemaName):
+            return DriverUnavailableError(
+                f"the job tables are missing in {self.display_url}: {_first_line(exc)}",
+                driver=_NAME,
+                fix=_MIGRATE_FIX,
+            )
+        if (
+            conn.broken
+            or isinstance(exc, psycopg.InterfaceError)
+            or (
+                isinstance(exc, psycopg.OperationalError)
+                and (not state or state.startswith(_UNAVAILABLE_CLASSES))
+            )
+        ):
+            return DriverUnavailableError(
+                f"PostgreSQL at {self.display_url} failed: {_first_line(exc)}",
+                driver=_NAME,
+                fix="check that the server is running and reachable; the driver reconnects "
+                "by itself once it is back, so retry the operation",
+            )
+        return exc
+
+    def _server_identity(self, conn: Conn) -> tuple[Any, ...]:
+        idle = conn.info.transaction_status == pq.TransactionStatus.IDLE and not conn.autocommit
+        try:
+            row = conn.execute(
+                self._q["server_identity"], {"table": self._jobs_table}, prepare=False
+            ).fetchone()
+        except psycopg.Error as exc:
+            raise ConfigurationError(
+                f"cannot check the connection: {_first_line(exc)}", fix=_ADOPT_FIX
+            ) from None
+        finally:
+            if idle:
+                conn.rollback()  # leave the caller's connection as idle as we found it
+        assert row is not None
+        return tuple(row)
+
+    def _own_identity(self, *, refresh: bool) -> tuple[Any, ...]:
+        if self._identity is None or refresh:
+            with self._connection() as conn:
+                self._identity = self._server_identity(conn)
+        return self._identity
+
+
+def _job(row: Row) -> Job:
+    (
+        id_,
+        name,
+        queue,
+        input_,
+        tenant_id,
+        key,
+        priority,
+        state,
+        attempt,
+        max_attempts,
+        run_at,
+        created_at,
+        attempted_at,
+        finished_at,
+        lease_token,
+        lease_expires_at,
+        worker_id,
+        errors,
+        cancel_reason,
+    ) = row
+    return Job(
+        id=id_,
+        name=name,
+        queue=queue,
+        input=input_,
+        tenant_id=tenant_id,
+        idempotency_key=key,
+        priority=priority,
+        state=_STATES[state],
+        attempt=attempt,
+        max_attempts=max_attempts,
+        run_at=_utc(run_at),
+        created_at=_utc(created_at),
+        attempted_at=_utc(attempted_at) if attempted_at is not None else None,
+        finished_at=_utc(finished_at) if finished_at is not None else None,
+        lease_token=lease_token,
+        lease_expires_at=_utc(lease_expires_at) if lease_expires_at is not None else None,
+        worker_id=worker_id,
+        errors=_errors(errors),
+        cancel_reason=cancel_reason,
+    )
+
+
+def _errors(text: str) -> tuple[AttemptError, ...]:
+    # Read as text: most jobs have no errors, and "[]" needs no JSON decoding.
+    if text == "[]":
+        return ()
+    return tuple(AttemptError.from_json(e) for e in json.loads(text))
+
+
+def _utc(moment: datetime) -> datetime:
+    # psycopg returns the session's zone; records carry UTC.
+    return moment if moment.tzinfo is UTC else moment.astimezone(UTC)
+
+
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _copy_escaped(job: NewJob, fields: tuple[str, ...]) -> list[str]:
+    """A COPY text row whose values need backslash escapes (the slow path: translate is
+    slow, so rows are escaped only when their joined text shows a special character)."""
+    texts = [job.id, job.name, job.queue, job.input, job.tenant_id, job.idempotency_key]
+    escaped = ["\\N" if t is None else t.translate(_COPY_ESCAPES) for t in texts]
+    return [*escaped, *fields[len(texts) :]]
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _text_array(values: Iterable[str]) -> str:
+    """A PostgreSQL array literal (for a ``%s::text[]`` parameter) with every element quoted,
+    so any text survives. Much cheaper than psycopg's per-element list dumping."""
+    return (
+        "{"
+        + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values)
+        + "}"
+    )
+
+
+def _lease_arrays(leases: Sequence[Lease]) -> dict[str, str]:
+    # Sorted by id so that two batches over the same rows lock them in the same order.
+    ordered = sorted(leases, key=lambda lease: lease.id)
+    return {
+        "ids": _text_array(lease.id for lease in ordered),
+        "tokens": _text_array(lease.token for lease in ordered),
+    }
+
+
+def _filter_params(where: JobFilter) -> dict[str, Any]:
+    return {
+        "states": _text_array(sorted(s.value for s in where.states))
+        if where.states is not None
+        else None,
+        "queue": where.queue,
+        "name": where.name,
+        "tenant_id": where.tenant_id,
+        "ids": _text_array(where.ids) if where.ids is not None else None,
+    }
+
+
+_poll = getattr(select, "poll", None)
+
+
+def _ended(conn: Conn) -> bool:
+    """True when an idle pooled connection's session is over: the server (or a proxy) closed
+    it or sent a FATAL error, which leaves the socket readable. Costs one poll(2), no round
+    trip, unlike a ``SELECT 1`` check."""
+    if conn.closed or conn.broken:
+        return True
+    try:
+        fd = conn.fileno()
+    except psycopg.Error:
+        return True
+    if _poll is not None:
+        poller = _poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    readable, _, _ = select.select([fd], [], [], 0)
+    return bool(readable)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _masked(dsn: str) -> str:
+    """The DSN with any password replaced by ``***``."""
+    if "://" in dsn:
+        parts = urlsplit(dsn)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, _, hostinfo = netloc.rpartition("@")
+            if ":" in userinfo:
+                userinfo = userinfo.split(":", 1)[0] + ":***"
+            netloc = f"{userinfo}@{hostinfo}"
+        query = re.sub(r"(?i)(^|&)(password=)[^&]*", r"\1\2***", parts.query)
+        return urlunsplit(parts._replace(netloc=netloc, query=query))
+    return re.sub(r"(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
+
+
+if TYPE_CHECKING:
+    # mypy proves here that the class satisfies the protocol, signature by signature.
+    _conforms: Driver = PostgresDriver("")

@@ -1,0 +1,391 @@
+-- Named queries of the PostgreSQL driver (see ultimat3/jobs/sql.py for the block format).
+--
+-- {schema} stands for the quoted, validated schema identifier, substituted once when the driver
+-- starts; every value is a bound %(name)s parameter, except the integer {limit} of
+-- job_claim_queue (see there). `coalesce(%(now)s, now())` lets the database clock decide
+-- unless a caller pins the time. Lists arrive as one parameter each (a text[] literal, or a
+-- JSON document for rows), so one statement serves one job or thousands. Wake-ups go out with
+-- pg_notify(%(channel)s, queue): inside the statement's transaction, so only at commit.
+
+-- name: migrate_lock
+SELECT pg_advisory_xact_lock(%(key)s)
+
+-- name: migrate_applied
+SELECT version FROM {schema}.x_migrations ORDER BY version
+
+-- name: migrate_has_ledger
+SELECT to_regclass(%(table)s) IS NOT NULL
+
+-- name: server_identity
+-- Two connections reach the same database when all three agree.
+SELECT current_database(),
+       (SELECT oid FROM pg_database WHERE datname = current_database()),
+       pg_postmaster_start_time(),
+       to_regclass(%(table)s) IS NOT NULL
+
+-- name: job_insert
+-- %(rows)s is a JSON array of rows, each [id, name, queue, input text, tenant, key, priority,
+-- max_attempts, run_at]: decoding it as jsonb costs the server less than binding nine arrays
+-- (and the client far less: psycopg dumps list parameters element by element in Python), and
+-- positional rows cost less than objects, whose keys json_to_recordset hashes row by row.
+WITH rows AS (
+    SELECT e.ord,
+           e.v ->> 0 AS id,
+           e.v ->> 1 AS name,
+           e.v ->> 2 AS queue,
+           e.v ->> 3 AS input,
+           e.v ->> 4 AS tenant_id,
+           e.v ->> 5 AS idempotency_key,
+           (e.v ->> 6)::int AS priority,
+           (e.v ->> 7)::int AS max_attempts,
+           (e.v ->> 8)::timestamptz AS run_at
+    FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS e(v, ord)
+),
+inserted AS (
+    INSERT INTO {schema}.x_jobs AS j
+        (id, name, queue, input, tenant_id, idempotency_key, priority, state,
+         max_attempts, run_at, created_at)
+    SELECT r.id, r.name, r.queue, r.input::json, r.tenant_id, r.idempotency_key, r.priority,
+           CASE WHEN r.run_at > coalesce(%(now)s::timestamptz, now())
+                THEN 'scheduled' ELSE 'available' END,
+           r.max_attempts,
+           coalesce(r.run_at, %(now)s::timestamptz, now()),
+           coalesce(%(now)s::timestamptz, now())
+    FROM rows r
+    ORDER BY r.ord
+    ON CONFLICT ((coalesce('=' || tenant_id, '')), idempotency_key) DO NOTHING
+    RETURNING j.id, j.queue, j.state
+),
+woken AS (
+    SELECT pg_notify(%(channel)s, q.queue)
+    FROM (SELECT DISTINCT queue FROM inserted WHERE state = 'available') q
+)
+-- The sub-select makes the wake-ups run; it is evaluated once, if anything was inserted.
+SELECT i.id, (SELECT count(*) FROM woken) FROM inserted i
+
+-- name: job_insert_one
+-- job_insert for one job, with plain parameters: no JSON to decode, no DISTINCT to sort. Most
+-- enqueues are single jobs, and this statement costs little more than a bare INSERT.
+WITH inserted AS (
+    INSERT INTO {schema}.x_jobs AS j
+        (id, name, queue, input, tenant_id, idempotency_key, priority, state,
+         max_attempts, run_at, created_at)
+    VALUES (
+        %(id)s, %(name)s, %(queue)s, %(input)s::json, %(tenant_id)s, %(key)s, %(priority)s,
+        CASE WHEN %(run_at)s::timestamptz > coalesce(%(now)s::timestamptz, now())
+             THEN 'scheduled' ELSE 'available' END,
+        %(max_attempts)s,
+        coalesce(%(run_at)s::timestamptz, %(now)s::timestamptz, now()),
+        coalesce(%(now)s::timestamptz, now())
+    )
+    ON CONFLICT ((coalesce('=' || tenant_id, '')), idempotency_key) DO NOTHING
+    RETURNING j.id, j.queue, j.state
+)
+SELECT id, CASE WHEN state = 'available' THEN pg_notify(%(channel)s, queue) END FROM inserted
+
+-- name: clock
+SELECT coalesce(%(now)s::timestamptz, now())
+
+-- name: job_copy
+-- The bulk fast path: plain COPY, so the unique index refuses any duplicate key (the driver
+-- then falls back to job_insert); every value, times and states included, comes from the
+-- driver, which read the clock in the same transaction.
+COPY {schema}.x_jobs
+    (id, name, queue, input, tenant_id, idempotency_key, priority, state,
+     max_attempts, run_at, created_at)
+FROM STDIN
+
+-- name: notify_queues
+SELECT pg_notify(%(channel)s, q.name) FROM unnest(%(queues)s::text[]) AS q(name)
+
+-- name: job_ids_by_key
+-- %(keys)s is a JSON array of {"t": tenant, "k": key}.
+SELECT k.ord, j.id
+FROM ROWS FROM (json_to_recordset(%(keys)s::json) AS (t text, k text)) WITH ORDINALITY
+       AS k(tenant_id, idempotency_key, ord)
+JOIN {schema}.x_jobs j
+  ON coalesce('=' || j.tenant_id, '') = coalesce('=' || k.tenant_id, '')
+ AND j.idempotency_key = k.idempotency_key
+
+-- name: job_claim
+-- Per queue, the due jobs in claim order, locked without waiting (SKIP LOCKED: rows another
+-- claim holds are passed over, never waited for); then the best `limit` across the queues.
+-- The UPDATE finds them by `id = ANY(ARRAY(...))`, a primary-key probe per id whatever the
+-- planner guesses about `limit`: a prepared statement's generic plan once chose a merge join
+-- that walked the primary key through every finished row.
+WITH due AS (
+    SELECT c.id
+    FROM unnest(%(queues)s::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.run_at
+        FROM {schema}.x_jobs j
+        WHERE j.queue = q.name
+          AND j.state IN ('scheduled', 'available')
+          AND j.run_at <= coalesce(%(now)s::timestamptz, now())
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) c
+    WHERE NOT EXISTS (
+        SELECT 1 FROM {schema}.x_queues p WHERE p.name = q.name AND p.paused
+    )
+    ORDER BY c.priority DESC, c.run_at, c.id
+    LIMIT %(limit)s
+),
+claimed AS (
+    UPDATE {schema}.x_jobs j
+    SET state = 'running',
+        attempt = j.attempt + 1,
+        attempted_at = coalesce(%(now)s::timestamptz, now()),
+        lease_token = gen_random_uuid()::text,
+        lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease_for)s::interval,
+        worker_id = %(worker_id)s
+    WHERE j.id = ANY(ARRAY(SELECT id FROM due))
+    RETURNING j.id, j.name, j.queue, j.input::text, j.tenant_id, j.idempotency_key,
+              j.priority, j.state, j.attempt, j.max_attempts, j.run_at, j.created_at,
+              j.attempted_at, j.finished_at, j.lease_token, j.lease_expires_at, j.worker_id,
+              j.errors::text, j.cancel_reason
+)
+SELECT * FROM claimed ORDER BY priority DESC, run_at, id
+
+-- name: job_claim_queue
+-- job_claim for one queue, the usual case, without the per-queue join. {limit} is an integer
+-- the driver writes into the text (one prepared statement per limit, of which a worker uses
+-- one or two): with LIMIT as a parameter PostgreSQL prices the generic plan so far above the
+-- custom one that it would plan every execution again, which costs about as much as running
+-- it. The uncorrelated NOT EXISTS runs once.
+WITH due AS (
+    SELECT j.id
+    FROM {schema}.x_jobs j
+    WHERE j.queue = %(queue)s
+      AND j.state IN ('scheduled', 'available')
+      AND j.run_at <= coalesce(%(now)s::timestamptz, now())
+      AND NOT EXISTS (
+          SELECT 1 FROM {schema}.x_queues p WHERE p.name = %(queue)s AND p.paused
+      )
+    ORDER BY j.priority DESC, j.run_at, j.id
+    LIMIT {limit}
+    FOR UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE {schema}.x_jobs j
+    SET state = 'running',
+        attempt = j.attempt + 1,
+        attempted_at = coalesce(%(now)s::timestamptz, now()),
+        lease_token = gen_random_uuid()::text,
+        lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease_for)s::interval,
+        worker_id = %(worker_id)s
+    WHERE j.id = ANY(ARRAY(SELECT id FROM due))
+    RETURNING j.id, j.name, j.queue, j.input::text, j.tenant_id, j.idempotency_key,
+              j.priority, j.state, j.attempt, j.max_attempts, j.run_at, j.created_at,
+              j.attempted_at, j.finished_at, j.lease_token, j.lease_expires_at, j.worker_id,
+              j.errors::text, j.cancel_reason
+)
+SELECT * FROM claimed ORDER BY priority DESC, run_at, id
+
+-- name: lease_extend
+-- Leases arrive as two arrays, ids and tokens, matched as sets: a token is a fresh random UUID
+-- issued to one claim of one row, so a row whose id and current token are both listed holds
+-- exactly one of the given leases. Pairing them with a join instead would leave the plan to
+-- row estimates; this is a primary-key probe per id.
+UPDATE {schema}.x_jobs j
+SET lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease_for)s::interval
+WHERE j.id = ANY(%(ids)s::text[])
+  AND j.lease_token = ANY(%(tokens)s::text[])
+  AND j.state = 'running'
+RETURNING j.id
+
+-- name: job_complete
+UPDATE {schema}.x_jobs j
+SET state = 'completed',
+    finished_at = coalesce(%(now)s::timestamptz, now()),
+    lease_token = NULL,
+    lease_expires_at = NULL
+WHERE j.id = ANY(%(ids)s::text[])
+  AND j.lease_token = ANY(%(tokens)s::text[])
+  AND j.state = 'running'
+RETURNING j.id
+
+-- name: job_fail
+UPDATE {schema}.x_jobs j
+SET state = CASE
+        WHEN f.retry_at IS NULL THEN 'dead'
+        WHEN f.retry_at > coalesce(%(now)s::timestamptz, now()) THEN 'scheduled'
+        ELSE 'available'
+    END,
+    run_at = coalesce(f.retry_at, j.run_at),
+    finished_at = CASE WHEN f.retry_at IS NULL THEN coalesce(%(now)s::timestamptz, now()) END,
+    errors = j.errors || jsonb_build_array(f.error),
+    lease_token = NULL,
+    lease_expires_at = NULL
+FROM json_to_recordset(%(failures)s::json)
+       AS f(id text, token text, error jsonb, retry_at timestamptz)
+WHERE j.id = ANY(%(ids)s::text[])
+  AND j.id = f.id AND j.lease_token = f.token AND j.state = 'running'
+RETURNING j.id
+
+-- name: job_snooze
+WITH snoozed AS (
+    UPDATE {schema}.x_jobs j
+    SET state = CASE
+            WHEN coalesce(%(run_at)s::timestamptz, %(now)s::timestamptz, now())
+                 > coalesce(%(now)s::timestamptz, now())
+            THEN 'scheduled' ELSE 'available'
+        END,
+        run_at = coalesce(%(run_at)s::timestamptz, %(now)s::timestamptz, now()),
+        attempt = greatest(j.attempt - 1, 0),
+        lease_token = NULL,
+        lease_expires_at = NULL
+    WHERE j.id = %(id)s AND j.lease_token = %(token)s AND j.state = 'running'
+    RETURNING j.queue, j.state
+),
+woken AS (
+    SELECT pg_notify(%(channel)s, queue) FROM snoozed WHERE state = 'available'
+)
+SELECT (SELECT count(*) FROM snoozed), (SELECT count(*) FROM woken)
+
+-- name: job_cancel
+UPDATE {schema}.x_jobs j
+SET state = 'cancelled',
+    finished_at = coalesce(%(now)s::timestamptz, now()),
+    cancel_reason = %(reason)s,
+    lease_token = NULL,
+    lease_expires_at = NULL
+WHERE j.id = %(id)s
+  AND j.state IN ('scheduled', 'available', 'running')
+  AND (%(token)s::text IS NULL OR (j.state = 'running' AND j.lease_token = %(token)s::text))
+  AND (%(tenant_id)s::text IS NULL OR j.tenant_id = %(tenant_id)s::text)
+RETURNING j.id
+
+-- name: job_list_expired
+SELECT id, name, queue, input::text, tenant_id, idempotency_key, priority, state, attempt,
+       max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
+       lease_expires_at, worker_id, errors::text, cancel_reason
+FROM {schema}.x_jobs
+WHERE state = 'running' AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
+ORDER BY lease_expires_at, id
+LIMIT %(limit)s
+
+-- name: job_get
+SELECT id, name, queue, input::text, tenant_id, idempotency_key, priority, state, attempt,
+       max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
+       lease_expires_at, worker_id, errors::text, cancel_reason
+FROM {schema}.x_jobs
+WHERE id = %(id)s AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s::text)
+
+-- name: job_list
+-- Optional filters are "param IS NULL OR ...": run unprepared, each execution is planned with
+-- its values, so the unused filters fold away and the primary key serves "newest id first".
+SELECT id, name, queue, input::text, tenant_id, idempotency_key, priority, state, attempt,
+       max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
+       lease_expires_at, worker_id, errors::text, cancel_reason
+FROM {schema}.x_jobs
+WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(name)s::text IS NULL OR name = %(name)s::text)
+  AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s::text)
+  AND (%(ids)s::text[] IS NULL OR id = ANY(%(ids)s::text[]))
+  AND (%(before_id)s::text IS NULL OR id < %(before_id)s::text)
+ORDER BY id DESC
+LIMIT %(limit)s
+
+-- name: job_count
+SELECT queue, state, count(*)
+FROM {schema}.x_jobs
+WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(name)s::text IS NULL OR name = %(name)s::text)
+  AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s::text)
+  AND (%(ids)s::text[] IS NULL OR id = ANY(%(ids)s::text[]))
+GROUP BY queue, state
+
+-- name: job_retry
+WITH retried AS (
+    UPDATE {schema}.x_jobs j
+    SET state = 'available',
+        run_at = coalesce(%(now)s::timestamptz, now()),
+        finished_at = NULL,
+        cancel_reason = NULL,
+        max_attempts = greatest(j.max_attempts, j.attempt + 1)
+    WHERE j.id = ANY(%(ids)s::text[])
+      AND j.state IN ('dead', 'cancelled')
+      AND (%(tenant_id)s::text IS NULL OR j.tenant_id = %(tenant_id)s::text)
+    RETURNING j.id, j.queue
+),
+woken AS (
+    SELECT pg_notify(%(channel)s, q.queue) FROM (SELECT DISTINCT queue FROM retried) q
+)
+SELECT r.id, (SELECT count(*) FROM woken) FROM retried r
+
+-- name: job_discard
+DELETE FROM {schema}.x_jobs j
+WHERE j.id = ANY(%(ids)s::text[])
+  AND j.state IN ('dead', 'cancelled')
+  AND (%(tenant_id)s::text IS NULL OR j.tenant_id = %(tenant_id)s::text)
+RETURNING j.id
+
+-- name: job_prune
+-- SKIP LOCKED: two pruners split the work instead of queueing behind each other.
+WITH doomed AS (
+    SELECT id
+    FROM {schema}.x_jobs
+    WHERE finished_at < %(before)s::timestamptz AND state = ANY(%(states)s::text[])
+    ORDER BY finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {schema}.x_jobs j USING doomed WHERE j.id = doomed.id
+
+-- name: queue_set_paused
+WITH saved AS (
+    INSERT INTO {schema}.x_queues AS q (name, paused, updated_at)
+    VALUES (%(name)s, %(paused)s, now())
+    ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = excluded.updated_at
+    RETURNING q.name, q.paused
+),
+woken AS (
+    SELECT pg_notify(%(channel)s, name) FROM saved WHERE NOT paused
+)
+SELECT (SELECT count(*) FROM saved), (SELECT count(*) FROM woken)
+
+-- name: queue_list
+SELECT coalesce(c.queue, p.name), coalesce(p.paused, false), c.state, coalesce(c.n, 0)
+FROM (
+    SELECT queue, state, count(*) AS n FROM {schema}.x_jobs GROUP BY queue, state
+) c
+FULL JOIN {schema}.x_queues p ON p.name = c.queue
+
+-- name: schedule_register
+INSERT INTO {schema}.x_schedules (task, first_seen_at)
+SELECT t.task, coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(tasks)s::text[]) AS t(task)
+ON CONFLICT (task) DO NOTHING
+
+-- name: schedule_read
+SELECT task, first_seen_at, last_fired_at
+FROM {schema}.x_schedules
+WHERE task = ANY(%(tasks)s::text[])
+
+-- name: schedule_advance
+-- The compare-and-set: a concurrent scheduler waits on the row lock, then sees the committed
+-- last_fired_at, fails the WHERE and gets no row back.
+INSERT INTO {schema}.x_schedules AS s (task, first_seen_at, last_fired_at)
+VALUES (%(task)s, coalesce(%(now)s::timestamptz, now()), %(occurrence)s::timestamptz)
+ON CONFLICT (task) DO UPDATE SET last_fired_at = excluded.last_fired_at
+    WHERE s.last_fired_at IS NULL OR s.last_fired_at < excluded.last_fired_at
+RETURNING s.task
+
+-- name: leader_elect
+INSERT INTO {schema}.x_leaders AS l (name, holder, elected_at, expires_at)
+VALUES (%(name)s, %(holder)s, coalesce(%(now)s::timestamptz, now()),
+        coalesce(%(now)s::timestamptz, now()) + %(ttl)s::interval)
+ON CONFLICT (name) DO UPDATE
+    SET holder = excluded.holder,
+        expires_at = excluded.expires_at,
+        elected_at = CASE WHEN l.holder = excluded.holder THEN l.elected_at
+                          ELSE excluded.elected_at END
+    WHERE l.holder = excluded.holder OR l.expires_at <= excluded.elected_at
+RETURNING l.holder
+
+-- name: leader_resign
+DELETE FROM {schema}.x_leaders WHERE name = %(name)s AND holder = %(holder)s

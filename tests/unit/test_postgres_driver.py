@@ -1,0 +1,781 @@
+"""What only the PostgreSQL driver does: its schema and SQL, NOTIFY, joining a caller's psycopg
+connection, concurrent migrations in real processes, and healing after the server or its
+sessions go away. The behaviour every driver shares is in ``tests/contract``."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from pgcluster import Cluster, find_bindir
+from ultimat3.jobs import sql as sql_files
+from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
+from ultimat3.jobs.ids import uuid7
+from ultimat3.jobs.records import ClaimParams, InsertResult, JobFilter, JobState, NewJob
+
+pytestmark = pytest.mark.postgres
+postgres = pytest.importorskip("ultimat3.jobs.drivers.postgres")
+PostgresDriver = postgres.PostgresDriver
+
+T0 = datetime(2031, 3, 14, 9, 26, 53, tzinfo=UTC)
+LEASE = timedelta(seconds=30)
+SPAWN = multiprocessing.get_context("spawn")
+T = TypeVar("T")
+VERSIONS = [version for version, _ in sql_files.migrations("postgres")]
+
+
+def new_job(queue: str = "default", **fields: Any) -> NewJob:
+    job_id = uuid7()
+    values: dict[str, Any] = {
+        "id": job_id,
+        "name": "pg.job",
+        "queue": queue,
+        "input": '{"n":1}',
+        "idempotency_key": f"key-{job_id}",
+        "max_attempts": 3,
+        **fields,
+    }
+    return NewJob(**values)
+
+
+def claim(
+    driver: Any, now: datetime | None = T0, limit: int = 10, queue: str = "default"
+) -> list[Any]:
+    params = ClaimParams(queues=(queue,), limit=limit, lease_for=LEASE, worker_id="w", now=now)
+    result: list[Any] = driver.job_claim(params)
+    return result
+
+
+def eventually(action: Callable[[], T], within: float = 20.0) -> T:
+    """Retry ``action`` until it stops raising ``DriverUnavailableError``."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return action()
+        except DriverUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+@pytest.fixture
+def driver(pg_dsn: str) -> Iterator[Any]:
+    drv = PostgresDriver(pg_dsn)
+    try:
+        yield drv
+    finally:
+        drv.close()
+
+
+@pytest.fixture
+def listener(pg_dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """A bare connection LISTENing on the driver's channel (the schema name)."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("LISTEN ultimat3_jobs")
+        yield conn
+
+
+def payloads(conn: psycopg.Connection[Any], wait: float = 0.5) -> list[str]:
+    return [n.payload for n in conn.notifies(timeout=wait)]
+
+
+# -- configuration -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "schema", ["", "Jobs", "1jobs", "jobs;drop", 'a"b', "x" * 64, "jobs-x", "ünï"]
+)
+def test_schema_names_are_validated(schema: str) -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        PostgresDriver("postgresql://localhost/db", schema=schema)
+    assert raised.value.fix
+
+
+def test_display_url_masks_the_password() -> None:
+    for dsn, shown in [
+        (
+            "postgresql://app:s3cret@db.example:5432/jobs",
+            "postgresql://app:***@db.example:5432/jobs",
+        ),
+        (
+            "postgres://app@db/jobs?password=s3cret&sslmode=require",
+            "postgres://app@db/jobs?password=***&sslmode=require",
+        ),
+        (
+            "host=db user=app password=s3cret dbname=jobs",
+            "host=db user=app password=*** dbname=jobs",
+        ),
+        ("host=db password='s3 cret' dbname=jobs", "host=db password=*** dbname=jobs"),
+    ]:
+        drv = PostgresDriver(dsn, pool_min=0)
+        try:
+            assert drv.display_url == shown
+            assert "s3" not in drv.display_url
+        finally:
+            drv.close()
+
+
+def test_a_bad_dsn_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match="not valid"):
+        PostgresDriver("host=db port")
+
+
+def test_missing_psycopg_names_the_extra_to_install() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['psycopg'] = None\n"
+        "from ultimat3.jobs.drivers.postgres import PostgresDriver\n"
+        "from ultimat3.jobs.errors import DriverUnavailableError\n"
+        "try:\n"
+        "    PostgresDriver('postgresql://localhost/db')\n"
+        "except DriverUnavailableError as exc:\n"
+        "    print(exc.fix)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == 'pip install "ultimat3-jobs[postgres]"'
+
+
+# -- schema and migrations ---------------------------------------------------------------------
+
+
+def test_a_custom_schema_holds_its_own_queue(pg_dsn: str) -> None:
+    default, other = PostgresDriver(pg_dsn), PostgresDriver(pg_dsn, schema="tenant_b")
+    try:
+        assert other.migrate() == VERSIONS
+        job = new_job()
+        other.job_insert_many([job], now=T0)
+        assert default.job_get(job.id) is None
+        assert other.job_get(job.id) is not None
+        sqls = other.migration_sql()
+        assert all('"tenant_b".' in text and "{schema}" not in text for _, text in sqls)
+    finally:
+        default.close()
+        other.close()
+
+
+def test_migrations_without_the_schema_raise_with_the_fix(pg_empty_dsn: str) -> None:
+    drv = PostgresDriver(pg_empty_dsn)
+    try:
+        with pytest.raises(DriverUnavailableError) as raised:
+            drv.job_get("x")
+        assert "migrate" in raised.value.fix
+        assert drv.migrate() == VERSIONS
+        assert drv.job_get("x") is None
+    finally:
+        drv.close()
+
+
+def _migrate_in_process(dsn: str, barrier: Any, results: Any) -> None:
+    drv = PostgresDriver(dsn)
+    try:
+        barrier.wait(30)
+        results.put(drv.migrate())
+    except BaseException as exc:
+        results.put(repr(exc))
+    finally:
+        drv.close()
+
+
+def test_four_processes_migrating_at_once_leave_one_schema(pg_empty_dsn: str) -> None:
+    barrier, results = SPAWN.Barrier(4), SPAWN.Queue()
+    procs = [
+        SPAWN.Process(target=_migrate_in_process, args=(pg_empty_dsn, barrier, results))
+        for _ in range(4)
+    ]
+    for proc in procs:
+        proc.start()
+    applied = [results.get(timeout=60) for _ in procs]
+    for proc in procs:
+        proc.join(30)
+    assert sorted(applied, key=len) == [[], [], [], VERSIONS], applied
+    with psycopg.connect(pg_empty_dsn) as conn:
+        ledger = conn.execute("SELECT version FROM ultimat3_jobs.x_migrations ORDER BY 1")
+        assert [row[0] for row in ledger] == VERSIONS
+        tables = conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'ultimat3_jobs' ORDER BY 1"
+        ).fetchall()
+        assert [row[0] for row in tables] == [
+            "x_jobs",
+            "x_leaders",
+            "x_migrations",
+            "x_queues",
+            "x_schedules",
+        ]
+        indexes = {
+            row[0]
+            for row in conn.execute(
+                "SELECT indexname FROM pg_indexes WHERE tablename = 'x_jobs'"
+            ).fetchall()
+        }
+        assert {"x_jobs_claim_idx", "x_jobs_idempotency_key_idx"} <= indexes
+
+
+# -- storage -----------------------------------------------------------------------------------
+
+
+def test_input_keeps_its_exact_text(driver: Any) -> None:
+    text = '{ "z": 1,  "a": [1.50, "\\u0000", "\\u00e9"], "z": 2 }'
+    job = new_job(input=text)
+    driver.job_insert_many([job], now=T0)
+    assert driver.job_get(job.id).input == text
+    assert claim(driver)[0].input == text
+
+
+def test_invalid_json_is_refused_and_nothing_is_written(driver: Any) -> None:
+    from ultimat3.jobs.errors import SerializationError
+
+    good, bad = new_job(), new_job(input="{not json")
+    with pytest.raises(SerializationError):
+        driver.job_insert_many([good, bad], now=T0)
+    assert driver.job_count(JobFilter()) == {}
+
+
+def test_claims_use_the_partial_index_with_a_large_finished_backlog(
+    driver: Any, pg_dsn: str
+) -> None:
+    jobs = [new_job() for _ in range(20_000)]
+    driver.job_insert_many(jobs, now=T0)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE ultimat3_jobs.x_jobs SET state = 'completed', finished_at = %s WHERE id <> %s",
+            (T0, jobs[-1].id),
+        )
+        conn.execute("ANALYZE ultimat3_jobs.x_jobs")
+        # Plans as a prepared statement runs them: generic, values unknown.
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        values = {"lease_for": LEASE, "worker_id": "w", "now": T0}
+        plans = [
+            conn.execute(
+                b"EXPLAIN " + driver._claim_one_query(10), {**values, "queue": "default"}
+            ).fetchall(),
+            conn.execute(
+                b"EXPLAIN " + driver._q["job_claim"],
+                {**values, "queues": "{default,other}", "limit": 10},
+            ).fetchall(),
+        ]
+    for plan in plans:
+        text = "\n".join(row[0] for row in plan)
+        assert "x_jobs_claim_idx" in text, text
+        assert "Seq Scan on x_jobs" not in text, text
+        assert "Index Scan using x_jobs_pkey" in text, text
+    assert [job.id for job in claim(driver)] == [jobs[-1].id]
+
+
+# -- notifications -----------------------------------------------------------------------------
+
+
+def test_insert_notifies_the_queue_name_at_commit(driver: Any, listener: Any) -> None:
+    driver.job_insert_many([new_job("mail"), new_job("mail"), new_job("sms")], now=T0)
+    assert sorted(payloads(listener)) == ["mail", "sms"]
+    driver.job_insert_many([new_job("later", run_at=T0 + timedelta(hours=1))], now=T0)
+    assert payloads(listener) == [], "a scheduled job wakes nobody"
+
+
+def test_rolled_back_insert_notifies_nobody(driver: Any, listener: Any) -> None:
+    job = new_job("mail")
+    with pytest.raises(RuntimeError), driver.transaction() as tx:
+        driver.job_insert_many([job], executor=tx, now=T0)
+        assert payloads(listener, 0.3) == [], "nothing before commit"
+        raise RuntimeError("roll back")
+    assert payloads(listener) == []
+    assert driver.job_get(job.id) is None
+
+
+def test_retry_resume_and_snooze_notify(driver: Any, listener: Any) -> None:
+    driver.queue_set_paused("mail", True)
+    driver.job_insert_many([new_job("mail")], now=T0)
+    payloads(listener)
+    driver.queue_set_paused("mail", False)
+    assert payloads(listener) == ["mail"]
+    [job] = claim(driver, queue="mail")
+    assert driver.job_snooze(job.lease, None, now=T0)
+    assert payloads(listener) == ["mail"]
+    [job] = claim(driver, queue="mail")
+    driver.job_cancel(job.id, reason="x", now=T0)
+    assert driver.job_retry([job.id], now=T0) == [job.id]
+    assert payloads(listener) == ["mail"]
+
+
+# -- joining a caller's connection -------------------------------------------------------------
+
+
+def test_insert_on_a_callers_transaction_commits_and_rolls_back_with_it(
+    driver: Any, pg_dsn: str
+) -> None:
+    kept, dropped = new_job(), new_job()
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute("CREATE TABLE orders (id int)")
+        conn.execute("INSERT INTO orders VALUES (1)")
+        driver.job_insert_many([kept], executor=driver.adopt(conn), now=T0)
+        assert driver.job_get(kept.id) is None, "invisible before the caller commits"
+        conn.commit()
+        assert driver.job_get(kept.id) is not None
+        driver.job_insert_many([dropped], executor=driver.adopt(conn), now=T0)
+        conn.rollback()
+    assert driver.job_get(dropped.id) is None
+
+
+def test_a_failed_insert_leaves_the_callers_transaction_usable(driver: Any, pg_dsn: str) -> None:
+    existing = new_job()
+    driver.job_insert_many([existing], now=T0)
+    clash = new_job(id=existing.id)  # same id, other key: the primary key refuses it
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute("CREATE TABLE orders (id int)")
+        conn.commit()
+        conn.execute("INSERT INTO orders VALUES (1)")
+        with pytest.raises(ValueError, match="another key"):
+            driver.job_insert_many([clash], executor=driver.adopt(conn), now=T0)
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        conn.execute("INSERT INTO orders VALUES (2)")
+        conn.commit()
+        assert conn.execute("SELECT count(*) FROM orders").fetchone() == (2,)
+
+
+def test_an_idle_connection_gets_a_transaction_the_caller_commits(driver: Any, pg_dsn: str) -> None:
+    job = new_job()
+    with psycopg.connect(pg_dsn) as conn:
+        driver.job_insert_many([job], executor=driver.adopt(conn), now=T0)
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        assert driver.job_get(job.id) is None
+        conn.commit()
+    assert driver.job_get(job.id) is not None
+
+
+def test_an_autocommit_connection_commits_the_insert_on_its_own(driver: Any, pg_dsn: str) -> None:
+    job = new_job()
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        assert driver.job_insert_many([job], executor=driver.adopt(conn), now=T0) == [
+            InsertResult(job.id, deduped=False)
+        ]
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert driver.job_get(job.id) is not None
+
+
+def test_completion_joins_the_callers_transaction(driver: Any, pg_dsn: str) -> None:
+    driver.job_insert_many([new_job()], now=T0)
+    [job] = claim(driver)
+    with psycopg.connect(pg_dsn) as conn:
+        assert driver.job_complete_many([job.lease], executor=driver.adopt(conn), now=T0) == {
+            job.id
+        }
+        assert driver.job_get(job.id).state is JobState.RUNNING
+        conn.commit()
+    assert driver.job_get(job.id).state is JobState.COMPLETED
+
+
+def test_adopt_refuses_other_databases_and_unusable_connections(
+    driver: Any, pg_dsn: str, pg_empty_dsn: str
+) -> None:
+    with psycopg.connect(pg_empty_dsn) as other, pytest.raises(ConfigurationError) as raised:
+        driver.adopt(other)
+    assert raised.value.fix
+    with psycopg.connect(pg_dsn) as conn:
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            conn.execute("SELECT 1/0")
+        with pytest.raises(ConfigurationError, match="rolled back"):
+            driver.adopt(conn)
+        conn.rollback()
+        assert driver.adopt(conn) is conn
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+async def test_adopt_refuses_async_connections(driver: Any, pg_dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
+        with pytest.raises(ConfigurationError, match="async"):
+            driver.adopt(conn)
+
+
+def test_adopt_refuses_a_database_without_the_tables(pg_dsn: str) -> None:
+    drv = PostgresDriver(pg_dsn, schema="elsewhere")  # same database, schema not migrated
+    try:
+        with psycopg.connect(pg_dsn) as conn, pytest.raises(ConfigurationError) as raised:
+            drv.adopt(conn)
+        assert "migrate" in raised.value.fix
+    finally:
+        drv.close()
+
+
+# -- wake-ups ----------------------------------------------------------------------------------
+
+
+def test_listen_false_polls_only(pg_dsn: str) -> None:
+    drv = PostgresDriver(pg_dsn, listen=False, application_name="u3j-nolisten")
+    try:
+        with drv.transaction() as conn:
+            assert conn.prepare_threshold is None, "no prepared statements behind a pooler"
+        timer = threading.Timer(0.1, lambda: drv.job_insert_many([new_job()], now=T0))
+        timer.start()
+        start = time.monotonic()
+        drv.wait_for_jobs(0.6, threading.Event())
+        assert time.monotonic() - start >= 0.55, "no LISTEN, so an insert cannot wake it"
+        timer.join()
+        wake = threading.Event()
+        threading.Timer(0.1, wake.set).start()
+        start = time.monotonic()
+        drv.wait_for_jobs(10, wake)
+        assert time.monotonic() - start < 5
+        with psycopg.connect(pg_dsn) as conn:
+            listening = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'u3j-nolisten'"
+                " AND query ILIKE 'listen%'"
+            ).fetchone()
+        assert listening == (0,)
+    finally:
+        drv.close()
+
+
+def test_many_threads_wait_on_one_listen_connection(driver: Any, pg_dsn: str) -> None:
+    woke: list[float] = []
+
+    def wait() -> None:
+        start = time.monotonic()
+        driver.wait_for_jobs(15, threading.Event())
+        woke.append(time.monotonic() - start)
+
+    threads = [threading.Thread(target=wait) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    driver.job_insert_many([new_job()], now=T0)
+    for thread in threads:
+        thread.join(20)
+    assert len(woke) == 4 and max(woke) < 5, woke
+    with psycopg.connect(pg_dsn) as conn:
+        sessions = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'ultimat3-jobs'"
+            " AND query ILIKE 'listen%'"
+        ).fetchone()
+    assert sessions == (1,)
+
+
+# -- sessions and servers going away -----------------------------------------------------------
+
+
+def _terminate(cluster: Cluster, application_name: str) -> None:
+    """Terminate the sessions and wait until they are gone (the server ends them
+    asynchronously)."""
+    assert cluster.terminate_backends(application_name) > 0
+    with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+        deadline = time.monotonic() + 10
+        while conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s",
+            (application_name,),
+        ).fetchone() != (0,):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+
+
+def test_terminated_sessions_are_replaced(pg_cluster: Cluster, pg_dsn: str) -> None:
+    name = f"u3j-kill-{uuid7()[-8:]}"
+    drv = PostgresDriver(pg_dsn, pool_min=2, application_name=name)
+    try:
+        drv.job_insert_many([new_job()], now=T0)
+        waited: list[float] = []
+        waiter = threading.Thread(target=lambda: waited.append(_timed_wait(drv, 30)), daemon=True)
+        waiter.start()
+        time.sleep(0.5)  # the waiter is LISTENing now
+        _terminate(pg_cluster, name)
+        waiter.join(10)
+        assert waited and waited[0] < 5, "a lost LISTEN connection returns early"
+        assert len(claim(drv)) == 1, "the pool replaced its dead sessions"
+        # The listener LISTENs again: an insert wakes the next wait.
+        drv.wait_for_jobs(2, threading.Event())
+        timer = threading.Timer(0.3, lambda: drv.job_insert_many([new_job()], now=T0))
+        timer.start()
+        assert _timed_wait(drv, 20) < 5
+        timer.join()
+    finally:
+        drv.close()
+
+
+def _timed_wait(drv: Any, timeout: float) -> float:
+    start = time.monotonic()
+    drv.wait_for_jobs(timeout, threading.Event())
+    return time.monotonic() - start
+
+
+@pytest.fixture(scope="module")
+def own_cluster() -> Iterator[Cluster]:
+    """A cluster of this module's own, since these tests crash it."""
+    if find_bindir() is None:
+        pytest.skip("no PostgreSQL binaries to start a cluster that may be crashed")
+    cluster = Cluster.create()
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def test_the_driver_works_again_after_a_server_crash(own_cluster: Cluster) -> None:
+    with psycopg.connect(own_cluster.dsn(), autocommit=True) as conn:
+        conn.execute("DROP DATABASE IF EXISTS crash WITH (FORCE)")
+        conn.execute("CREATE DATABASE crash")
+    drv = PostgresDriver(make_conninfo(own_cluster.dsn(), dbname="crash"), pool_min=2)
+    try:
+        drv.migrate()
+        acknowledged = new_job()
+        drv.job_insert_many([acknowledged], now=T0)
+        drv.wait_for_jobs(0.3, threading.Event())  # the listener is connected now
+        own_cluster.stop("immediate")
+
+        start = time.monotonic()
+        with pytest.raises(DriverUnavailableError) as raised:
+            drv.job_insert_many([new_job()], now=T0)
+        assert time.monotonic() - start < 3, "an outage fails fast"
+        assert raised.value.cause and raised.value.fix
+        assert raised.value.driver == "postgres"
+        start = time.monotonic()
+        drv.wait_for_jobs(10, threading.Event())  # a hint: the lost listener returns early
+        drv.wait_for_jobs(1.0, threading.Event())  # and, still down, neither raises nor hangs
+        assert time.monotonic() - start < 4
+
+        own_cluster.start()
+        restarted = time.monotonic()
+        jobs = eventually(lambda: claim(drv))
+        assert time.monotonic() - restarted < 10
+        assert [job.id for job in jobs] == [acknowledged.id], "a committed insert survives"
+        assert _timed_wait(drv, 20) < 8, "re-LISTENing returns early, for a catch-up poll"
+        timer = threading.Timer(0.5, lambda: drv.job_insert_many([new_job()], now=T0))
+        timer.start()
+        assert _timed_wait(drv, 20) < 8, "the listener came back"
+        timer.join()
+    finally:
+        drv.close()
+
+
+def test_an_unreachable_server_fails_fast_with_cause_and_fix() -> None:
+    dsn = f"host=127.0.0.1 port={_closed_port()} user=postgres dbname=x connect_timeout=2"
+    drv = PostgresDriver(dsn, pool_min=0)
+    try:
+        start = time.monotonic()
+        with pytest.raises(DriverUnavailableError) as raised:
+            drv.job_get("x")
+        assert time.monotonic() - start < 3
+        assert drv.display_url in raised.value.cause
+        assert "refused" in raised.value.cause, "libpq's own reason"
+        assert "server" in raised.value.fix
+    finally:
+        drv.close()
+
+
+@pytest.mark.slow
+def test_an_exhausted_pool_says_so(pg_dsn: str) -> None:
+    drv = PostgresDriver(pg_dsn, pool_min=1, pool_max=1)
+    try:
+        with drv.transaction(), pytest.raises(DriverUnavailableError) as raised:
+            drv.job_get("x")
+        assert "busy" in raised.value.fix and "pool_max" in raised.value.fix
+        assert drv.job_get("x") is None
+    finally:
+        drv.close()
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+# -- odd text through the array parameters -----------------------------------------------------
+
+
+def test_ids_with_any_characters_survive_the_array_parameters(driver: Any) -> None:
+    odd = ['a"b', "c\\d", "e,f", "{g}", "NULL", " h ", "ü✓", "'i'"]
+    jobs = [new_job(id=job_id, max_attempts=1) for job_id in odd]
+    driver.job_insert_many(jobs, now=T0)
+    listed = driver.job_list(JobFilter(ids=tuple(odd)))
+    assert sorted(job.id for job in listed) == sorted(odd)
+    claimed = claim(driver, limit=len(odd))
+    assert driver.lease_extend([job.lease for job in claimed], LEASE, now=T0) == set(odd)
+    assert driver.job_complete_many([job.lease for job in claimed[:4]], now=T0) == {
+        job.id for job in claimed[:4]
+    }
+    for job in claimed[4:]:
+        assert driver.job_cancel(job.id, reason="odd", now=T0)
+    rest = [job.id for job in claimed[4:]]
+    assert driver.job_retry(rest, now=T0) == rest
+    assert {job.id for job in claim(driver, limit=10)} == set(rest)
+
+
+# -- cron schedules and leadership -------------------------------------------------------------
+
+
+def test_schedule_state_remembers_when_a_task_was_first_seen(driver: Any) -> None:
+    first = driver.schedule_state(["a", "b"], now=T0)
+    assert [(s.task, s.first_seen_at, s.last_fired_at) for s in first.values()] == [
+        ("a", T0, None),
+        ("b", T0, None),
+    ]
+    later = driver.schedule_state(["b", "c"], now=T0 + timedelta(hours=1))
+    assert later["b"].first_seen_at == T0
+    assert later["c"].first_seen_at == T0 + timedelta(hours=1)
+
+
+def test_schedule_fire_moves_forward_only(driver: Any) -> None:
+    occurrence = T0 + timedelta(minutes=1)
+    fired = driver.schedule_fire("nightly", occurrence, [new_job(idempotency_key="n@1")], now=T0)
+    assert fired is not None and not fired[0].deduped
+    assert driver.schedule_fire("nightly", occurrence, [new_job()], now=T0) is None
+    assert driver.schedule_fire("nightly", T0, [new_job()], now=T0) is None
+    assert driver.schedule_state(["nightly"])["nightly"].last_fired_at == occurrence
+    assert sum(driver.job_count(JobFilter()).values()) == 1
+    assert driver.schedule_fire("nightly", occurrence + timedelta(minutes=1), [], now=T0) == []
+
+
+def test_racing_schedulers_fire_each_occurrence_once(pg_dsn: str) -> None:
+    drivers = [PostgresDriver(pg_dsn) for _ in range(4)]
+    occurrences = [T0 + timedelta(minutes=m) for m in range(15)]
+    fired: list[datetime] = []
+    barrier = threading.Barrier(len(drivers))
+
+    def run(drv: Any) -> None:
+        barrier.wait(10)
+        for occurrence in occurrences:
+            result = drv.schedule_fire("race", occurrence, [new_job()], now=T0)
+            if result is not None:
+                fired.append(occurrence)
+
+    threads = [threading.Thread(target=run, args=(drv,)) for drv in drivers]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert len(fired) == len(set(fired))
+        assert sum(drivers[0].job_count(JobFilter()).values()) == len(fired)
+        assert drivers[0].schedule_state(["race"])["race"].last_fired_at == occurrences[-1]
+    finally:
+        for drv in drivers:
+            drv.close()
+
+
+def test_leader_election_by_lease(driver: Any) -> None:
+    ttl = timedelta(seconds=15)
+    assert driver.leader_elect("scheduler", "a", ttl, now=T0)
+    assert not driver.leader_elect("scheduler", "b", ttl, now=T0 + timedelta(seconds=5))
+    assert driver.leader_elect("scheduler", "a", ttl, now=T0 + timedelta(seconds=10)), "renew"
+    assert not driver.leader_elect("scheduler", "b", ttl, now=T0 + timedelta(seconds=20))
+    assert driver.leader_elect("scheduler", "b", ttl, now=T0 + timedelta(seconds=25)), "expired"
+    driver.leader_resign("scheduler", "a")  # not the holder: nothing happens
+    assert not driver.leader_elect("scheduler", "a", ttl, now=T0 + timedelta(seconds=26))
+    driver.leader_resign("scheduler", "b")
+    assert driver.leader_elect("scheduler", "a", ttl, now=T0 + timedelta(seconds=27))
+    assert driver.leader_elect("other", "b", ttl, now=T0 + timedelta(seconds=27))
+
+
+# -- big batches (the COPY path) ---------------------------------------------------------------
+
+
+def test_a_big_batch_keeps_every_text_exactly(driver: Any) -> None:
+    odd = ["tab\there", "new\nline", "cr\rhere", "back\\slash", "\\N", "ü✓ 'q' \"dq\"", ""]
+    jobs = [
+        new_job(
+            queue=f"q{i % 3}",
+            name=f"name {odd[i % len(odd)]}",
+            input=json.dumps({"s": odd[i % len(odd)], "i": i}, ensure_ascii=False),
+            idempotency_key=f"key {odd[i % len(odd)]} {i}",
+            tenant_id=None if i % 2 else odd[i % len(odd)],
+            priority=i % 5,
+            run_at=T0 + timedelta(seconds=i % 2),
+        )
+        for i in range(300)
+    ]
+    results = driver.job_insert_many(jobs, now=T0)
+    assert results == [InsertResult(job.id, deduped=False) for job in jobs]
+    stored = {job.id: job for job in driver.job_list(JobFilter(), limit=1000)}
+    for job in jobs:
+        got = stored[job.id]
+        assert (got.name, got.queue, got.input, got.idempotency_key, got.tenant_id) == (
+            job.name,
+            job.queue,
+            job.input,
+            job.idempotency_key,
+            job.tenant_id,
+        )
+        assert got.priority == job.priority and got.run_at == job.run_at
+        assert got.state is (
+            JobState.SCHEDULED if job.run_at and job.run_at > T0 else JobState.AVAILABLE
+        )
+
+
+def test_a_big_batch_with_stored_or_repeated_keys_dedupes(driver: Any) -> None:
+    stored = new_job(idempotency_key="taken")
+    driver.job_insert_many([stored], now=T0)
+    jobs = [new_job(idempotency_key=f"k{i}") for i in range(250)]
+    jobs[10] = new_job(idempotency_key="taken")
+    jobs[20] = new_job(idempotency_key="k0")
+    results = driver.job_insert_many(jobs, now=T0)
+    assert results[10] == InsertResult(stored.id, deduped=True)
+    assert results[20] == InsertResult(jobs[0].id, deduped=True)
+    assert sum(not r.deduped for r in results) == 248
+    assert sum(driver.job_count(JobFilter()).values()) == 249
+
+
+def test_a_big_batch_notifies_each_due_queue_once_at_commit(driver: Any, listener: Any) -> None:
+    jobs = [new_job(queue=("a", "b")[i % 2]) for i in range(400)]
+    jobs += [new_job(queue="later", run_at=T0 + timedelta(hours=1)) for _ in range(300)]
+    with driver.transaction() as tx:
+        driver.job_insert_many(jobs, executor=tx, now=T0)
+        assert payloads(listener, 0.3) == []
+    assert sorted(payloads(listener)) == ["a", "b"]
+
+
+def test_a_big_batch_rolls_back_with_the_callers_transaction(driver: Any, pg_dsn: str) -> None:
+    jobs = [new_job() for _ in range(500)]
+    with psycopg.connect(pg_dsn) as conn:
+        driver.job_insert_many(jobs, executor=driver.adopt(conn), now=T0)
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        conn.rollback()
+    assert driver.job_count(JobFilter()) == {}
+
+
+@pytest.mark.parametrize("size", [2, 250], ids=["statement", "copy"])
+def test_a_batch_that_loses_a_deadlock_is_retried(driver: Any, pg_dsn: str, size: int) -> None:
+    """A caller's open transaction holds key k2 and then asks for k1, while the driver's batch
+    holds k1 and waits for k2: PostgreSQL aborts the batch (it waited first, so its deadlock
+    check runs first) and the driver runs it again once the caller is done."""
+    keys = ["k1", *(f"filler{i}" for i in range(size - 2)), "k2"]
+    batch = [new_job(idempotency_key=key) for key in keys]
+    outcome: list[Any] = []
+
+    def run_batch() -> None:
+        try:
+            outcome.append(driver.job_insert_many(batch, now=T0))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    with psycopg.connect(pg_dsn) as caller:
+        mine = driver.job_insert_many(
+            [new_job(idempotency_key="k2")], executor=driver.adopt(caller), now=T0
+        )
+        thread = threading.Thread(target=run_batch)
+        thread.start()
+        time.sleep(0.3)  # the batch now waits for k2
+        try:
+            driver.job_insert_many(
+                [new_job(idempotency_key="k1")], executor=driver.adopt(caller), now=T0
+            )
+        except psycopg.errors.DeadlockDetected:
+            caller.rollback()  # the caller lost instead: the batch simply goes through
+            mine = []
+        caller.commit()
+        thread.join(30)
+    [result] = outcome
+    assert isinstance(result, list), result
+    if mine:
+        assert result[-1] == InsertResult(mine[0].id, deduped=True)
+    assert len({r.id for r in result}) == size

@@ -8,8 +8,6 @@ The public names are the ones below; everything else is private and may change.
 ``ultimat3.jobs.testing`` holds the helpers for tests.
 """
 
-from ultimat3.jobs.tasks import TaskHandle, task
-
 from ultimat3.jobs.app import App
 from ultimat3.jobs.clock import Clock, SystemClock
 from ultimat3.jobs.errors import (
@@ -30,6 +28,7 @@ from ultimat3.jobs.job import Cancel, EnqueueResult, JobContext, JobHandle, Snoo
 from ultimat3.jobs.records import DEFAULT_QUEUE, AttemptError, Job, JobState, QueueInfo
 from ultimat3.jobs.retry import DEFAULT_RETRY, Retry, next_retry, retry_schedule
 from ultimat3.jobs.serialization import Codec
+from ultimat3.jobs.tasks import TaskHandle, task
 from ultimat3.jobs.worker import Worker
 
 __all__ = [

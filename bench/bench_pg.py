@@ -1,0 +1,194 @@
+"""The PostgreSQL half of ``bench/run.py``: a throwaway cluster (fsync on), bare-SQL baselines
+on the library's own table, then the same library measures as for SQLite."""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from pgcluster import Cluster
+from ultimat3.jobs.drivers.postgres import PostgresDriver
+from ultimat3.jobs.ids import token, uuid7
+
+COLUMNS = (
+    "id, name, queue, input, idempotency_key, priority, state, max_attempts, run_at, created_at"
+)
+
+
+def _url(dsn: str) -> str:
+    p = conninfo_to_dict(dsn)
+    return f"postgresql://{p['user']}@{p['host']}:{p['port']}/{p['dbname']}"
+
+
+def _row() -> tuple[Any, ...]:
+    i = uuid7()
+    return (i, "bench.bare", "bare", '{"n":1}', i, 0, "available", 3)
+
+
+def bare_insert_notify(conn: psycopg.Connection[Any], table: str, n: int) -> float:
+    sql = (
+        f"WITH i AS (INSERT INTO {table} ({COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,now(),now()) "
+        "RETURNING id) SELECT id, pg_notify('bench', '') FROM i"
+    )
+    started = time.perf_counter()
+    for _ in range(n):
+        conn.execute(sql, _row()).fetchone()
+    return n / (time.perf_counter() - started)
+
+
+def bare_multirow(conn: psycopg.Connection[Any], table: str, n: int) -> float:
+    rows = [_row() for _ in range(n)]
+    started = time.perf_counter()
+    with conn.transaction(), conn.cursor() as cur:
+        cur.executemany(
+            f"INSERT INTO {table} ({COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,now(),now())", rows
+        )
+    return n / (time.perf_counter() - started)
+
+
+def bare_copy(conn: psycopg.Connection[Any], table: str, n: int) -> float:
+    rows = [(*_row(), "2026-01-01", "2026-01-01") for _ in range(n)]
+    started = time.perf_counter()
+    with (
+        conn.transaction(),
+        conn.cursor() as cur,
+        cur.copy(f"COPY {table} ({COLUMNS}) FROM STDIN") as copy,
+    ):
+        for row in rows:
+            copy.write_row(row)
+    return n / (time.perf_counter() - started)
+
+
+def bare_claim_loop(conn: psycopg.Connection[Any], table: str) -> float:
+    claim = (
+        f"WITH c AS (SELECT id FROM {table} WHERE state = 'available' AND queue = 'bare' "
+        "ORDER BY priority DESC, run_at, id LIMIT 10 FOR UPDATE SKIP LOCKED) "
+        f"UPDATE {table} j SET state = 'running', lease_token = %s, attempt = attempt + 1 "
+        "FROM c WHERE j.id = c.id RETURNING j.id"
+    )
+    ack = f"UPDATE {table} SET state = 'completed', finished_at = now() WHERE id = ANY(%s) AND lease_token = %s"
+    done = 0
+    started = time.perf_counter()
+    while True:
+        tok = token()
+        ids = [r[0] for r in conn.execute(claim, (tok,)).fetchall()]
+        if not ids:
+            break
+        conn.execute(ack, (ids, tok))
+        done += len(ids)
+    return done / (time.perf_counter() - started)
+
+
+def bare_notify_latency(dsn: str, samples: int) -> list[float]:
+    listener = psycopg.connect(dsn, autocommit=True)
+    sender = psycopg.connect(dsn, autocommit=True)
+    listener.execute("LISTEN bench_latency")
+    seen: list[float] = []
+    for _ in range(samples):
+        sent: list[float] = []
+
+        def send(sent: list[float] = sent) -> None:
+            time.sleep(0.005)
+            sent.append(time.perf_counter())
+            sender.execute("NOTIFY bench_latency")
+
+        t = threading.Thread(target=send)
+        t.start()
+        for _ in listener.notifies(timeout=2, stop_after=1):
+            pass
+        seen.append(time.perf_counter() - sent[0])
+        t.join()
+    listener.close()
+    sender.close()
+    return seen
+
+
+def bare_tx_insert_cost(conn: psycopg.Connection[Any], table: str, n: int) -> tuple[float, float]:
+    conn.execute("CREATE TABLE IF NOT EXISTS bench_orders (id bigserial primary key, v text)")
+
+    def run(with_insert: bool) -> float:
+        started = time.perf_counter()
+        for i in range(n):
+            with conn.transaction():
+                conn.execute("INSERT INTO bench_orders (v) VALUES (%s)", (f"o{i}",))
+                if with_insert:
+                    conn.execute(
+                        f"INSERT INTO {table} ({COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,now(),now())",
+                        _row(),
+                    )
+        return time.perf_counter() - started
+
+    return run(False), run(True)
+
+
+def bench_postgres(quick: bool, table_cls: Any, measure_library: Callable[..., None]) -> None:
+    table = table_cls("PostgreSQL (throwaway cluster, fsync on, default settings)")
+    table.header()
+    tmp = Path(tempfile.mkdtemp(prefix="u3bench-pg-"))
+    cluster = Cluster.create()
+    try:
+        with psycopg.connect(cluster.dsn(), autocommit=True) as admin:
+            admin.execute("CREATE DATABASE bench")
+        dsn = cluster.dsn("bench")
+        driver = PostgresDriver(dsn)
+        driver.migrate()
+        schema = driver.schema if hasattr(driver, "schema") else "ultimat3_jobs"
+        driver.close()
+        jobs_table = f'"{schema}".x_jobs'
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            n = 1000 if quick else 3000
+            insert = bare_insert_notify(conn, jobs_table, n)
+            multi = bare_multirow(conn, jobs_table, 20_000 if quick else 50_000)
+            copy = bare_copy(conn, jobs_table, 50_000 if quick else 200_000)
+            claim = bare_claim_loop(conn, jobs_table)
+            tx_alone, tx_with = bare_tx_insert_cost(conn, jobs_table, 500 if quick else 2000)
+            conn.execute(f"DELETE FROM {jobs_table} WHERE name = 'bench.bare'")
+        notify = [x * 1000 for x in bare_notify_latency(dsn, 30)]
+        print(
+            f"  (bare: multi-row INSERT {multi:,.0f} rows/s, COPY {copy:,.0f} rows/s; "
+            f"an in-tx INSERT adds {(tx_with - tx_alone) / (500 if quick else 2000) * 1000:.3f} ms)",
+            flush=True,
+        )
+        baselines = {
+            "insert": insert,
+            "bulk": copy,
+            "bulk_label": f"COPY rows (multi-row INSERT {multi:,.0f}/s)",
+            "claim": claim,
+            "wake_label": f"bare NOTIFY latency {statistics.median(notify):.2f} ms p50",
+        }
+        measure_library(table, _url(dsn), tmp, quick, baselines, _pg_in_tx(dsn))
+    finally:
+        cluster.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _pg_in_tx(dsn: str) -> Callable[[Any, int], tuple[float, float]]:
+    def in_tx(bj: Any, n: int) -> tuple[float, float]:
+        app = bj.app
+        with psycopg.connect(dsn) as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS orders (id bigserial primary key, v text)")
+            conn.commit()
+
+            def run(enqueue: bool) -> float:
+                started = time.perf_counter()
+                for i in range(n):
+                    with app.using(conn):
+                        conn.execute("INSERT INTO orders (v) VALUES (%s)", (f"o{i}",))
+                        if enqueue:
+                            bj.noop.enqueue({"order": i})
+                    conn.commit()
+                return time.perf_counter() - started
+
+            run(True)
+            return run(False), run(True)
+
+    return in_tx

@@ -11,21 +11,51 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 HERE = Path(__file__).parent
 
 
-@pytest.fixture
-def race(tmp_path: Path) -> Iterator[tuple[Path, list[subprocess.Popen[bytes]]]]:
-    db = tmp_path / "race.sqlite3"
+class Race:
+    """Where the three schedulers meet: the database URL, a way to query it, their logs."""
+
+    def __init__(self, url: str, logdir: Path, query: Callable[[str], list[Any]]) -> None:
+        self.url = url
+        self.logdir = logdir
+        self.query = query
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def race(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[Race, list[subprocess.Popen[bytes]]]]:
+    if request.param == "sqlite":
+        db = tmp_path / "race.sqlite3"
+        url = f"sqlite:///{db}"
+
+        def query(sql: str) -> list[Any]:
+            with sqlite3.connect(db) as conn:
+                return conn.execute(sql).fetchall()
+    else:
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict
+
+        dsn = request.getfixturevalue("pg_dsn")
+        p = conninfo_to_dict(dsn)
+        url = f"postgresql://{p['user']}@{p['host']}:{p['port']}/{p['dbname']}"
+
+        def query(sql: str) -> list[Any]:
+            with psycopg.connect(dsn, options="-c search_path=ultimat3_jobs") as conn:
+                return conn.execute(sql).fetchall()
+
     env = {
         **os.environ,
-        "ULTIMAT3_JOBS_URL": f"sqlite:///{db}",
+        "ULTIMAT3_JOBS_URL": url,
         "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""),
     }
     subprocess.run(
@@ -48,7 +78,7 @@ def race(tmp_path: Path) -> Iterator[tuple[Path, list[subprocess.Popen[bytes]]]]
         )
         for log in logs
     ]
-    yield db, procs
+    yield Race(url, tmp_path, query), procs
     for proc in procs:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGCONT)
@@ -58,51 +88,48 @@ def race(tmp_path: Path) -> Iterator[tuple[Path, list[subprocess.Popen[bytes]]]]
         log.close()
 
 
-def leader_pid(db: Path) -> int | None:
-    with sqlite3.connect(db) as conn:
-        row = conn.execute(
-            "select holder, expires_at from x_leaders where name = 'scheduler'"
-        ).fetchone()
-    if row is None:
+def leader_pid(race: Race) -> int | None:
+    rows = race.query("select holder from x_leaders where name = 'scheduler'")
+    if not rows:
         return None
-    return int(row[0].split(":")[1])
+    return int(rows[0][0].split(":")[1])
 
 
-def fired(db: Path) -> list[datetime]:
+def fired(race: Race) -> list[datetime]:
     """Every occurrence some scheduler process says it dispatched (it logs only the fires whose
     compare-and-set it won), across all three logs: a double fire would appear twice here, even
     though the idempotency key would collapse its job rows."""
     found = []
-    for log in db.parent.glob("scheduler-*.log"):
+    for log in race.logdir.glob("scheduler-*.log"):
         for line in log.read_text().splitlines():
             if "jobs.scheduler.fired" in line:
                 found.append(datetime.fromisoformat(line.split("occurrence=")[1].split()[0]))
     return found
 
 
-def wait_for_leader(db: Path, not_pid: int | None, timeout: float) -> int:
+def wait_for_leader(race: Race, not_pid: int | None, timeout: float) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        pid = leader_pid(db)
+        pid = leader_pid(race)
         if pid is not None and pid != not_pid:
             return pid
         time.sleep(0.1)
     raise AssertionError("no (new) leader was elected")
 
 
-def test_no_duplicate_and_no_hole(race: tuple[Path, list[subprocess.Popen[bytes]]]) -> None:
-    db, procs = race
+def test_no_duplicate_and_no_hole(race: tuple[Race, list[subprocess.Popen[bytes]]]) -> None:
+    where, procs = race
     by_pid = {p.pid: p for p in procs}
-    first = wait_for_leader(db, None, 15)
+    first = wait_for_leader(where, None, 15)
     time.sleep(3)
     os.kill(first, signal.SIGSTOP)  # past its 2 s lease: another takes over
-    second = wait_for_leader(db, first, 10)
+    second = wait_for_leader(where, first, 10)
     time.sleep(3)
     os.kill(first, signal.SIGCONT)  # the zombie wakes up believing it leads, for a moment
     time.sleep(3)
     os.kill(second, signal.SIGKILL)
     by_pid[second].wait()
-    wait_for_leader(db, second, 10)
+    wait_for_leader(where, second, 10)
     time.sleep(3)
     for proc in procs:
         if proc.poll() is None:
@@ -110,10 +137,9 @@ def test_no_duplicate_and_no_hole(race: tuple[Path, list[subprocess.Popen[bytes]
     for proc in procs:
         proc.wait(timeout=10)
 
-    occurrences = fired(db)
+    occurrences = fired(where)
     assert len(occurrences) == len(set(occurrences)), "an occurrence fired twice"
-    with sqlite3.connect(db) as conn:
-        assert conn.execute("select count(*) from x_jobs").fetchone()[0] == len(occurrences)
+    assert where.query("select count(*) from x_jobs")[0][0] == len(occurrences)
     ordered = sorted(occurrences)
     assert len(ordered) >= 6
     gaps = {b - a for a, b in itertools.pairwise(ordered)}

@@ -20,13 +20,12 @@ from psycopg.conninfo import make_conninfo
 
 from pgcluster import Cluster, find_bindir
 from ultimat3.jobs import sql as sql_files
+from ultimat3.jobs.drivers.postgres import PostgresDriver
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
 from ultimat3.jobs.ids import uuid7
 from ultimat3.jobs.records import ClaimParams, InsertResult, JobFilter, JobState, NewJob
 
 pytestmark = pytest.mark.postgres
-postgres = pytest.importorskip("ultimat3.jobs.drivers.postgres")
-PostgresDriver = postgres.PostgresDriver
 
 T0 = datetime(2031, 3, 14, 9, 26, 53, tzinfo=UTC)
 LEASE = timedelta(seconds=30)

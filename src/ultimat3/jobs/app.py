@@ -42,7 +42,10 @@ from ultimat3.jobs.job import (
 )
 from ultimat3.jobs.maintenance import MaintenanceConfig
 from ultimat3.jobs.outbox import EnqueueOptions, Mode, TxBinding, bind, build_job, insert
+from ultimat3.jobs.outbox_store import OutboxStore
+from ultimat3.jobs.outboxes import open_store
 from ultimat3.jobs.records import Job, JobFilter, JobState, NewJob, QueueInfo
+from ultimat3.jobs.relay import Relay
 from ultimat3.jobs.scheduler import DatabaseLeader, Scheduler, SoleLeader
 from ultimat3.jobs.serialization import Codec, Serializer
 from ultimat3.jobs.worker import Worker, WorkerConfig
@@ -65,6 +68,7 @@ class App(Enqueuer):
         payload_limit: int = DEFAULT_PAYLOAD_LIMIT,
         clock: Clock | None = None,
         migrate: bool = True,
+        outbox: OutboxStore | str | None = None,
     ) -> None:
         if mode not in ("default", "required"):
             raise ConfigurationError(
@@ -85,6 +89,10 @@ class App(Enqueuer):
         self._entered: list[Token[Enqueuer | None]] = []
         #: Set by ``testing.inline``: runs jobs instead of writing them.
         self._intercept: Callable[[list[NewJob]], list[EnqueueResult]] | None = None
+        #: Where enqueues stage jobs when your transaction is on another database (a store or
+        #: its URL; opened and migrated on first use).
+        self._outbox: OutboxStore | str | None = outbox
+        self._outbox_opened = False
         if modules:
             self.register(*modules)
 
@@ -130,6 +138,9 @@ class App(Enqueuer):
         if self._driver is not None:
             self._driver.close()
         self._opened = False
+        if self._outbox is not None and not isinstance(self._outbox, str):
+            self._outbox.close()
+        self._outbox_opened = False
 
     def __enter__(self) -> App:
         """Make this the current app for ``handle.enqueue()`` in this context."""
@@ -216,11 +227,74 @@ class App(Enqueuer):
     @contextmanager
     def using(self, connection: Any) -> Iterator[Any]:
         """Join a transaction on your own connection (``sqlite3``, psycopg): enqueues in the
-        block insert on it and commit or roll back with it. You commit it, as usual."""
+        block become part of it and commit or roll back with it. You commit it, as usual.
+
+        On the job database the job rows are inserted on your connection. On another
+        database, given ``App(outbox=...)`` for it, each enqueue stages an ``x_outbox`` row on
+        your connection instead, and the relay (``app.relay()``, ``ultimat3-jobs relay``)
+        publishes it after your commit. SQLAlchemy sessions, Django and async connections go
+        through ``ultimat3.jobs.integrations``."""
         driver = self.driver
-        executor = driver.adopt(connection)
-        with bind(TxBinding(driver, executor)):
+        try:
+            binding = TxBinding(driver, driver.adopt(connection))
+        except ConfigurationError as exc:
+            if self._outbox is None:
+                raise ConfigurationError(
+                    exc.cause,
+                    fix=f"{exc.fix}; or, when your data lives in another database, give the "
+                    "app an outbox there: App(..., outbox='postgresql://.../your-db') (or "
+                    "sqlite:///your-data.sqlite3) and run the relay",
+                ) from exc
+            store = self._open_outbox()
+            try:
+                executor = store.adopt(connection)
+            except ConfigurationError as store_exc:
+                raise ConfigurationError(
+                    f"{exc.cause}; and the outbox ({store.display_url}) cannot join it "
+                    f"either: {store_exc.cause}",
+                    fix=store_exc.fix,
+                ) from store_exc
+            binding = TxBinding(None, executor, store)
+        with bind(binding):
             yield connection
+
+    def _open_outbox(self) -> OutboxStore:
+        """The outbox store, opened and migrated on first use."""
+        if self._outbox is None:
+            raise ConfigurationError(
+                "this app has no outbox",
+                fix="pass App(..., outbox='postgresql://.../your-db') (or sqlite:///file, or "
+                "an OutboxStore) for the database your business transactions run on",
+            )
+        driver = self.driver  # before the lock: opening the driver takes it too
+        with self._open_lock:
+            if isinstance(self._outbox, str):
+                self._outbox = open_store(self._outbox)
+            store = self._outbox
+            if not self._outbox_opened:
+                if store.display_url == driver.display_url and store.name != "memory":
+                    raise ConfigurationError(
+                        f"the outbox ({store.display_url}) is the job database itself",
+                        fix="drop outbox=: on the job database, app.using(conn) inserts the "
+                        "job rows in your transaction directly",
+                    )
+                if self._migrate:
+                    applied = store.migrate()
+                    if applied:
+                        events.info("jobs.outbox.migrated", versions=applied)
+                self._outbox_opened = True
+            return store
+
+    def relay(self, *, batch_size: int = 100, interval: DurationInput = "200ms") -> Relay:
+        """The relay that publishes this app's outbox to the job database (``tick()`` for one
+        pass; ``start()``/``stop()`` or ``with app.relay():`` to run it on a thread)."""
+        return Relay(
+            store=self._open_outbox(),
+            driver=self.driver,
+            clock=self.clock,
+            batch_size=batch_size,
+            interval=to_timedelta(interval),
+        )
 
     # -- workers -----------------------------------------------------------------------------
 

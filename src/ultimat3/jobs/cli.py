@@ -205,6 +205,23 @@ def scheduler(ctx: Context, leader: str, leader_ttl: str, tick: str) -> None:
         s.stop()
 
 
+@cli.command()
+@click.option("--batch-size", default=100, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--interval", default="200ms", show_default=True, help="Time between passes.")
+@pass_ctx
+def relay(ctx: Context, batch_size: int, interval: str) -> None:
+    """Publish the app's outbox (App(outbox=...)) to the job database until SIGTERM/SIGINT."""
+    with explained():
+        app = ctx.app
+        r = app.relay(batch_size=batch_size, interval=interval)
+        click.echo(
+            f"relay from {r.store.display_url} to {r.driver.display_url}, "
+            f"{r.pending()} row(s) pending",
+            err=True,
+        )
+        r.run(_wait_for_signal())
+
+
 @cli.command("run")
 @click.option("-q", "--queue", "queues", multiple=True)
 @click.option("-c", "--concurrency", default=10, show_default=True, type=click.IntRange(1, 1000))
@@ -213,7 +230,7 @@ def scheduler(ctx: Context, leader: str, leader_ttl: str, tick: str) -> None:
 def run_all(
     ctx: Context, queues: tuple[str, ...], concurrency: int, leader: str, leader_ttl: str, tick: str
 ) -> None:
-    """Worker and scheduler in one process."""
+    """Worker, scheduler and (with App(outbox=...)) the outbox relay in one process."""
     with explained():
         app = ctx.app
         s = (
@@ -221,13 +238,19 @@ def run_all(
             if app.registry.tasks
             else None
         )
+        r = app.relay() if app._outbox is not None else None
         w = app.worker(queues=list(queues) or None, concurrency=concurrency)
-        click.echo(f"worker + scheduler on {app.driver.display_url}", err=True)
+        extra = " + relay" if r is not None else ""
+        click.echo(f"worker + scheduler{extra} on {app.driver.display_url}", err=True)
         if s is not None:
             s.start()
+        if r is not None:
+            r.start()
         try:
             w.run()
         finally:
+            if r is not None:
+                r.stop()
             if s is not None:
                 s.stop()
 

@@ -41,8 +41,10 @@ class OutboxRecord:
 class OutboxBatch(Protocol):
     """Rows claimed by one relay, held against other relays until the claim's block ends."""
 
-    #: Committed, unpublished rows, oldest staged first.
-    records: Sequence[OutboxRecord]
+    @property
+    def records(self) -> Sequence[OutboxRecord]:
+        """Committed, unpublished rows, oldest staged first."""
+        ...
 
     def mark_published(self, ids: Sequence[str], *, now: datetime | None = None) -> None:
         """Mark claimed rows published, in the claim's own transaction (it commits when the

@@ -2,7 +2,8 @@
 
 ``drivers/sql/<dialect>/queries.sql`` holds blocks that each start with a ``-- name: NAME``
 line; ``drivers/sql/<dialect>/migrations/NNNN_description.sql`` are the numbered, forward-only
-migrations, the only source of the schema.
+migrations, the only source of the schema. The outbox stores keep theirs the same way under
+``outboxes/sql/<dialect>/`` (``package="ultimat3.jobs.outboxes"``).
 """
 
 from __future__ import annotations
@@ -15,14 +16,17 @@ _NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 _MIGRATION = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
 
-def _folder(dialect: str) -> resources.abc.Traversable:
-    return resources.files("ultimat3.jobs.drivers").joinpath("sql", dialect)
+_DRIVERS = "ultimat3.jobs.drivers"
+
+
+def _folder(dialect: str, package: str) -> resources.abc.Traversable:
+    return resources.files(package).joinpath("sql", dialect)
 
 
 @cache
-def queries(dialect: str) -> dict[str, str]:
-    """Every named block of ``queries.sql`` for a dialect, stripped."""
-    text = _folder(dialect).joinpath("queries.sql").read_text(encoding="utf-8")
+def queries(dialect: str, package: str = _DRIVERS) -> dict[str, str]:
+    """Every named block of ``<package>/sql/<dialect>/queries.sql``, stripped."""
+    text = _folder(dialect, package).joinpath("queries.sql").read_text(encoding="utf-8")
     parts = _NAME.split(text)
     blocks: dict[str, str] = {}
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
@@ -33,9 +37,9 @@ def queries(dialect: str) -> dict[str, str]:
 
 
 @cache
-def migrations(dialect: str) -> tuple[tuple[int, str], ...]:
+def migrations(dialect: str, package: str = _DRIVERS) -> tuple[tuple[int, str], ...]:
     """``(version, sql)`` for each migration file of a dialect, in version order."""
-    folder = _folder(dialect).joinpath("migrations")
+    folder = _folder(dialect, package).joinpath("migrations")
     found: list[tuple[int, str]] = []
     for entry in folder.iterdir():
         match = _MIGRATION.match(entry.name)

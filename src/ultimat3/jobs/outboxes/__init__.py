@@ -1,0 +1,64 @@
+"""Outbox stores, chosen by URL: where staged jobs wait when your data is not in the job
+database. Each store module is imported only when its URL is used, so ``import ultimat3.jobs``
+never pulls in psycopg.
+
+- ``sqlite:///path/to/business.sqlite3`` (your application's SQLite file)
+- ``postgresql://user:password@host:5432/dbname`` (``postgres://`` too; ``?schema=name``,
+  default ``ultimat3_jobs``)
+- ``memory://`` (one process: staged rows hang off ``store.transaction()`` objects)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+from ultimat3.jobs.errors import ConfigurationError
+from ultimat3.jobs.outbox_store import OutboxStore
+
+__all__ = ["open_store"]
+
+URL_HELP = (
+    "use sqlite:///path/to/your-data.sqlite3, postgresql://user:pass@host/db, or memory:// "
+    "(the database your business transactions run on)"
+)
+
+
+def _sqlite_path(url: str) -> Path:
+    # The job drivers' URL rule (sqlite:///relative, sqlite:////absolute); not imported from
+    # there, because drivers and outbox stores are independent layers.
+    rest = url[len("sqlite://") :]
+    if not rest.startswith("/") or rest in ("/", ""):
+        raise ConfigurationError(f"the SQLite outbox URL {url!r} names no file", fix=URL_HELP)
+    return Path(rest[1:].split("?", 1)[0]).expanduser()
+
+
+def open_store(url: str) -> OutboxStore:
+    """Open (not yet migrate) the outbox store a URL names."""
+    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    if scheme == "sqlite":
+        from ultimat3.jobs.outboxes.sqlite import SqliteOutboxStore
+
+        options = dict(parse_qsl(urlsplit(url).query))
+        unknown = set(options) - {"busy_timeout"}
+        if unknown:
+            raise ConfigurationError(
+                f"unknown SQLite outbox URL option(s): {', '.join(sorted(unknown))}",
+                fix="the only option is ?busy_timeout=SECONDS",
+            )
+        return SqliteOutboxStore(
+            _sqlite_path(url), busy_timeout=float(options.get("busy_timeout", 30.0))
+        )
+    if scheme in ("postgresql", "postgres"):
+        from ultimat3.jobs.outboxes.postgres import PostgresOutboxStore
+
+        parts = urlsplit(url)
+        query = dict(parse_qsl(parts.query))
+        schema = query.pop("schema", "ultimat3_jobs")
+        dsn = urlunsplit(parts._replace(query="&".join(f"{k}={v}" for k, v in query.items())))
+        return PostgresOutboxStore(dsn, schema=schema)
+    if scheme == "memory":
+        from ultimat3.jobs.outboxes.memory import MemoryOutboxStore
+
+        return MemoryOutboxStore()
+    raise ConfigurationError(f"no outbox store for the URL {url!r}", fix=URL_HELP)

@@ -1,0 +1,369 @@
+"""The PostgreSQL outbox store: staged jobs in ``x_outbox`` inside your application's database.
+
+What it guarantees:
+
+- **Staged in your transaction.** ``stage`` writes on your own psycopg ``Connection`` inside a
+  SAVEPOINT of your open transaction, so the rows exist if and only if you commit, and a failed
+  stage leaves your transaction usable. A non-autocommit connection with no transaction yet
+  gets the implicit one psycopg opens, left open for you to commit; an autocommit connection
+  outside a transaction commits the rows at once, as its own INSERT would.
+- **Relays split the work.** A claim takes rows ``FOR UPDATE SKIP LOCKED`` (seed
+  ``SQL_OUTBOX_CLAIM``) in a transaction held for the claim's ``with`` block, on the store's
+  own connection: any number of relays claim disjoint rows and never wait for each other. The
+  marks commit with the claim; a relay killed before that commit releases its rows unmarked,
+  and the next claim publishes them again (the job's idempotency key collapses the repeat).
+- **Failures are errors with a fix**: a server that is down raises ``DriverUnavailableError``
+  and the next call reconnects; a missing table says to migrate.
+
+Schema: ``x_outbox`` lives in ``schema`` (default ``ultimat3_jobs``, validated against
+``^[a-z_][a-z0-9_]{0,62}$``, reached through a quoted identifier); migrations are recorded in
+``x_outbox_migrations`` and run under an advisory lock, so processes may race to migrate.
+
+Limits: per-queue publish order holds within one relay; rows claimed by two relays at once are
+published in whatever order the two finish. Sync connections only: an ``AsyncConnection`` goes
+through ``ultimat3.jobs.integrations.psycopg``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
+from ultimat3.jobs.outbox_store import OutboxRecord, OutboxStore
+from ultimat3.jobs.records import NewJob
+from ultimat3.jobs.sql import migrations, queries
+
+try:
+    import psycopg
+    from psycopg import errors as pg_errors
+    from psycopg import pq
+    from psycopg import sql as pg_sql
+except ImportError as _exc:  # pragma: no cover - exercised only without the extra
+    _MISSING: ImportError | None = _exc
+else:
+    _MISSING = None
+
+__all__ = ["PostgresOutboxStore"]
+
+_PACKAGE = "ultimat3.jobs.outboxes"
+_NAME = "postgres-outbox"
+_SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+_MIGRATE_FIX = "run store.migrate() once (App(outbox=...) migrates it on first use)"
+_ADOPT_FIX = (
+    "pass a sync psycopg 3 Connection to the outbox's database; for an AsyncConnection use "
+    "ultimat3.jobs.integrations.psycopg.using(app, conn); SQLAlchemy and Django connections "
+    "go through their integrations"
+)
+
+
+def _masked(dsn: str) -> str:
+    try:
+        parts = urlsplit(dsn)
+    except ValueError:
+        return "postgresql://..."
+    if parts.scheme and parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return dsn if parts.scheme else re.sub(r"password=\S+", "password=***", dsn)
+
+
+def _record(row: Sequence[Any]) -> OutboxRecord:
+    (id_, job, queue, input_, key, attempts, priority, run_at, staged_at, tenant, published) = row
+    return OutboxRecord(
+        NewJob(
+            id=id_,
+            name=job,
+            queue=queue,
+            input=input_,
+            idempotency_key=key,
+            max_attempts=attempts,
+            run_at=run_at,
+            priority=priority,
+            tenant_id=tenant,
+        ),
+        staged_at=staged_at,
+        published_at=published,
+    )
+
+
+@dataclass
+class _Batch:
+    store: PostgresOutboxStore
+    conn: psycopg.Connection[Any]
+    records: list[OutboxRecord]
+
+    def mark_published(self, ids: Sequence[str], *, now: datetime | None = None) -> None:
+        if ids:
+            self.conn.execute(
+                self.store._q["mark_published"], {"ids": list(ids), "now": now}, prepare=False
+            )
+
+
+class PostgresOutboxStore:
+    """``x_outbox`` in the PostgreSQL database ``dsn`` names (your data's database)."""
+
+    name = "postgres"
+
+    def __init__(self, dsn: str, *, schema: str = "ultimat3_jobs") -> None:
+        if _MISSING is not None:
+            raise DriverUnavailableError(
+                f"the postgres outbox store needs psycopg 3: {_MISSING}",
+                driver=_NAME,
+                fix='pip install "ultimat3-jobs[postgres]"',
+            )
+        if not _SCHEMA.match(schema):
+            raise ConfigurationError(
+                f"the schema name {schema!r} is not allowed",
+                fix="use 1 to 63 lowercase letters, digits and underscores, not starting with "
+                'a digit (default "ultimat3_jobs")',
+            )
+        self.display_url = _masked(dsn)
+        self._dsn = dsn
+        quoted = pg_sql.Identifier(schema).as_string(None)
+        self._table = f"{quoted}.x_outbox"
+        self._ledger = f"{quoted}.x_outbox_migrations"
+        self._q: dict[str, bytes] = {
+            name: text.replace("{schema}", quoted).encode()
+            for name, text in queries("postgres", _PACKAGE).items()
+        }
+        self._migrations = [
+            (
+                version,
+                text.replace("{schema}", quoted).rstrip()
+                + f"\n\nINSERT INTO {self._ledger} (version) VALUES ({version})"
+                " ON CONFLICT (version) DO NOTHING;\n",
+            )
+            for version, text in migrations("postgres", _PACKAGE)
+        ]
+        digest = hashlib.blake2b(f"ultimat3-jobs:outbox:{schema}".encode(), digest_size=8)
+        self._migrate_key = int.from_bytes(digest.digest(), "big", signed=True)
+        self._lock = threading.RLock()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._closed = False
+        self._joinable: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._identity: tuple[Any, ...] | None = None
+
+    def __repr__(self) -> str:
+        return f"PostgresOutboxStore({self.display_url!r})"
+
+    # -- the store's own connection -----------------------------------------------------------
+
+    def _own(self) -> psycopg.Connection[Any]:
+        if self._closed:
+            raise DriverUnavailableError(
+                f"the outbox store for {self.display_url} is closed",
+                driver=_NAME,
+                fix="stop using a store after close(); open a new one if you need it again",
+            )
+        if self._conn is not None and (self._conn.closed or self._conn.broken):
+            self._conn.close()
+            self._conn = None
+        if self._conn is None:
+            try:
+                self._conn = psycopg.connect(
+                    self._dsn,
+                    autocommit=True,
+                    connect_timeout=5,
+                    application_name="ultimat3-jobs-outbox",
+                )
+            except psycopg.Error as exc:
+                raise self._unavailable(exc) from exc
+        return self._conn
+
+    @contextmanager
+    def _transaction(self) -> Iterator[psycopg.Connection[Any]]:
+        with self._lock:
+            conn = self._own()
+            try:
+                with conn.transaction():
+                    yield conn
+            except psycopg.Error as exc:
+                raise self._translate(exc, conn) from exc
+
+    def _unavailable(self, exc: psycopg.Error) -> DriverUnavailableError:
+        return DriverUnavailableError(
+            f"PostgreSQL at {self.display_url} failed: {str(exc).strip().splitlines()[0]}",
+            driver=_NAME,
+            fix="check that the server is running and reachable; the store reconnects by "
+            "itself once it is back",
+        )
+
+    def _translate(self, exc: psycopg.Error, conn: psycopg.Connection[Any]) -> Exception:
+        if isinstance(exc, pg_errors.UndefinedTable | pg_errors.InvalidSchemaName):
+            return DriverUnavailableError(
+                f"the outbox table is missing in {self.display_url}: {exc}",
+                driver=_NAME,
+                fix=_MIGRATE_FIX,
+            )
+        if conn.broken or isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+            return self._unavailable(exc)
+        return exc
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    # -- schema ------------------------------------------------------------------------------
+
+    def migrate(self) -> list[int]:
+        applied: list[int] = []
+        with self._transaction() as conn:
+            conn.execute(self._q["migrate_lock"], {"key": self._migrate_key}, prepare=False)
+            row = conn.execute(
+                self._q["migrate_has_ledger"], {"table": self._ledger}, prepare=False
+            ).fetchone()
+            done: set[int] = set()
+            if row and row[0]:
+                done = {r[0] for r in conn.execute(self._q["migrate_applied"], prepare=False)}
+            for version, text in self._migrations:
+                if version not in done:
+                    conn.execute(text.encode(), prepare=False)
+                    applied.append(version)
+        return applied
+
+    def migration_sql(self) -> list[tuple[int, str]]:
+        return list(self._migrations)
+
+    # -- staging on the caller's connection --------------------------------------------------
+
+    def _identity_of(self, conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
+        idle = conn.info.transaction_status == pq.TransactionStatus.IDLE and not conn.autocommit
+        try:
+            row = conn.execute(
+                self._q["server_identity"], {"table": self._table}, prepare=False
+            ).fetchone()
+        finally:
+            if idle:
+                conn.rollback()  # leave the caller's connection as it was: no transaction
+        assert row is not None
+        return tuple(row)
+
+    def adopt(self, connection: Any) -> psycopg.Connection[Any]:
+        if isinstance(connection, psycopg.AsyncConnection):
+            raise ConfigurationError(
+                "the postgres outbox store cannot join an async psycopg connection directly",
+                fix=_ADOPT_FIX,
+            )
+        if not isinstance(connection, psycopg.Connection):
+            raise ConfigurationError(
+                f"the postgres outbox store cannot join a {type(connection).__name__}",
+                fix=_ADOPT_FIX,
+            )
+        if connection.closed:
+            raise ConfigurationError("the connection is closed", fix=_ADOPT_FIX)
+        if connection.info.transaction_status == pq.TransactionStatus.INERROR:
+            raise ConfigurationError(
+                "the connection's transaction has failed and can only be rolled back",
+                fix="roll the transaction back (or fix the statement that failed) first",
+            )
+        if connection in self._joinable:
+            return connection
+        try:
+            theirs = self._identity_of(connection)
+        except psycopg.Error as exc:
+            raise ConfigurationError(
+                f"cannot check the connection: {exc}", fix=_ADOPT_FIX
+            ) from None
+        if self._identity is None or theirs[:3] != self._identity[:3]:
+            with self._transaction() as own:
+                self._identity = self._identity_of(own)
+        if theirs[:3] != self._identity[:3]:
+            raise ConfigurationError(
+                f"the connection reaches database {theirs[0]!r}, not the outbox's database "
+                f"({self.display_url})",
+                fix="give the app an outbox on the database your connection writes to "
+                "(App(..., outbox='postgresql://.../that-db'))",
+            )
+        if not theirs[3]:
+            raise ConfigurationError(
+                f"the outbox table {self._table} is not in the connection's database",
+                fix=_MIGRATE_FIX,
+            )
+        self._joinable.add(connection)
+        return connection
+
+    def stage(self, executor: Any, jobs: Sequence[NewJob], *, now: datetime | None = None) -> None:
+        if not jobs:
+            return
+        conn = self.adopt(executor)
+        rows = [
+            {
+                "id": job.id,
+                "job": job.name,
+                "queue": job.queue,
+                "input": job.input,
+                "key": job.idempotency_key,
+                "max_attempts": job.max_attempts,
+                "priority": job.priority,
+                "run_at": job.run_at,
+                "now": now,
+                "tenant_id": job.tenant_id,
+            }
+            for job in jobs
+        ]
+        query = self._q["stage"]
+        status = conn.info.transaction_status
+        try:
+            if status == pq.TransactionStatus.INTRANS or conn.autocommit:
+                # A savepoint inside the caller's transaction (or BEGIN/COMMIT when idle in
+                # autocommit): a failure here rolls back only our rows.
+                with conn.transaction(), conn.cursor() as cur:
+                    cur.executemany(query, rows)
+            else:
+                # Idle, not autocommit: our statement opens the caller's transaction. On error
+                # it holds nothing of the caller's yet, so rolling it back loses nothing.
+                try:
+                    with conn.cursor() as cur:
+                        cur.executemany(query, rows)
+                except BaseException:
+                    if conn.info.transaction_status == pq.TransactionStatus.INERROR:
+                        conn.rollback()
+                    raise
+        except psycopg.Error as exc:
+            translated = self._translate(exc, conn)
+            if translated is exc:
+                raise
+            raise translated from exc
+
+    # -- the relay's side --------------------------------------------------------------------
+
+    @contextmanager
+    def claim(self, limit: int) -> Iterator[_Batch]:
+        with self._transaction() as conn:
+            rows = conn.execute(
+                self._q["claim"], {"limit": max(0, limit)}, prepare=False
+            ).fetchall()
+            yield _Batch(self, conn, [_record(row) for row in rows])
+
+    def pending_count(self) -> int:
+        with self._transaction() as conn:
+            row = conn.execute(self._q["pending_count"], prepare=False).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def prune(self, *, published_before: datetime, limit: int) -> int:
+        if limit <= 0:
+            return 0
+        with self._transaction() as conn:
+            cur = conn.execute(
+                self._q["prune"], {"before": published_before, "limit": limit}, prepare=False
+            )
+            return cur.rowcount
+
+
+if __debug__:
+
+    def _conforms(store: PostgresOutboxStore) -> OutboxStore:
+        return store  # mypy proves here that the class satisfies the protocol

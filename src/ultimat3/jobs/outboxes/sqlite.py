@@ -1,0 +1,383 @@
+"""The SQLite outbox store: staged jobs in ``x_outbox`` inside your application's SQLite file.
+
+What it guarantees:
+
+- **Staged in your transaction.** ``stage`` writes on your own ``sqlite3.Connection`` inside a
+  ``SAVEPOINT`` of your open transaction, so the rows exist if and only if you commit, and a
+  failed stage rolls back only its own part. A connection in Python's legacy transaction mode
+  (``isolation_level`` not None, the ``sqlite3.connect`` default) with no transaction open
+  gets the ``BEGIN`` its own INSERT would have issued (as ``BEGIN IMMEDIATE``), left open for
+  your ``commit()`` or ``rollback()``; one in autocommit mode outside a transaction commits the
+  rows at once, as its own INSERT would.
+- **One relay at a time per batch.** A claim runs in ``BEGIN IMMEDIATE`` on the store's own
+  connection and holds SQLite's write lock until its ``with`` block ends, so two relays never
+  claim the same row; the second waits (up to ``busy_timeout``) and then sees the rows
+  published. Marks commit with the claim; a relay killed before that commit leaves its rows
+  unpublished, and the next claim publishes them again (the job's idempotency key collapses
+  the repeat).
+
+Limits: the claim holds the write lock of your database while it publishes (one insert
+transaction on the job database per queue in the batch: milliseconds), so your writers wait
+that long. WAL mode (``PRAGMA journal_mode=WAL``) is recommended for your file so readers never
+wait; the store does not change your file's journal mode. SQLite 3.37 or newer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
+from ultimat3.jobs.outbox_store import OutboxRecord, OutboxStore
+from ultimat3.jobs.records import NewJob
+from ultimat3.jobs.sql import migrations, queries
+
+__all__ = ["SqliteOutboxStore"]
+
+_PACKAGE = "ultimat3.jobs.outboxes"
+_Q = queries("sqlite", _PACKAGE)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+_SAVEPOINT = "ultimat3_jobs_outbox"
+_NAME = "sqlite-outbox"
+
+
+def _us(moment: datetime) -> int:
+    if moment.tzinfo is None:
+        raise ValueError(f"a naive datetime ({moment}) cannot be stored: pass an aware UTC time")
+    return (moment - _EPOCH) // _MICROSECOND
+
+
+def _now_us(now: datetime | None) -> int:
+    return time.time_ns() // 1000 if now is None else _us(now)
+
+
+def _dt(us: int | None) -> datetime | None:
+    return None if us is None else _EPOCH + timedelta(microseconds=us)
+
+
+def _record(row: Sequence[Any]) -> OutboxRecord:
+    (id_, job, queue, input_, key, attempts, priority, run_at, staged_at, tenant, published) = row
+    staged = _dt(staged_at)
+    assert staged is not None
+    return OutboxRecord(
+        NewJob(
+            id=id_,
+            name=job,
+            queue=queue,
+            input=input_,
+            idempotency_key=key,
+            max_attempts=attempts,
+            run_at=_dt(run_at),
+            priority=priority,
+            tenant_id=tenant,
+        ),
+        staged_at=staged,
+        published_at=_dt(published),
+    )
+
+
+def _row(job: NewJob, now_us: int) -> tuple[Any, ...]:
+    return (
+        job.id,
+        job.name,
+        job.queue,
+        job.input,
+        job.idempotency_key,
+        job.max_attempts,
+        job.priority,
+        None if job.run_at is None else _us(job.run_at),
+        now_us,
+        job.tenant_id,
+    )
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _rollback_quietly(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
+
+@dataclass
+class _Batch:
+    conn: sqlite3.Connection
+    records: list[OutboxRecord]
+
+    def mark_published(self, ids: Sequence[str], *, now: datetime | None = None) -> None:
+        if ids:
+            args = {"ids": json.dumps(list(ids)), "now": _now_us(now)}
+            self.conn.execute(_Q["mark_published"], args)
+
+
+class SqliteOutboxStore:
+    """``x_outbox`` in the SQLite file at ``path`` (your data's file, not the job file).
+
+    ``busy_timeout`` is how many seconds the store's own statements wait for another writer
+    before raising ``DriverUnavailableError``.
+    """
+
+    name = "sqlite"
+
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 30.0) -> None:
+        raw = os.fspath(path)
+        if not raw or raw == ":memory:" or raw.startswith("file:"):
+            raise ConfigurationError(
+                f"the SQLite outbox store needs a file path, not {raw!r}",
+                fix="pass the path of the SQLite file your business transactions write to",
+            )
+        if not busy_timeout >= 0:
+            raise ConfigurationError(
+                f"busy_timeout={busy_timeout!r} must be a number of seconds >= 0",
+                fix="pass busy_timeout=30.0, or another number of seconds",
+            )
+        self.path = os.path.abspath(raw)
+        self.display_url = f"sqlite:///{self.path}"
+        self._busy_timeout = float(busy_timeout)
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"SqliteOutboxStore({self.path!r})"
+
+    # -- the store's own connection -----------------------------------------------------------
+
+    def _own(self) -> sqlite3.Connection:
+        if self._closed:
+            raise DriverUnavailableError(
+                f"the outbox store for {self.path} is closed",
+                driver=_NAME,
+                fix="stop using a store after close(); open a new one if you need it again",
+            )
+        if self._conn is None:
+            try:
+                self._conn = sqlite3.connect(
+                    self.path,
+                    timeout=self._busy_timeout,
+                    isolation_level=None,
+                    check_same_thread=False,
+                )
+            except sqlite3.Error as exc:
+                raise self._unavailable(exc) from exc
+        return self._conn
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` on the store's connection: the write lock before any read."""
+        with self._lock:
+            conn = self._own()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise self._unavailable(exc) from exc
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                _rollback_quietly(conn)
+                if isinstance(exc, sqlite3.OperationalError):
+                    raise self._unavailable(exc) from exc
+                raise
+            except BaseException:
+                _rollback_quietly(conn)
+                raise
+
+    def _unavailable(self, exc: sqlite3.Error) -> DriverUnavailableError:
+        text = str(exc)
+        if "no such table" in text:
+            return DriverUnavailableError(
+                f"the outbox table does not exist in {self.path} ({exc})",
+                driver=_NAME,
+                fix="run store.migrate() once (App(outbox=...) migrates it on first use)",
+            )
+        if "locked" in text:
+            return DriverUnavailableError(
+                f"{self.path} stayed locked by another writer for more than "
+                f"{self._busy_timeout:g}s ({exc})",
+                driver=_NAME,
+                fix="find what holds a long write transaction on that file and end it, or "
+                "raise busy_timeout",
+            )
+        return DriverUnavailableError(
+            f"SQLite failed on the outbox in {self.path}: {exc}",
+            driver=_NAME,
+            fix="check the file and the error above; run store.migrate() if it is new",
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._conn is not None:
+                try:
+                    self._conn.close()
+                except sqlite3.Error:
+                    pass
+                self._conn = None
+
+    # -- schema ------------------------------------------------------------------------------
+
+    def migrate(self) -> list[int]:
+        """Apply pending migrations in one ``BEGIN IMMEDIATE`` transaction. An up-to-date file
+        is only read, so migrating on first use inside a caller's open write transaction on
+        the same file (which holds the write lock) does not wait for it."""
+        known = migrations("sqlite", _PACKAGE)
+        with self._lock:
+            try:
+                conn = self._own()
+                if conn.execute(_Q["migrations_table_exists"]).fetchone() is not None:
+                    present = {row[0] for row in conn.execute(_Q["migration_versions"])}
+                    if present >= {version for version, _ in known}:
+                        return []
+            except sqlite3.Error as exc:
+                raise self._unavailable(exc) from exc
+        with self._write() as conn:
+            applied: set[int] = set()
+            if conn.execute(_Q["migrations_table_exists"]).fetchone() is not None:
+                applied = {row[0] for row in conn.execute(_Q["migration_versions"])}
+            done = []
+            for version, script in known:
+                if version in applied:
+                    continue
+                for statement in _statements(script):
+                    conn.execute(statement)
+                conn.execute(_Q["migration_record"], {"version": version})
+                done.append(version)
+            return done
+
+    def migration_sql(self) -> list[tuple[int, str]]:
+        record = _Q["migration_record"].rstrip().rstrip(";")
+        return [
+            (version, f"{script.rstrip()}\n\n{record.replace(':version', str(version))};\n")
+            for version, script in migrations("sqlite", _PACKAGE)
+        ]
+
+    # -- staging on the caller's connection --------------------------------------------------
+
+    def adopt(self, connection: Any) -> sqlite3.Connection:
+        """Accept a caller's ``sqlite3.Connection`` whose main database is the store's file."""
+        if not isinstance(connection, sqlite3.Connection):
+            raise ConfigurationError(
+                f"the SQLite outbox store can only join a sqlite3.Connection, "
+                f"not {type(connection).__name__}",
+                fix=f"open the connection with sqlite3.connect({self.path!r})",
+            )
+        try:
+            rows = connection.execute("PRAGMA database_list").fetchall()
+            has_table = connection.execute(_Q["table_exists"]).fetchone() is not None
+        except sqlite3.Error as exc:
+            raise ConfigurationError(
+                f"cannot inspect the connection to join it ({exc})",
+                fix="pass an open sqlite3.Connection (made in this thread, or with "
+                "check_same_thread=False)",
+            ) from exc
+        main = next((row[2] for row in rows if row[1] == "main"), "")
+        if not main or not _same_file(main, self.path):
+            raise ConfigurationError(
+                f"the connection opens {main or 'an in-memory database'}, but the outbox "
+                f"lives in {self.path}",
+                fix="give the app an outbox on the database your connection writes to: "
+                f"App(..., outbox='sqlite:///{main}')"
+                if main
+                else "connect to a database file",
+            )
+        if not has_table:
+            raise ConfigurationError(
+                f"the outbox table x_outbox does not exist in {self.path}",
+                fix="run store.migrate() once (App(outbox=...) migrates it on first use)",
+            )
+        return connection
+
+    def stage(self, executor: Any, jobs: Sequence[NewJob], *, now: datetime | None = None) -> None:
+        if not jobs:
+            return
+        conn = executor if isinstance(executor, sqlite3.Connection) else self.adopt(executor)
+        now_us = _now_us(now)
+        rows = [_row(job, now_us) for job in jobs]
+        if not conn.in_transaction:
+            legacy = getattr(sqlite3, "LEGACY_TRANSACTION_CONTROL", -1)
+            autocommit = getattr(conn, "autocommit", legacy)
+            if autocommit is True or (autocommit == legacy and conn.isolation_level is None):
+                # No transaction to join: these rows are a transaction of their own.
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    conn.executemany(_Q["stage"], rows)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    _rollback_quietly(conn)
+                    raise
+                return
+            # Legacy mode: open the transaction Python would open before the caller's own
+            # INSERT, and leave it open for the caller's commit() or rollback().
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.executemany(_Q["stage"], rows)
+            except BaseException:
+                _rollback_quietly(conn)
+                raise
+            return
+        conn.execute(f"SAVEPOINT {_SAVEPOINT}")
+        try:
+            conn.executemany(_Q["stage"], rows)
+        except BaseException:
+            try:
+                conn.execute(f"ROLLBACK TO {_SAVEPOINT}")
+                conn.execute(f"RELEASE {_SAVEPOINT}")
+            except sqlite3.Error:
+                pass  # SQLite already rolled the whole transaction back (disk full, I/O)
+            raise
+        conn.execute(f"RELEASE {_SAVEPOINT}")
+
+    # -- the relay's side --------------------------------------------------------------------
+
+    @contextmanager
+    def claim(self, limit: int) -> Iterator[_Batch]:
+        with self._write() as conn:
+            rows = conn.execute(_Q["claim"], {"limit": max(0, limit)}).fetchall()
+            yield _Batch(conn, [_record(row) for row in rows])
+
+    def pending_count(self) -> int:
+        with self._lock:
+            try:
+                return int(self._own().execute(_Q["pending_count"]).fetchone()[0])
+            except sqlite3.Error as exc:
+                raise self._unavailable(exc) from exc
+
+    def prune(self, *, published_before: datetime, limit: int) -> int:
+        if limit <= 0:
+            return 0
+        with self._write() as conn:
+            args = {"before": _us(published_before), "limit": limit}
+            return conn.execute(_Q["prune"], args).rowcount
+
+
+def _statements(script: str) -> Iterator[str]:
+    """Split a migration into statements (``executescript`` would COMMIT our transaction)."""
+    buffer = ""
+    for line in script.splitlines(keepends=True):
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            yield buffer.strip()
+            buffer = ""
+
+
+if __debug__:
+
+    def _conforms(store: SqliteOutboxStore) -> OutboxStore:
+        return store  # mypy proves here that the class satisfies the protocol

@@ -1,0 +1,169 @@
+"""The outbox relay (seed ``createOutboxRelay``): publishes staged jobs to the job database.
+
+Guarantees:
+
+- **At least once, by construction.** Each pass claims committed, unpublished ``x_outbox``
+  rows (``store.claim``), inserts their jobs into the job database
+  (``driver.job_insert_many``), THEN marks them published in the claim's transaction. A crash
+  between the two leaves the rows unpublished and the next pass publishes them again; the job
+  id and idempotency key were fixed at staging, so the repeat collapses into the row already
+  inserted (``deduped=True``). The opposite order would lose jobs.
+- **Per-queue order survives a failure.** Rows are published queue by queue in staging order,
+  one insert transaction per queue. When a queue's insert fails, its rows stay unpublished,
+  ``jobs.outbox.publish-failed`` is logged, and the rest of that queue's rows in the batch wait
+  for the next pass, so nothing of that queue overtakes them (the seed kept going after a
+  failure, which broke the order it claimed). Other queues are published as usual.
+- **Several relays split the work.** Claims skip rows another relay holds (``FOR UPDATE SKIP
+  LOCKED`` on PostgreSQL; the write lock on SQLite), so nothing is published twice except
+  after a crash, and nothing is lost.
+
+Limits: a row that can never be inserted blocks its queue (it is logged on every pass; delete
+or fix the row). Order across queues, and across relays running at once, is not kept.
+
+Defaults follow the seed: batches of 100, a pass every 200 ms (at once again after a full
+batch). ``tick()`` runs one pass, for tests; ``start()``/``stop()`` run passes on a thread.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from datetime import timedelta
+from types import TracebackType
+
+from ultimat3.jobs import events
+from ultimat3.jobs.clock import Clock, SystemClock
+from ultimat3.jobs.driver import Driver
+from ultimat3.jobs.errors import ConfigurationError, JobsError
+from ultimat3.jobs.outbox_store import OutboxRecord, OutboxStore
+
+__all__ = ["FAULT_ENV", "Relay"]
+
+#: Test-only fault point: ``after_publish`` makes the process exit (``os._exit(70)``) right
+#: after a batch is published and before it is marked, as a crash there would.
+FAULT_ENV = "ULTIMAT3_JOBS_RELAY_FAULT"
+_FAULT_EXIT = 70
+
+
+class Relay:
+    """Moves committed outbox rows into the job database; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        store: OutboxStore,
+        driver: Driver,
+        clock: Clock | None = None,
+        batch_size: int = 100,
+        interval: timedelta = timedelta(milliseconds=200),
+    ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigurationError(
+                f"batch_size={batch_size!r} is not valid", fix="use an int >= 1 (default 100)"
+            )
+        if interval <= timedelta(0):
+            raise ConfigurationError(
+                f"interval={interval} is not valid", fix='use a positive duration, e.g. "200ms"'
+            )
+        self.store = store
+        self.driver = driver
+        self.clock: Clock = clock or SystemClock()
+        self.batch_size = batch_size
+        self.interval = interval
+        self._fault = os.environ.get(FAULT_ENV, "")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def tick(self) -> int:
+        """One pass: claim a batch, publish it queue by queue, mark what was published.
+        Returns how many rows were published."""
+        with self.store.claim(self.batch_size) as batch:
+            published = self._publish(batch.records)
+            if published and self._fault == "after_publish":
+                os._exit(_FAULT_EXIT)
+            if published:
+                batch.mark_published(published, now=self.clock.pinned())
+        return len(published)
+
+    def _publish(self, records: Sequence[OutboxRecord]) -> list[str]:
+        by_queue: dict[str, list[OutboxRecord]] = {}
+        for record in records:
+            by_queue.setdefault(record.job.queue, []).append(record)
+        published: list[str] = []
+        for queue, group in by_queue.items():
+            try:
+                results = self.driver.job_insert_many(
+                    [r.job for r in group], now=self.clock.pinned()
+                )
+            except Exception as exc:
+                first = group[0].job
+                events.warning(
+                    "jobs.outbox.publish-failed",
+                    queue=queue,
+                    job=first.name,
+                    id=first.id,
+                    rows=len(group),
+                    error=getattr(exc, "cause", None) or str(exc) or type(exc).__name__,
+                )
+                continue
+            events.debug(
+                "jobs.outbox.published",
+                queue=queue,
+                rows=len(group),
+                deduped=sum(1 for result in results if result.deduped),
+            )
+            published.extend(r.job.id for r in group)
+        return published
+
+    def pending(self) -> int:
+        """Committed rows that wait to be published (seed ``pending()``)."""
+        return self.store.pending_count()
+
+    # -- running on a thread -----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Run passes on a background thread until ``stop()``. Idempotent."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="ultimat3-jobs-relay", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop after the pass in progress. Idempotent."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout)
+            self._thread = None
+
+    def run(self, stop: threading.Event) -> None:
+        """Run passes in this thread until ``stop`` is set."""
+        self._stop = stop
+        self._loop()
+
+    def _loop(self) -> None:
+        delay = 0.0
+        interval = self.interval.total_seconds()
+        while not self._stop.wait(delay):
+            try:
+                full = self.tick() >= self.batch_size
+                delay = 0.0 if full else interval
+            except JobsError as exc:
+                events.warning("jobs.outbox.relay-failed", error=exc.cause)
+                delay = min(5.0, max(delay * 2, interval))
+            except Exception as exc:
+                events.warning("jobs.outbox.relay-failed", error=repr(exc))
+                delay = min(5.0, max(delay * 2, interval))
+
+    def __enter__(self) -> Relay:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,156 @@
+"""Django: enqueues inside ``atomic()`` write through Django's connection (commit runs the job
+once, rollback never, a rolled-back inner ``atomic()`` drops only its jobs), and the
+``django.tasks`` backend maps a task's priority, queue and run-after onto the job.
+
+Django's settings are process-wide, so they are configured when this module is imported; each
+test points the ``default`` alias at a fresh SQLite file. On Python 3.11 Django 6 cannot be
+installed: these tests run Django 5.2 with the ``django-tasks`` backport (the backend imports
+``django.tasks`` first when it exists).
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import sys
+import tempfile
+import types
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+django = pytest.importorskip("django")
+from django.conf import settings  # noqa: E402
+
+if not settings.configured:
+    _scratch = tempfile.mkdtemp(prefix="u3j-django-")
+    atexit.register(shutil.rmtree, _scratch, True)
+    settings.configure(
+        DATABASES={
+            "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": f"{_scratch}/boot.db"}
+        },
+        INSTALLED_APPS=[],
+        USE_TZ=True,
+        TASKS={
+            "default": {
+                "BACKEND": "ultimat3.jobs.integrations.django.JobsBackend",
+                "QUEUES": ["default", "emails"],
+                "OPTIONS": {"APP": "u3j_django_app:app"},
+            }
+        },
+    )
+    django.setup()
+
+from django.db import connection, transaction  # noqa: E402
+
+from ultimat3.jobs import App  # noqa: E402
+from ultimat3.jobs.integrations.django import JobsBackend, using  # noqa: E402
+from ultimat3.jobs.records import JobState  # noqa: E402
+from ultimat3.jobs.testing import drain  # noqa: E402
+
+from .conftest import JOBS, RUNS, deliver, record  # noqa: E402
+
+try:
+    from django.tasks import task  # type: ignore[import-not-found, unused-ignore]
+except ImportError:
+    from django_tasks import task
+
+TASK_CALLS: list[Any] = []
+
+
+@task()
+def send_mail(to: str, subject: str = "") -> None:
+    TASK_CALLS.append((to, subject))
+
+
+@pytest.fixture(params=["same", "outbox"])
+def app(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[App]:
+    data = tmp_path / "django.sqlite3"
+    connection.close()
+    connection.settings_dict["NAME"] = str(data)
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE orders (id integer)")
+    if request.param == "same":
+        made = App(f"sqlite:///{data}", modules=[JOBS])
+    else:
+        made = App(
+            f"sqlite:///{tmp_path / 'jobs.sqlite3'}", modules=[JOBS], outbox=f"sqlite:///{data}"
+        )
+        made.relay()  # opens and migrates the outbox
+    module = types.ModuleType("u3j_django_app")
+    module.app = made  # type: ignore[attr-defined]
+    sys.modules[module.__name__] = module
+    TASK_CALLS.clear()
+    yield made
+    sys.modules.pop(module.__name__, None)
+    connection.close()
+    made.close()
+
+
+def orders() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM orders")
+        return int(cursor.fetchone()[0])
+
+
+def test_atomic_commit_runs_the_job_once(app: App) -> None:
+    with transaction.atomic(), using(app):
+        with connection.cursor() as cursor:
+            cursor.execute("INSERT INTO orders VALUES (1)")
+        record.enqueue({"order": 1})
+    assert orders() == 1
+    assert deliver(app) == [{"order": 1}]
+    assert deliver(app) == [{"order": 1}]
+
+
+def test_atomic_rollback_never_runs_it(app: App) -> None:
+    with pytest.raises(RuntimeError), transaction.atomic(), using(app):
+        with connection.cursor() as cursor:
+            cursor.execute("INSERT INTO orders VALUES (1)")
+        record.enqueue({"order": 1})
+        raise RuntimeError("the view fails")
+    assert orders() == 0
+    assert deliver(app) == []
+
+
+def test_a_rolled_back_inner_atomic_drops_only_its_jobs(app: App) -> None:
+    with transaction.atomic(), using(app):
+        record.enqueue({"step": "outer"})
+        with pytest.raises(RuntimeError), transaction.atomic():
+            record.enqueue({"step": "inner"})
+            raise RuntimeError("roll back the savepoint")
+    assert [r["step"] for r in deliver(app)] == ["outer"]
+
+
+def test_outside_atomic_each_enqueue_commits_on_its_own(app: App) -> None:
+    with using(app):
+        record.enqueue({"step": "autocommit"})
+    assert [r["step"] for r in deliver(app)] == ["autocommit"]
+
+
+def test_the_task_backend_joins_atomic_and_maps_the_options(app: App) -> None:
+    with pytest.raises(RuntimeError), transaction.atomic():
+        send_mail.enqueue("lost@example.com")
+        raise RuntimeError("the view fails")
+    later = datetime.now(UTC) + timedelta(hours=1)
+    with transaction.atomic():
+        now_result = send_mail.using(priority=7, queue_name="emails").enqueue(
+            "a@example.com", subject="hi"
+        )
+        later_result = send_mail.using(run_after=later).enqueue("b@example.com")
+    if app._outbox is not None:
+        assert app.relay().tick() == 2
+    job = app.get_job(now_result.id)
+    assert (job.name, job.queue, job.priority) == ("django_task", "emails", 7)
+    assert app.get_job(later_result.id).run_at == later
+    assert app.get_job(later_result.id).state is JobState.SCHEDULED
+    backend = send_mail.get_backend()
+    assert isinstance(backend, JobsBackend)
+    assert backend.get_result(now_result.id).status == "READY"
+    drain(app, queues=["default", "emails"])
+    assert TASK_CALLS == [("a@example.com", "hi")]
+    assert backend.get_result(now_result.id).status == "SUCCESSFUL"
+    assert RUNS == []

@@ -1,0 +1,136 @@
+"""The relay and the App's outbox path, on every store, with the jobs in a SQLite file of their
+own: commit runs the job once, rollback never; a re-publish collapses; a failed publish keeps
+its queue's order and is logged; the relay runs on a thread."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from ultimat3.jobs import App
+from ultimat3.jobs.errors import ConfigurationError
+from ultimat3.jobs.records import NewJob
+from ultimat3.jobs.testing import drain
+
+from .conftest import JOBS, RUNS, StoreSpec, job_a, job_b, keyed
+
+
+def test_commit_publishes_and_runs_each_job_once(app: App, spec: StoreSpec) -> None:
+    with spec.begin() as conn, app.using(conn):
+        first = app.enqueue(job_a, 1)
+        app.enqueue_many(job_b, [2, 3])
+        assert app.count_jobs() == 0  # staged in the business database, not yet a job
+    relay = app.relay()
+    assert relay.pending() == 3
+    assert relay.tick() == 3
+    assert relay.pending() == 0
+    assert relay.tick() == 0
+    assert app.get_job(first.id).name == "job_a"  # the id returned at staging is the job's
+    drain(app)
+    assert sorted(RUNS) == [("a", 1), ("b", 2), ("b", 3)]
+
+
+def test_rollback_never_publishes(app: App, spec: StoreSpec) -> None:
+    with pytest.raises(RuntimeError), spec.begin() as conn, app.using(conn):
+        app.enqueue(job_a, 1)
+        raise RuntimeError("the request fails")
+    relay = app.relay()
+    assert relay.pending() == 0
+    assert relay.tick() == 0
+    drain(app)
+    assert RUNS == []
+    assert app.count_jobs() == 0
+
+
+def test_a_republish_collapses_into_one_job(app: App, spec: StoreSpec) -> None:
+    with spec.begin() as conn, app.using(conn):
+        app.enqueue(job_a, 1)
+        app.enqueue(keyed, {"key": "k"})
+    # A relay that published and died before marking: the rows are still pending.
+    with spec.store.claim(10) as batch:
+        app.driver.job_insert_many([r.job for r in batch.records])
+    assert spec.store.pending_count() == 2
+    assert app.relay().tick() == 2
+    assert app.count_jobs() == 2
+    drain(app)
+    assert sorted(map(str, RUNS)) == ["('a', 1)", "('keyed', {'key': 'k'})"]
+
+
+def test_a_failed_publish_holds_back_its_queue_only(
+    app: App, spec: StoreSpec, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A job id already stored under another key cannot be inserted: a real, lasting failure.
+    app.driver.job_insert_many(
+        [
+            NewJob(
+                id="taken", name="job_a", queue="a", input="0", idempotency_key="x", max_attempts=1
+            )
+        ]
+    )
+    poisoned = NewJob(
+        id="taken", name="job_a", queue="a", input="1", idempotency_key="y", max_attempts=1
+    )
+    with spec.begin() as conn, app.using(conn):
+        spec.store.stage(spec.store.adopt(conn), [poisoned])
+        app.enqueue(job_a, 2)
+        app.enqueue(job_b, 3)
+    relay = app.relay()
+    with caplog.at_level(logging.WARNING, logger="ultimat3.jobs"):
+        assert relay.tick() == 1  # queue b; nothing of queue a overtakes its failed row
+    assert relay.pending() == 2
+    failed = [r for r in caplog.records if getattr(r, "event", "") == "jobs.outbox.publish-failed"]
+    assert len(failed) == 1
+    assert failed[0].fields["queue"] == "a" and failed[0].fields["id"] == "taken"  # type: ignore[attr-defined]
+    # The operator removes the conflicting job; the next pass publishes queue a in order.
+    assert app.cancel_job("taken")
+    assert app.discard_jobs(["taken"]) == ["taken"]
+    assert relay.tick() == 2
+    assert relay.pending() == 0
+    assert app.get_job("taken").input == "1"
+
+
+def test_the_relay_thread_publishes_within_its_interval(app: App, spec: StoreSpec) -> None:
+    with app.relay(interval="20ms") as relay:
+        with spec.begin() as conn, app.using(conn):
+            app.enqueue(job_a, 1)
+        deadline = time.monotonic() + 5
+        while app.count_jobs() == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert app.count_jobs() == 1
+    assert relay.pending() == 0
+
+
+def test_outbox_false_inserts_at_once(app: App, spec: StoreSpec) -> None:
+    with spec.begin() as conn, app.using(conn):
+        app.enqueue(job_a, 1, outbox=False)
+        assert app.count_jobs() == 1
+    assert spec.store.pending_count() == 0
+
+
+def test_without_an_outbox_the_error_says_how_to_get_one(tmp_path: Path) -> None:
+    app = App(f"sqlite:///{tmp_path / 'jobs.sqlite3'}", modules=[JOBS])
+    conn = sqlite3.connect(tmp_path / "business.sqlite3")
+    try:
+        with pytest.raises(ConfigurationError) as caught, app.using(conn):
+            pass
+        assert "outbox=" in caught.value.fix
+        with pytest.raises(ConfigurationError):
+            app.relay()
+    finally:
+        conn.close()
+        app.close()
+
+
+def test_an_outbox_on_the_job_database_is_refused(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
+    app = App(url, modules=[JOBS], outbox=url)
+    try:
+        with pytest.raises(ConfigurationError) as caught:
+            app.relay()
+        assert "drop outbox=" in caught.value.fix
+    finally:
+        app.close()

@@ -1,0 +1,144 @@
+"""The outbox store seam, on every store: staged rows exist if and only if the caller's
+transaction commits; claims return them oldest first, skip rows another claim holds, and
+marks commit with the claim."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from ultimat3.jobs.errors import ConfigurationError
+from ultimat3.jobs.outboxes import open_store
+from ultimat3.jobs.records import NewJob
+
+from .conftest import StoreSpec
+
+
+def new_job(n: int, queue: str = "default", **kw: object) -> NewJob:
+    return NewJob(
+        id=f"job-{n:04d}",
+        name="job_a",
+        queue=queue,
+        input=f'{{"n": {n}}}',
+        idempotency_key=f"key-{n}",
+        max_attempts=3,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def stage(spec: StoreSpec, *jobs: NewJob, now: datetime | None = None) -> None:
+    with spec.begin() as conn:
+        spec.store.stage(spec.store.adopt(conn), list(jobs), now=now)
+
+
+def test_commit_makes_rows_visible_with_every_field(spec: StoreSpec) -> None:
+    at = datetime(2030, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
+    job = new_job(1, queue="mail", run_at=at, priority=7, tenant_id="t1")
+    stage(spec, job)
+    assert spec.store.pending_count() == 1
+    with spec.store.claim(10) as batch:
+        (record,) = batch.records
+    assert record.job == job
+    assert record.published_at is None
+    assert record.staged_at.tzinfo is not None
+
+
+def test_rollback_leaves_nothing(spec: StoreSpec) -> None:
+    with pytest.raises(RuntimeError), spec.begin() as conn:
+        spec.store.stage(spec.store.adopt(conn), [new_job(1)])
+        raise RuntimeError("the business transaction fails")
+    assert spec.store.pending_count() == 0
+    with spec.store.claim(10) as batch:
+        assert list(batch.records) == []
+
+
+def test_claim_is_oldest_first_and_bounded(spec: StoreSpec) -> None:
+    base = datetime(2030, 1, 1, tzinfo=UTC)
+    stage(spec, new_job(3), now=base + timedelta(seconds=3))
+    stage(spec, new_job(1), new_job(2), now=base + timedelta(seconds=1))
+    with spec.store.claim(2) as batch:
+        assert [r.job.id for r in batch.records] == ["job-0001", "job-0002"]
+    with spec.store.claim(10) as batch:
+        assert [r.job.id for r in batch.records] == ["job-0001", "job-0002", "job-0003"]
+
+
+def test_marks_commit_with_the_claim(spec: StoreSpec) -> None:
+    stage(spec, new_job(1), new_job(2))
+    with spec.store.claim(10) as batch:
+        batch.mark_published(["job-0001"])
+    assert spec.store.pending_count() == 1
+    with pytest.raises(RuntimeError), spec.store.claim(10) as batch:
+        batch.mark_published(["job-0002"])
+        raise RuntimeError("the relay dies before its claim commits")
+    assert spec.store.pending_count() == 1
+    with spec.store.claim(10) as batch:
+        assert [r.job.id for r in batch.records] == ["job-0002"]
+
+
+def test_a_claim_skips_rows_another_claim_holds(spec: StoreSpec) -> None:
+    if spec.kind == "sqlite":
+        pytest.skip("SQLite serialises claims on its write lock (tested in test_relay)")
+    stage(spec, *(new_job(n) for n in range(6)))
+    seen: list[list[str]] = []
+    held = threading.Event()
+    release = threading.Event()
+
+    def first() -> None:
+        with spec.store.claim(3) as batch:
+            seen.append([r.job.id for r in batch.records])
+            held.set()
+            release.wait(10)
+
+    # Another relay is another process with its own store (one store object serialises its
+    # claims on its one connection); the memory store's state lives in the one object.
+    second = spec.store if spec.kind == "memory" else open_store(spec.url)
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert held.wait(10)
+    try:
+        with second.claim(10) as batch:
+            seen.append([r.job.id for r in batch.records])
+    finally:
+        release.set()
+        thread.join(10)
+        if second is not spec.store:
+            second.close()
+    assert seen[0] == ["job-0000", "job-0001", "job-0002"]
+    assert seen[1] == ["job-0003", "job-0004", "job-0005"]
+
+
+def test_prune_deletes_only_old_published_rows(spec: StoreSpec) -> None:
+    stage(spec, new_job(1), new_job(2))
+    old = datetime(2020, 1, 1, tzinfo=UTC)
+    with spec.store.claim(10) as batch:
+        batch.mark_published(["job-0001"], now=old)
+    assert spec.store.prune(published_before=old + timedelta(days=1), limit=10) == 1
+    assert spec.store.prune(published_before=old + timedelta(days=1), limit=10) == 0
+    assert spec.store.pending_count() == 1
+
+
+def test_adopt_refuses_a_foreign_connection(spec: StoreSpec) -> None:
+    import sqlite3
+
+    other = sqlite3.connect(":memory:")
+    try:
+        with pytest.raises(ConfigurationError) as caught:
+            spec.store.adopt(other)
+        assert caught.value.fix
+    finally:
+        other.close()
+
+
+def test_a_failed_stage_does_not_poison_the_transaction(spec: StoreSpec) -> None:
+    if spec.kind == "memory":
+        pytest.skip("the memory store has no statement that can fail")
+    with spec.begin() as conn:
+        executor = spec.store.adopt(conn)
+        spec.store.stage(executor, [new_job(1)])
+        with pytest.raises(Exception, match=r"(?i)unique"):
+            spec.store.stage(executor, [new_job(1)])  # the same id again: a unique violation
+        spec.store.stage(executor, [new_job(2)])  # the transaction is still usable
+    with spec.store.claim(10) as batch:
+        assert [r.job.id for r in batch.records] == ["job-0001", "job-0002"]

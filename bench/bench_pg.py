@@ -72,10 +72,14 @@ def bare_claim_loop(conn: psycopg.Connection[Any], table: str) -> float:
     claim = (
         f"WITH c AS (SELECT id FROM {table} WHERE state = 'available' AND queue = 'bare' "
         "ORDER BY priority DESC, run_at, id LIMIT 10 FOR UPDATE SKIP LOCKED) "
-        f"UPDATE {table} j SET state = 'running', lease_token = %s, attempt = attempt + 1 "
+        f"UPDATE {table} j SET state = 'running', lease_token = %s, attempt = attempt + 1, "
+        "lease_expires_at = now() + interval '30 seconds' "
         "FROM c WHERE j.id = c.id RETURNING j.id"
     )
-    ack = f"UPDATE {table} SET state = 'completed', finished_at = now() WHERE id = ANY(%s) AND lease_token = %s"
+    ack = (
+        f"UPDATE {table} SET state = 'completed', finished_at = now(), lease_token = NULL, "
+        "lease_expires_at = NULL WHERE id = ANY(%s) AND lease_token = %s"
+    )
     done = 0
     started = time.perf_counter()
     while True:

@@ -123,3 +123,22 @@ def test_demo_module_importable() -> None:
     from ultimat3.jobs import demo
 
     assert callable(demo.run_demo)
+
+
+def test_migrate_covers_the_outbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = tmp_path / "outboxapp_cli.py"
+    module.write_text(
+        "from ultimat3.jobs import App\n"
+        f"app = App({str('sqlite:///' + str(tmp_path / 'jobs.sqlite3'))!r}, "
+        f"outbox={str('sqlite:///' + str(tmp_path / 'business.sqlite3'))!r})\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, _ = run("--app", "outboxapp_cli:app", "migrate", "--sql")
+    assert code == 0 and "x_outbox" in out and "outbox migration 1" in out
+    code, out, _ = run("--app", "outboxapp_cli:app", "migrate")
+    assert code == 0 and "migrated the outbox" in out
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "business.sqlite3") as conn:
+        assert conn.execute("select count(*) from x_outbox").fetchone()[0] == 0
+    sys.modules.pop("outboxapp_cli", None)

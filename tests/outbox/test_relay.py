@@ -134,3 +134,20 @@ def test_an_outbox_on_the_job_database_is_refused(tmp_path: Path) -> None:
         assert "drop outbox=" in caught.value.fix
     finally:
         app.close()
+
+
+def test_published_rows_are_pruned_after_the_retention(app: App, spec: StoreSpec) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from ultimat3.jobs.testing import FakeClock
+
+    with spec.begin() as conn, app.using(conn):
+        app.enqueue(job_a, 1)
+        app.enqueue(job_a, 2)
+    relay = app.relay()
+    assert relay.tick() == 2
+    assert relay.prune() == 0, "published a moment ago: kept for the retention"
+    relay.clock = FakeClock(datetime.now(UTC) + timedelta(days=2))
+    assert relay.prune() == 2
+    assert relay.pending() == 0
+    assert app.count_jobs() == 2, "pruning the outbox never touches the jobs"

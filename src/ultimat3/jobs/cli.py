@@ -27,6 +27,7 @@ from ultimat3.jobs.cron import next_runs
 from ultimat3.jobs.drivers import open_driver
 from ultimat3.jobs.duration import format_duration
 from ultimat3.jobs.errors import ConfigurationError, JobsError
+from ultimat3.jobs.outboxes import open_store
 from ultimat3.jobs.records import Job, JobState
 from ultimat3.jobs.retry import retry_schedule
 
@@ -549,16 +550,24 @@ def queues_resume(ctx: Context, name: str) -> None:
 )
 @pass_ctx
 def migrate(ctx: Context, print_sql: bool) -> None:
-    """Create or upgrade the job tables."""
+    """Create or upgrade the job tables (and the app's outbox table, when it has one)."""
     with explained():
         app = ctx.app
         if print_sql:
             driver = app._driver or open_driver(app.url or "")
             for version, sql in driver.migration_sql():
                 click.echo(f"-- migration {version}\n{sql.rstrip()}\n")
+            if app._outbox is not None:
+                store = open_store(app._outbox) if isinstance(app._outbox, str) else app._outbox
+                for version, sql in store.migration_sql():
+                    click.echo(
+                        f"-- outbox migration {version} (your business database)\n{sql.rstrip()}\n"
+                    )
             return
         driver = app.driver  # opening migrates
         click.echo(f"migrated {driver.display_url}")
+        if app._outbox is not None:
+            click.echo(f"migrated the outbox at {app._open_outbox().display_url}")
 
 
 @cli.command()
@@ -569,7 +578,7 @@ def migrate(ctx: Context, print_sql: bool) -> None:
     help="Where to put the demo's SQLite file (default: a new temporary directory).",
 )
 def demo(directory: str | None) -> None:
-    """A self-contained tour on a fresh SQLite file (about 15 seconds)."""
+    """A self-contained tour on a fresh SQLite file (a few seconds)."""
     from ultimat3.jobs.demo import run_demo
 
     with explained():

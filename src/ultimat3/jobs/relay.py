@@ -21,13 +21,15 @@ Limits: a row that can never be inserted blocks its queue (it is logged on every
 or fix the row). Order across queues, and across relays running at once, is not kept.
 
 Defaults follow the seed: batches of 100, a pass every 200 ms (at once again after a full
-batch). ``tick()`` runs one pass, for tests; ``start()``/``stop()`` run passes on a thread.
+batch). ``tick()`` runs one pass, for tests; ``start()``/``stop()`` run passes on a thread,
+which also deletes rows published more than ``retention`` ago (default 1 day), once a minute.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from types import TracebackType
@@ -44,6 +46,7 @@ __all__ = ["FAULT_ENV", "Relay"]
 #: after a batch is published and before it is marked, as a crash there would.
 FAULT_ENV = "ULTIMAT3_JOBS_RELAY_FAULT"
 _FAULT_EXIT = 70
+_PRUNE_EVERY = 60.0
 
 
 class Relay:
@@ -57,6 +60,7 @@ class Relay:
         clock: Clock | None = None,
         batch_size: int = 100,
         interval: timedelta = timedelta(milliseconds=200),
+        retention: timedelta = timedelta(days=1),
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigurationError(
@@ -71,6 +75,7 @@ class Relay:
         self.clock: Clock = clock or SystemClock()
         self.batch_size = batch_size
         self.interval = interval
+        self.retention = retention
         self._fault = os.environ.get(FAULT_ENV, "")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -116,6 +121,10 @@ class Relay:
             published.extend(r.job.id for r in group)
         return published
 
+    def prune(self) -> int:
+        """Delete rows published more than ``retention`` ago; returns how many."""
+        return self.store.prune(published_before=self.clock.now() - self.retention, limit=10_000)
+
     def pending(self) -> int:
         """Committed rows that wait to be published (seed ``pending()``)."""
         return self.store.pending_count()
@@ -145,10 +154,16 @@ class Relay:
     def _loop(self) -> None:
         delay = 0.0
         interval = self.interval.total_seconds()
+        next_prune = time.monotonic() + _PRUNE_EVERY
         while not self._stop.wait(delay):
             try:
                 full = self.tick() >= self.batch_size
                 delay = 0.0 if full else interval
+                if time.monotonic() >= next_prune:
+                    next_prune = time.monotonic() + _PRUNE_EVERY
+                    pruned = self.prune()
+                    if pruned:
+                        events.info("jobs.outbox.pruned", rows=pruned)
             except JobsError as exc:
                 events.warning("jobs.outbox.relay-failed", error=exc.cause)
                 delay = min(5.0, max(delay * 2, interval))

@@ -509,12 +509,17 @@ class Worker:
 
     def _supervise_loop(self) -> None:
         every = self.config.heartbeat_every()
-        tick = min(0.1, every)
+        busy_tick = min(0.1, every)
         next_beat = time.monotonic() + every
+        tick = busy_tick
         while not self._halt.wait(tick):
             now = time.monotonic()
             with self._lock:
                 runs = list(self._inflight.values())
+            # Deadlines need a fine tick only while something runs; an idle worker wakes
+            # rarely, which keeps its CPU use low (a new run starts within one busy tick of
+            # the next wake-up, well inside any timeout).
+            tick = busy_tick if runs else min(every, 0.5)
             for run in runs:
                 if run.deadline is not None and now >= run.deadline and not run.settled:
                     self._time_out(run)
@@ -562,7 +567,8 @@ class Worker:
         prune_every = self.config.prune_interval.total_seconds()
         next_rescue = time.monotonic()
         next_prune = time.monotonic() + min(prune_every, 5.0)
-        while not self._stop_asked.wait(0.2):
+        pause = 0.0
+        while not self._stop_asked.wait(pause):
             now = time.monotonic()
             try:
                 if now >= next_rescue:
@@ -573,6 +579,7 @@ class Worker:
                     self.maintenance.prune()
             except JobsError as exc:
                 events.warning("jobs.maintenance.failed", error=exc.cause)
+            pause = max(0.05, min(next_rescue, next_prune) - time.monotonic())
 
     def _shutdown(self, grace: float) -> None:
         deadline = time.monotonic() + grace

@@ -12,6 +12,7 @@ Job states::
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -127,6 +128,61 @@ class Job:
         if self.lease_token is None:
             raise ValueError(f"job {self.id} is {self.state}, it holds no lease")
         return Lease(self.id, self.lease_token)
+
+
+_STATES = {state.value: state for state in JobState}
+
+
+def job_from_row(
+    row: Sequence[Any],
+    *,
+    to_time: Callable[[Any], datetime],
+    to_errors: Callable[[Any], tuple[AttemptError, ...]],
+) -> Job:
+    """A ``Job`` from a row whose columns come in ``Job``'s field order (every SQL driver
+    selects them so); the driver supplies how its times and error histories are stored."""
+    (
+        id_,
+        name,
+        queue,
+        input_,
+        tenant_id,
+        key,
+        priority,
+        state,
+        attempt,
+        max_attempts,
+        run_at,
+        created_at,
+        attempted_at,
+        finished_at,
+        lease_token,
+        lease_expires_at,
+        worker_id,
+        errors,
+        cancel_reason,
+    ) = row
+    return Job(
+        id_,
+        name,
+        queue,
+        input_,
+        tenant_id,
+        key,
+        priority,
+        _STATES[state],
+        attempt,
+        max_attempts,
+        to_time(run_at),
+        to_time(created_at),
+        None if attempted_at is None else to_time(attempted_at),
+        None if finished_at is None else to_time(finished_at),
+        lease_token,
+        None if lease_expires_at is None else to_time(lease_expires_at),
+        worker_id,
+        to_errors(errors),
+        cancel_reason,
+    )
 
 
 @dataclass(frozen=True, slots=True)

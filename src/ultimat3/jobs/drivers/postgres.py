@@ -84,6 +84,7 @@ from ultimat3.jobs.records import (
     NewJob,
     QueueInfo,
     ScheduleState,
+    job_from_row,
 )
 
 try:
@@ -1020,48 +1021,7 @@ class PostgresDriver:
 
 
 def _job(row: Row) -> Job:
-    (
-        id_,
-        name,
-        queue,
-        input_,
-        tenant_id,
-        key,
-        priority,
-        state,
-        attempt,
-        max_attempts,
-        run_at,
-        created_at,
-        attempted_at,
-        finished_at,
-        lease_token,
-        lease_expires_at,
-        worker_id,
-        errors,
-        cancel_reason,
-    ) = row
-    return Job(
-        id=id_,
-        name=name,
-        queue=queue,
-        input=input_,
-        tenant_id=tenant_id,
-        idempotency_key=key,
-        priority=priority,
-        state=_STATES[state],
-        attempt=attempt,
-        max_attempts=max_attempts,
-        run_at=_utc(run_at),
-        created_at=_utc(created_at),
-        attempted_at=_utc(attempted_at) if attempted_at is not None else None,
-        finished_at=_utc(finished_at) if finished_at is not None else None,
-        lease_token=lease_token,
-        lease_expires_at=_utc(lease_expires_at) if lease_expires_at is not None else None,
-        worker_id=worker_id,
-        errors=_errors(errors),
-        cancel_reason=cancel_reason,
-    )
+    return job_from_row(row, to_time=_utc, to_errors=_errors)
 
 
 def _errors(text: str) -> tuple[AttemptError, ...]:

@@ -83,6 +83,7 @@ from ultimat3.jobs.records import (
     NewJob,
     QueueInfo,
     ScheduleState,
+    job_from_row,
 )
 from ultimat3.jobs.sql import migrations, queries
 
@@ -178,48 +179,7 @@ def _errors(text: str) -> tuple[AttemptError, ...]:
 
 
 def _job(row: Sequence[Any]) -> Job:
-    (
-        id_,
-        name,
-        queue,
-        input_,
-        tenant_id,
-        key,
-        priority,
-        state,
-        attempt,
-        max_attempts,
-        run_at,
-        created_at,
-        attempted_at,
-        finished_at,
-        lease_token,
-        lease_expires_at,
-        worker_id,
-        errors,
-        cancel_reason,
-    ) = row
-    return Job(
-        id_,
-        name,
-        queue,
-        input_,
-        tenant_id,
-        key,
-        priority,
-        _STATES[state],
-        attempt,
-        max_attempts,
-        _dt(run_at),
-        _dt(created_at),
-        None if attempted_at is None else _dt(attempted_at),
-        None if finished_at is None else _dt(finished_at),
-        lease_token,
-        None if lease_expires_at is None else _dt(lease_expires_at),
-        worker_id,
-        _errors(errors),
-        cancel_reason,
-    )
+    return job_from_row(row, to_time=_dt, to_errors=_errors)
 
 
 def _claim_order(job: Job) -> tuple[int, datetime, str]:

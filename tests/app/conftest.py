@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import subprocess
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -10,6 +11,8 @@ import pytest
 
 from ultimat3.jobs import App
 from ultimat3.jobs.testing import FakeClock
+
+from .processes import HERE
 
 
 @pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -65,3 +68,44 @@ def make_app(url: str) -> Iterator[Callable[..., App]]:
     yield make
     for app in apps:
         app.close()
+
+
+# -- real worker processes: each module that uses these defines an ``env`` fixture (the job
+# database URL and the ledger file), SQLite in test_faults.py, PostgreSQL in test_pg_faults.py.
+
+
+@pytest.fixture
+def fault_app(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[App]:
+    """The fault jobs' App, in this process, on the same database as the spawned workers."""
+    for key in ("ULTIMAT3_JOBS_URL", "FAULT_LEDGER"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.syspath_prepend(str(HERE))
+    sys.modules.pop("faultjobs", None)
+    import faultjobs
+
+    yield faultjobs.app
+    faultjobs.app.close()
+    sys.modules.pop("faultjobs", None)
+
+
+@pytest.fixture
+def spawn(env: dict[str, str]) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Start `ultimat3-jobs worker` processes; any still running at teardown are killed."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(*args: str) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ultimat3.jobs", "--app", "faultjobs:app", "worker", *args],
+            env=env,
+            cwd=HERE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()

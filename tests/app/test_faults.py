@@ -9,17 +9,16 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from ultimat3.jobs import App, JobState
 
-HERE = Path(__file__).parent
+from .processes import HERE, ledger, wait_until
 
 
 @pytest.fixture
@@ -30,62 +29,6 @@ def env(tmp_path: Path) -> dict[str, str]:
         "FAULT_LEDGER": str(tmp_path / "ledger.txt"),
         "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""),
     }
-
-
-@pytest.fixture
-def fault_app(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[App]:
-    for key in ("ULTIMAT3_JOBS_URL", "FAULT_LEDGER"):
-        monkeypatch.setenv(key, env[key])
-    monkeypatch.syspath_prepend(str(HERE))
-    sys.modules.pop("faultjobs", None)
-    import faultjobs
-
-    yield faultjobs.app
-    faultjobs.app.close()
-    sys.modules.pop("faultjobs", None)
-
-
-@pytest.fixture
-def spawn(env: dict[str, str]) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(*args: str) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "ultimat3.jobs", "--app", "faultjobs:app", "worker", *args],
-            env=env,
-            cwd=HERE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        if proc.stderr:
-            proc.stderr.close()
-
-
-def ledger(env: dict[str, str]) -> list[tuple[str, int, int, str]]:
-    path = Path(env["FAULT_LEDGER"])
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        job_id, attempt, pid, what = line.split()
-        rows.append((job_id, int(attempt), int(pid), what))
-    return rows
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_kill_9_mid_flight_rescues_the_killed_workers_jobs(

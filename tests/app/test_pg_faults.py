@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -20,7 +19,7 @@ import pytest
 
 from ultimat3.jobs import App, JobState
 
-from .test_faults import HERE, ledger, wait_until
+from .processes import HERE, ledger, wait_until
 
 pytestmark = pytest.mark.postgres
 
@@ -51,41 +50,6 @@ def env(cluster: Any, tmp_path: Path) -> dict[str, str]:
         "FAULT_LEDGER": str(tmp_path / "ledger.txt"),
         "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""),
     }
-
-
-@pytest.fixture
-def fault_app(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[App]:
-    for key in ("ULTIMAT3_JOBS_URL", "FAULT_LEDGER"):
-        monkeypatch.setenv(key, env[key])
-    monkeypatch.syspath_prepend(str(HERE))
-    sys.modules.pop("faultjobs", None)
-    import faultjobs
-
-    yield faultjobs.app
-    faultjobs.app.close()
-    sys.modules.pop("faultjobs", None)
-
-
-@pytest.fixture
-def spawn(env: dict[str, str]) -> Iterator[Spawn]:
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(*args: str) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "ultimat3.jobs", "--app", "faultjobs:app", "worker", *args],
-            env=env,
-            cwd=HERE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
 
 
 FAST = (

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -356,36 +356,14 @@ class Registry:
     def add_job(self, handle: JobHandle[Any], export_name: str, module: str = "") -> Registered:
         name = handle.bound_name if handle._explicit_name else export_name
         assert name is not None
-        for other_name, other in self.jobs.items():
-            if other is handle and other_name != name:
-                raise RegistrationError(
-                    f"one job handle is exported under two names: {other_name!r} and {name!r}",
-                    fix=f"export it once, or fix its name with @job(name={other_name!r})",
-                )
-        existing = self.jobs.get(name)
-        if existing is not None and existing is not handle:
-            raise RegistrationError(
-                f"two different jobs are registered under the name {name!r}",
-                fix="rename one of them, or give one an explicit @job(name=...)",
-            )
+        _check_unique(self.jobs, handle, name, "job", "@job(name={!r})")
         handle._bind_name(name)
         self.jobs[name] = handle
         return Registered("job", name, module)
 
     def add_task(self, handle: TaskHandle, export_name: str, module: str = "") -> Registered:
         name = handle.name or export_name
-        for other_name, other in self.tasks.items():
-            if other is handle and other_name != name:
-                raise RegistrationError(
-                    f"one task is exported under two names: {other_name!r} and {name!r}",
-                    fix=f"export it once, or fix its name with task(..., name={other_name!r})",
-                )
-        existing = self.tasks.get(name)
-        if existing is not None and existing is not handle:
-            raise RegistrationError(
-                f"two different tasks are registered under the name {name!r}",
-                fix="rename one of them, or give one an explicit task(..., name=...)",
-            )
+        _check_unique(self.tasks, handle, name, "task", "task(..., name={!r})")
         handle._bind_name(name)
         self.tasks[name] = handle
         return Registered("task", name, module)
@@ -396,6 +374,24 @@ class Registry:
     def knows(self, handle: JobHandle[Any]) -> bool:
         name = handle.bound_name
         return name is not None and self.jobs.get(name) is handle
+
+
+def _check_unique(
+    table: Mapping[str, object], handle: object, name: str, kind: str, naming: str
+) -> None:
+    """One name per handle and one handle per name, or a RegistrationError with a fix."""
+    for other_name, other in table.items():
+        if other is handle and other_name != name:
+            raise RegistrationError(
+                f"one {kind} handle is exported under two names: {other_name!r} and {name!r}",
+                fix=f"export it once, or fix its name with {naming.format(other_name)}",
+            )
+    existing = table.get(name)
+    if existing is not None and existing is not handle:
+        raise RegistrationError(
+            f"two different {kind}s are registered under the name {name!r}",
+            fix=f"rename one of them, or give one an explicit {naming.format('...')}",
+        )
 
 
 def _export_names(module: object) -> Sequence[str]:

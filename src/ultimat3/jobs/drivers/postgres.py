@@ -191,7 +191,7 @@ class PostgresDriver:
                 f"the PostgreSQL URL is not valid: {exc}",
                 fix="write postgresql://user:password@host:5432/dbname or a libpq conninfo string",
             ) from None
-        self.display_url = _masked(dsn)
+        self.display_url = masked_dsn(dsn)
         self._dsn = dsn
         self._schema = schema
         self._channel = schema
@@ -1108,7 +1108,7 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _masked(dsn: str) -> str:
+def masked_dsn(dsn: str) -> str:
     """The DSN with any password replaced by ``***``."""
     if "://" in dsn:
         parts = urlsplit(dsn)

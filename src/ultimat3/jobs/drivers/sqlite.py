@@ -63,7 +63,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
@@ -188,6 +188,26 @@ def _claim_order(job: Job) -> tuple[int, datetime, str]:
 
 def _json_or_none(values: Any) -> str | None:
     return None if values is None else json.dumps(sorted(values))
+
+
+def apply_migrations(
+    conn: sqlite3.Connection, known: Sequence[tuple[int, str]], named: Mapping[str, str]
+) -> list[int]:
+    """Apply the migrations of ``known`` not yet recorded, inside the caller's ``BEGIN
+    IMMEDIATE``; ``named`` holds the ``migrations_table_exists``, ``migration_versions`` and
+    ``migration_record`` queries of the schema at hand (the job tables, or an outbox)."""
+    applied: set[int] = set()
+    if conn.execute(named["migrations_table_exists"]).fetchone() is not None:
+        applied = {row[0] for row in conn.execute(named["migration_versions"])}
+    done = []
+    for version, script in known:
+        if version in applied:
+            continue
+        for statement in _statements(script):
+            conn.execute(statement)
+        conn.execute(named["migration_record"], {"version": version})
+        done.append(version)
+    return done
 
 
 def _statements(script: str) -> Iterator[str]:
@@ -625,21 +645,7 @@ class SqliteDriver:
         everything and the rest find nothing left to do."""
         known = migrations("sqlite")
 
-        def body(conn: sqlite3.Connection) -> list[int]:
-            applied: set[int] = set()
-            if conn.execute(_Q["migrations_table_exists"]).fetchone() is not None:
-                applied = {row[0] for row in conn.execute(_Q["migration_versions"])}
-            done = []
-            for version, script in known:
-                if version in applied:
-                    continue
-                for statement in _statements(script):
-                    conn.execute(statement)
-                conn.execute(_Q["migration_record"], {"version": version})
-                done.append(version)
-            return done
-
-        done = self._write(body)
+        done = self._write(lambda conn: apply_migrations(conn, known, _Q))
         if done:
             _log.info(
                 "jobs.sqlite.migrated: %s to version %d",

@@ -35,8 +35,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
+from ultimat3.jobs.drivers.postgres import masked_dsn
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
 from ultimat3.jobs.outbox_store import OutboxRecord, OutboxStore
 from ultimat3.jobs.records import NewJob
@@ -63,17 +63,6 @@ _ADOPT_FIX = (
     "ultimat3.jobs.integrations.psycopg.using(app, conn); SQLAlchemy and Django connections "
     "go through their integrations"
 )
-
-
-def _masked(dsn: str) -> str:
-    try:
-        parts = urlsplit(dsn)
-    except ValueError:
-        return "postgresql://..."
-    if parts.scheme and parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return dsn if parts.scheme else re.sub(r"password=\S+", "password=***", dsn)
 
 
 def _record(row: Sequence[Any]) -> OutboxRecord:
@@ -126,7 +115,7 @@ class PostgresOutboxStore:
                 fix="use 1 to 63 lowercase letters, digits and underscores, not starting with "
                 'a digit (default "ultimat3_jobs")',
             )
-        self.display_url = _masked(dsn)
+        self.display_url = masked_dsn(dsn)
         self._dsn = dsn
         quoted = pg_sql.Identifier(schema).as_string(None)
         self._table = f"{quoted}.x_outbox"

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from ultimat3.jobs.drivers.sqlite import apply_migrations
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
 from ultimat3.jobs.outbox_store import OutboxRecord, OutboxStore
 from ultimat3.jobs.records import NewJob
@@ -248,18 +249,7 @@ class SqliteOutboxStore:
             except sqlite3.Error as exc:
                 raise self._unavailable(exc) from exc
         with self._write() as conn:
-            applied: set[int] = set()
-            if conn.execute(_Q["migrations_table_exists"]).fetchone() is not None:
-                applied = {row[0] for row in conn.execute(_Q["migration_versions"])}
-            done = []
-            for version, script in known:
-                if version in applied:
-                    continue
-                for statement in _statements(script):
-                    conn.execute(statement)
-                conn.execute(_Q["migration_record"], {"version": version})
-                done.append(version)
-            return done
+            return apply_migrations(conn, known, _Q)
 
     def migration_sql(self) -> list[tuple[int, str]]:
         record = _Q["migration_record"].rstrip().rstrip(";")
@@ -365,16 +355,6 @@ class SqliteOutboxStore:
         with self._write() as conn:
             args = {"before": _us(published_before), "limit": limit}
             return conn.execute(_Q["prune"], args).rowcount
-
-
-def _statements(script: str) -> Iterator[str]:
-    """Split a migration into statements (``executescript`` would COMMIT our transaction)."""
-    buffer = ""
-    for line in script.splitlines(keepends=True):
-        buffer += line
-        if sqlite3.complete_statement(buffer):
-            yield buffer.strip()
-            buffer = ""
 
 
 if __debug__:

@@ -75,6 +75,7 @@ def app(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[App]:
         cursor.execute("CREATE TABLE orders (id integer)")
     if request.param == "same":
         made = App(f"sqlite:///{data}", modules=[JOBS])
+        made.open()  # as `ultimat3-jobs migrate` or a worker's start would, before any request
     else:
         made = App(
             f"sqlite:///{tmp_path / 'jobs.sqlite3'}", modules=[JOBS], outbox=f"sqlite:///{data}"

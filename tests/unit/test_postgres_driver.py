@@ -325,7 +325,9 @@ def test_insert_on_a_callers_transaction_commits_and_rolls_back_with_it(
     assert driver.job_get(dropped.id) is None
 
 
-def test_a_failed_insert_leaves_the_callers_transaction_usable(driver: Any, pg_dsn: str) -> None:
+def test_a_failed_insert_aborts_the_callers_transaction(driver: Any, pg_dsn: str) -> None:
+    # No savepoint around our one statement: like a failed statement of the caller's own, a
+    # failed insert aborts the transaction, so the business rows cannot commit without the job.
     existing = new_job()
     driver.job_insert_many([existing], now=T0)
     clash = new_job(id=existing.id)  # same id, other key: the primary key refuses it
@@ -335,10 +337,11 @@ def test_a_failed_insert_leaves_the_callers_transaction_usable(driver: Any, pg_d
         conn.execute("INSERT INTO orders VALUES (1)")
         with pytest.raises(ValueError, match="another key"):
             driver.job_insert_many([clash], executor=driver.adopt(conn), now=T0)
-        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
-        conn.execute("INSERT INTO orders VALUES (2)")
-        conn.commit()
-        assert conn.execute("SELECT count(*) FROM orders").fetchone() == (2,)
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+        with pytest.raises(ConfigurationError, match="rolled back"):
+            driver.job_insert_many([new_job()], executor=driver.adopt(conn), now=T0)
+        conn.rollback()
+        assert conn.execute("SELECT count(*) FROM orders").fetchone() == (0,)
 
 
 def test_an_idle_connection_gets_a_transaction_the_caller_commits(driver: Any, pg_dsn: str) -> None:
@@ -385,7 +388,7 @@ def test_adopt_refuses_other_databases_and_unusable_connections(
         with pytest.raises(ConfigurationError, match="rolled back"):
             driver.adopt(conn)
         conn.rollback()
-        assert driver.adopt(conn) is conn
+        assert driver.adopt(conn).connection is conn
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
 
 
@@ -411,8 +414,8 @@ def test_adopt_refuses_a_database_without_the_tables(pg_dsn: str) -> None:
 def test_listen_false_polls_only(pg_dsn: str) -> None:
     drv = PostgresDriver(pg_dsn, listen=False, application_name="u3j-nolisten")
     try:
-        with drv.transaction() as conn:
-            assert conn.prepare_threshold is None, "no prepared statements behind a pooler"
+        with drv.transaction() as tx:
+            assert tx.connection.prepare_threshold is None, "no prepared statements behind a pooler"
         timer = threading.Timer(0.1, lambda: drv.job_insert_many([new_job()], now=T0))
         timer.start()
         start = time.monotonic()

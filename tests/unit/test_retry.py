@@ -46,7 +46,7 @@ def test_default_policy() -> None:
         ("linear", "1s", "10s", [1, 2, 3, 4, 5]),
         ("linear", "1s", "3s", [1, 2, 3, 3, 3]),
         ("fixed", "2s", "10s", [2, 2, 2, 2, 2]),
-        ("fixed", "20s", "10s", [10, 10, 10, 10, 10]),
+        ("fixed", "10s", "10s", [10, 10, 10, 10, 10]),
     ],
 )
 def test_seed_schedules(backoff: Backoff, delay: str, max_delay: str, expected: list[int]) -> None:
@@ -130,8 +130,21 @@ def test_attempt_below_one_counts_as_one() -> None:
     assert backoff_delay(policy, -5) == S
 
 
+def test_a_delay_longer_than_its_cap_is_refused() -> None:
+    # The seed would cap a 20s delay at max_delay 10s silently; here the mistake is named.
+    with pytest.raises(ConfigurationError) as raised:
+        Retry(delay="1h30m")
+    assert "max_delay='1h'" in raised.value.cause
+    assert "max_delay='1h30m'" in raised.value.fix
+
+
+def test_attempts_are_bounded() -> None:
+    with pytest.raises(ConfigurationError, match="from 1 to 10000"):
+        Retry(attempts=2**70)
+
+
 def test_huge_attempt_is_capped_quickly() -> None:
-    policy = Retry(jitter=False, attempts=10**12)
+    policy = Retry(jitter=False, attempts=10_000)
     assert backoff_delay(policy, 10**9) == timedelta(hours=1)
     linear = Retry(jitter=False, backoff="linear", max_delay="2d")
     assert backoff_delay(linear, 10**15) == timedelta(days=2)
@@ -181,7 +194,7 @@ policies = st.builds(
     attempts=st.integers(min_value=1, max_value=40),
     backoff=st.sampled_from(["exponential", "linear", "fixed"]),
     delay=st.timedeltas(min_value=timedelta(0), max_value=timedelta(days=1)),
-    max_delay=st.timedeltas(min_value=timedelta(0), max_value=timedelta(days=30)),
+    max_delay=st.timedeltas(min_value=timedelta(days=1), max_value=timedelta(days=30)),
 )
 
 

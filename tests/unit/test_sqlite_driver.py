@@ -82,7 +82,8 @@ def run_python(code: str, *args: str, timeout: float = 60) -> subprocess.Complet
 
 
 def test_connections_use_wal_and_full_synchronous_by_default(driver: SqliteDriver) -> None:
-    with driver.transaction() as conn:
+    with driver.transaction() as tx:
+        conn = tx.connection
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
         assert conn.execute("PRAGMA busy_timeout").fetchone()[0] > 0
@@ -101,7 +102,8 @@ def test_every_thread_gets_the_requested_synchronous_level(path: str) -> None:
         driver.migrate()
 
         def level() -> int:
-            with driver.transaction() as conn:
+            with driver.transaction() as tx:
+                conn = tx.connection
                 return int(conn.execute("PRAGMA synchronous").fetchone()[0])
 
         assert level() == 1
@@ -301,7 +303,8 @@ def test_printed_migrations_are_recognised_by_migrate(path: str) -> None:
 def test_claims_walk_the_partial_index_without_sorting(driver: SqliteDriver) -> None:
     from ultimat3.jobs.sql import queries
 
-    with driver.transaction() as conn:
+    with driver.transaction() as tx:
+        conn = tx.connection
         plan = [
             row[3]
             for row in conn.execute(
@@ -328,7 +331,7 @@ def test_nested_transactions_are_savepoints(driver: SqliteDriver) -> None:
     with driver.transaction() as tx:
         driver.job_insert_many([outer], executor=tx, now=T0)
         with pytest.raises(ZeroDivisionError), driver.transaction() as nested:
-            assert nested is tx
+            assert nested.connection is tx.connection
             driver.job_insert_many([inner], executor=nested, now=T0)
             1 / 0  # noqa: B018
         assert driver.job_get(inner.id) is None
@@ -340,7 +343,7 @@ def test_nested_transactions_are_savepoints(driver: SqliteDriver) -> None:
 def test_a_separate_write_inside_a_transaction_fails_fast(driver: SqliteDriver) -> None:
     with driver.transaction():
         start = time.monotonic()
-        with pytest.raises(DriverUnavailableError) as raised:
+        with pytest.raises(ConfigurationError) as raised:
             driver.job_insert_many([new_job()])
         assert time.monotonic() - start < 1
         assert "executor=" in raised.value.fix
@@ -355,7 +358,7 @@ def test_adopt_accepts_the_same_file_under_another_name(
     link.symlink_to(driver.path)
     conn = sqlite3.connect(link)
     try:
-        assert driver.adopt(conn) is conn
+        assert driver.adopt(conn).connection is conn
     finally:
         conn.close()
 
@@ -392,13 +395,14 @@ def visible(driver: SqliteDriver, job_id: str) -> bool:
 def test_adopted_transaction_commits_or_rolls_back_the_job_with_the_callers_rows(
     driver: SqliteDriver,
 ) -> None:
-    conn = driver.adopt(app_connection(driver.path, None))
+    joined = driver.adopt(app_connection(driver.path, None))
+    conn = joined.connection
     try:
         for finish in ("ROLLBACK", "COMMIT"):
             job = new_job()
             conn.execute("BEGIN IMMEDIATE")
             conn.execute("INSERT INTO orders (item) VALUES (?)", (finish,))
-            assert driver.job_insert_many([job], executor=conn, now=T0) == [
+            assert driver.job_insert_many([job], executor=joined, now=T0) == [
                 InsertResult(job.id, False)
             ]
             assert conn.in_transaction, "the caller's transaction is still open"
@@ -414,14 +418,15 @@ def test_adopted_transaction_commits_or_rolls_back_the_job_with_the_callers_rows
 def test_a_failed_insert_does_not_poison_the_callers_transaction(driver: SqliteDriver) -> None:
     taken = new_job()
     driver.job_insert_many([taken])
-    conn = driver.adopt(app_connection(driver.path, None))
+    joined = driver.adopt(app_connection(driver.path, None))
+    conn = joined.connection
     try:
         conn.execute("BEGIN IMMEDIATE")
         conn.execute("INSERT INTO orders (item) VALUES ('kept')")
         fresh = new_job()
         clash = NewJob(taken.id, "unit.job", "default", "{}", "another-key", 3)  # id reused
         with pytest.raises(ValueError, match="already stored under another key"):
-            driver.job_insert_many([fresh, clash], executor=conn, now=T0)
+            driver.job_insert_many([fresh, clash], executor=joined, now=T0)
         assert conn.in_transaction
         conn.execute("COMMIT")
         assert [row[0] for row in conn.execute("SELECT item FROM orders")] == ["kept"]
@@ -434,12 +439,13 @@ def test_legacy_mode_connection_joins_the_transaction_its_insert_would_open(
     driver: SqliteDriver,
 ) -> None:
     # Legacy mode, as sqlite3.connect's default ("" is DEFERRED): Python BEGINs before DML.
-    conn = driver.adopt(app_connection(driver.path, "DEFERRED"))
+    joined = driver.adopt(app_connection(driver.path, "DEFERRED"))
+    conn = joined.connection
     try:
         for finish in (conn.rollback, conn.commit):
             job = new_job()
             assert not conn.in_transaction
-            driver.job_insert_many([job], executor=conn, now=T0)
+            driver.job_insert_many([job], executor=joined, now=T0)
             assert conn.in_transaction, "the job waits for the caller's commit()"
             assert not visible(driver, job.id)
             conn.execute("INSERT INTO orders (item) VALUES ('x')")
@@ -451,10 +457,11 @@ def test_legacy_mode_connection_joins_the_transaction_its_insert_would_open(
 
 
 def test_autocommit_connection_outside_a_transaction_commits_at_once(driver: SqliteDriver) -> None:
-    conn = driver.adopt(app_connection(driver.path, None))
+    joined = driver.adopt(app_connection(driver.path, None))
+    conn = joined.connection
     try:
         job = new_job()
-        driver.job_insert_many([job], executor=conn, now=T0)
+        driver.job_insert_many([job], executor=joined, now=T0)
         assert not conn.in_transaction
         assert visible(driver, job.id)
     finally:
@@ -464,13 +471,14 @@ def test_autocommit_connection_outside_a_transaction_commits_at_once(driver: Sql
 def test_a_read_then_write_caller_transaction_gets_a_fix_not_busy_snapshot(
     driver: SqliteDriver,
 ) -> None:
-    conn = driver.adopt(app_connection(driver.path, None))
+    joined = driver.adopt(app_connection(driver.path, None))
+    conn = joined.connection
     try:
         conn.execute("BEGIN")  # deferred
         conn.execute("SELECT count(*) FROM x_jobs").fetchone()  # takes a read snapshot
         driver.job_insert_many([new_job()])  # another connection commits meanwhile
         with pytest.raises(DriverUnavailableError) as raised:
-            driver.job_insert_many([new_job()], executor=conn, now=T0)
+            driver.job_insert_many([new_job()], executor=joined, now=T0)
         assert "BEGIN IMMEDIATE" in raised.value.fix
         assert conn.in_transaction, "the caller can still roll back its own transaction"
         conn.execute("ROLLBACK")
@@ -483,10 +491,11 @@ def test_complete_on_an_adopted_connection_is_part_of_its_transaction(
 ) -> None:
     driver.job_insert_many([new_job()], now=T0)
     [job] = driver.job_claim(ClaimParams(("default",), 1, LEASE, "w", now=T0))
-    conn = driver.adopt(app_connection(driver.path, None))
+    joined = driver.adopt(app_connection(driver.path, None))
+    conn = joined.connection
     try:
         conn.execute("BEGIN IMMEDIATE")
-        assert driver.job_complete_many([job.lease], executor=conn, now=T0) == {job.id}
+        assert driver.job_complete_many([job.lease], executor=joined, now=T0) == {job.id}
         conn.execute("ROLLBACK")
         still = driver.job_get(job.id)
         assert still is not None
@@ -503,7 +512,8 @@ def test_close_closes_the_connections_of_every_thread(driver: SqliteDriver) -> N
     used, closed = threading.Barrier(3), threading.Event()
 
     def use() -> None:
-        with driver.transaction() as conn:
+        with driver.transaction() as tx:
+            conn = tx.connection
             opened.append(conn)
         driver.wait_for_jobs(0.01, threading.Event())  # opens the waiter connection too
 
@@ -538,7 +548,8 @@ def test_a_finished_thread_releases_its_connection(driver: SqliteDriver) -> None
     box: list[sqlite3.Connection] = []
 
     def use() -> None:
-        with driver.transaction() as conn:
+        with driver.transaction() as tx:
+            conn = tx.connection
             box.append(conn)
 
     thread = threading.Thread(target=use)

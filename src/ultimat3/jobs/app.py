@@ -23,11 +23,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import Token
 from types import ModuleType
-from typing import Any, Literal, Unpack
+from typing import Any, Literal, TypeVar, Unpack
 
 from ultimat3.jobs import events
 from ultimat3.jobs.clock import Clock, SystemClock
-from ultimat3.jobs.driver import Driver
+from ultimat3.jobs.driver import Driver, Joined, current_tx
 from ultimat3.jobs.drivers import default_url, open_driver, url_from_env
 from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError, JobNotFoundError, RegistrationError
@@ -41,7 +41,7 @@ from ultimat3.jobs.job import (
     current_app,
 )
 from ultimat3.jobs.maintenance import MaintenanceConfig
-from ultimat3.jobs.outbox import EnqueueOptions, Mode, TxBinding, bind, build_job, insert
+from ultimat3.jobs.outbox import EnqueueOptions, Mode, bind, build_job, insert
 from ultimat3.jobs.outbox_store import OutboxStore
 from ultimat3.jobs.outboxes import open_store
 from ultimat3.jobs.records import Job, JobFilter, JobState, NewJob, QueueInfo
@@ -100,7 +100,8 @@ class App(Enqueuer):
 
     @property
     def driver(self) -> Driver:
-        """The driver, opened and migrated on first use."""
+        """The driver, opened and migrated on first use. Migrating reads the schema version
+        first, so an app whose schema is current takes no write lock to open."""
         if self._opened and self._driver is not None:
             return self._driver
         with self._open_lock:
@@ -119,6 +120,15 @@ class App(Enqueuer):
     def open(self) -> Driver:
         """Open and migrate the database now, rather than on first use."""
         return self.driver
+
+    def _unopened_driver(self) -> Driver:
+        """The driver, opened but not yet migrated (to identify a connection first)."""
+        if self._driver is None:
+            with self._open_lock:
+                if self._driver is None:
+                    assert self.url is not None
+                    self._driver = open_driver(self.url)
+        return self._driver
 
     def register(self, *modules: ModuleType | object) -> list[Registered]:
         """Register every job and task a module exports, named by its export name."""
@@ -179,14 +189,16 @@ class App(Enqueuer):
     async def enqueue_async(
         self, handle: JobHandle[Any], input: Any, /, **options: Unpack[EnqueueKwargs]
     ) -> EnqueueResult:
-        """``enqueue`` for async code: the same logic, off the event loop's thread."""
-        return await asyncio.to_thread(lambda: self.enqueue(handle, input, **options))
+        """``enqueue`` for async code: the same logic, off the event loop's thread. Inside an
+        async connection's transaction, calls run one at a time on it (``asyncio.gather`` of
+        many is safe), each as part of the transaction."""
+        return await _off_loop(lambda: self.enqueue(handle, input, **options))
 
     async def enqueue_many_async(
         self, handle: JobHandle[Any], inputs: Iterable[Any], /, **options: Unpack[EnqueueKwargs]
     ) -> list[EnqueueResult]:
         values = list(inputs)
-        return await asyncio.to_thread(lambda: self.enqueue_many(handle, values, **options))
+        return await _off_loop(lambda: self.enqueue_many(handle, values, **options))
 
     def _build(self, handle: JobHandle[Any], input: Any, options: EnqueueOptions) -> NewJob:
         if not isinstance(handle, JobHandle):
@@ -205,13 +217,18 @@ class App(Enqueuer):
     def _insert(self, jobs: list[NewJob], outbox: bool | None) -> list[EnqueueResult]:
         if self._intercept is not None:
             return self._intercept(jobs)
+        driver = self.driver
+        store = None
+        if self._outbox is not None and current_tx.get() is not None:
+            store = self._open_outbox()
         return insert(
-            self.driver,
+            driver,
             jobs,
             mode=self.mode,
             outbox=outbox,
             now=self.clock.pinned(),
             label=jobs[0].name,
+            store=store,
         )
 
     # -- transactions ------------------------------------------------------------------------
@@ -219,24 +236,39 @@ class App(Enqueuer):
     @contextmanager
     def transaction(self) -> Iterator[Any]:
         """A connection to the job database inside a transaction, for business SQL; every
-        enqueue in the block joins it. Commits on normal exit, rolls back on an exception."""
+        enqueue in the block joins it, and this app is the current one for ``handle.enqueue``.
+        Commits on normal exit, rolls back on an exception."""
         driver = self.driver
-        with driver.transaction() as executor, bind(TxBinding(driver, executor)):
-            yield executor
+        with driver.transaction() as joined, bind(joined), self._current():
+            yield joined.connection
 
     @contextmanager
     def using(self, connection: Any) -> Iterator[Any]:
         """Join a transaction on your own connection (``sqlite3``, psycopg): enqueues in the
-        block become part of it and commit or roll back with it. You commit it, as usual.
+        block become part of it and commit or roll back with it, and this app is the current
+        one for ``handle.enqueue``. You commit it, as usual.
 
         On the job database the job rows are inserted on your connection. On another
         database, given ``App(outbox=...)`` for it, each enqueue stages an ``x_outbox`` row on
         your connection instead, and the relay (``app.relay()``, ``ultimat3-jobs relay``)
         publishes it after your commit. SQLAlchemy sessions, Django and async connections go
-        through ``ultimat3.jobs.integrations``."""
-        driver = self.driver
+        through ``ultimat3.jobs.integrations``. Any other App on the same database joins the
+        same transaction: joining is decided by database identity."""
+        with self._using(connection, None):
+            yield connection
+
+    @contextmanager
+    def _using(self, connection: Any, serial: asyncio.Lock | None) -> Iterator[None]:
+        with bind(self._join(connection, serial=serial)), self._current():
+            if self._migrate:
+                self.open()  # a read when the schema is current; raises at once otherwise
+            yield
+
+    def _join(self, connection: Any, *, serial: asyncio.Lock | None = None) -> Joined:
+        """The caller's connection as a ``Joined`` on the job database or the outbox's."""
+        driver = self._unopened_driver()
         try:
-            binding = TxBinding(driver, driver.adopt(connection))
+            joined = driver.adopt(connection)
         except ConfigurationError as exc:
             if self._outbox is None:
                 raise ConfigurationError(
@@ -247,16 +279,24 @@ class App(Enqueuer):
                 ) from exc
             store = self._open_outbox()
             try:
-                executor = store.adopt(connection)
+                joined = store.adopt(connection)
             except ConfigurationError as store_exc:
                 raise ConfigurationError(
                     f"{exc.cause}; and the outbox ({store.display_url}) cannot join it "
                     f"either: {store_exc.cause}",
                     fix=store_exc.fix,
                 ) from store_exc
-            binding = TxBinding(None, executor, store)
-        with bind(binding):
-            yield connection
+        if serial is not None:
+            joined = Joined(joined.connection, joined.database, serial)
+        return joined
+
+    @contextmanager
+    def _current(self) -> Iterator[None]:
+        token = current_app.set(self)
+        try:
+            yield
+        finally:
+            current_app.reset(token)
 
     def _open_outbox(self) -> OutboxStore:
         """The outbox store, opened and migrated on first use."""
@@ -477,3 +517,16 @@ def _state(value: JobState | str) -> JobState:
             f"{value!r} is not a job state",
             fix="use one of: " + ", ".join(s.value for s in JobState),
         ) from None
+
+
+_R = TypeVar("_R")
+
+
+async def _off_loop(call: Callable[[], _R]) -> _R:
+    """Run a sync enqueue on a thread (the context, and so the current transaction, goes
+    along); one at a time on a connection an event loop shares with us."""
+    joined = current_tx.get()
+    if joined is not None and joined.serial is not None:
+        async with joined.serial:
+            return await asyncio.to_thread(call)
+    return await asyncio.to_thread(call)

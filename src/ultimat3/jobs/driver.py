@@ -21,16 +21,24 @@ Rules every driver keeps (the contract suite in ``tests/contract`` checks each o
 - **Fencing.** Every write after the claim names a ``Lease``; it changes a row only while the
   row is ``running`` with that token. A stale token matches nothing, and the method reports
   which ids it changed.
-- **Transactions.** ``transaction()`` yields an opaque executor (a connection) inside a write
-  transaction on the job database; passing it as ``executor=`` makes an insert or a completion
-  part of that transaction: visible if and only if it commits.
+- **Transactions.** ``transaction()`` yields a ``Joined`` (a connection inside a write
+  transaction on the job database, and the database it is on); passing it as ``executor=``
+  makes an insert or a completion part of that transaction: visible if and only if it commits.
+  ``adopt(conn)`` turns a caller's own connection into a ``Joined`` after checking where it
+  points. Joining is decided by **database identity** (``DatabaseId``: the file's device and
+  inode for SQLite; the server and database for PostgreSQL), never by driver object, so any
+  number of drivers on one database write in each other's transactions.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -47,11 +55,64 @@ from ultimat3.jobs.records import (
     ScheduleState,
 )
 
-__all__ = ["Driver", "Executor"]
+__all__ = ["DatabaseId", "Driver", "Executor", "Joined", "StallTracker", "current_tx"]
 
-#: A driver-specific handle on a connection inside a transaction (``sqlite3.Connection``,
-#: ``psycopg.Connection``, or the memory driver's staging buffer). Opaque above the seam.
-Executor = Any
+
+@dataclass(frozen=True, slots=True)
+class DatabaseId:
+    """Which database a connection reaches: equal ids are one database, whichever object (a
+    driver, an outbox store, a caller's connection) found it. ``label`` is for messages only."""
+
+    kind: str
+    key: tuple[Any, ...]
+    label: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Joined:
+    """A transaction that writes can join: a connection (``sqlite3.Connection``,
+    ``psycopg.Connection``, or a memory driver's staging buffer) and the database it is on.
+
+    ``serial`` is set for a connection shared with an event loop (an ``AsyncConnection``'s
+    sync view): async enqueues in the block then run one at a time on it."""
+
+    connection: Any
+    database: DatabaseId
+    serial: asyncio.Lock | None = None
+
+
+#: Kept for the seam's parameter names (``executor=``): a joined transaction.
+Executor = Joined
+
+#: The transaction the current code runs in, set by ``app.transaction()`` / ``app.using()``.
+#: Drivers read it to refuse, at once, a write that could only wait for the caller's own lock.
+current_tx: ContextVar[Joined | None] = ContextVar("ultimat3_jobs_current_tx", default=None)
+
+
+class StallTracker:
+    """When this process last saw the database refuse or delay its writes.
+
+    A driver notes every call that waited longer than ``threshold`` seconds for the database
+    (a lock, a slow network) or failed to reach it. The rescuer reads ``healthy_for()``: a lease
+    that expired while writes stalled may have been renewed by a heartbeat stuck behind the same
+    stall, so it is not rescued until writes have flowed again for a while."""
+
+    __slots__ = ("_stalled_at", "threshold")
+
+    def __init__(self, threshold: float = 1.0) -> None:
+        self.threshold = threshold
+        self._stalled_at = -float("inf")
+
+    def note_wait(self, waited: float) -> None:
+        if waited > self.threshold:
+            self._stalled_at = time.monotonic()
+
+    def note_failure(self) -> None:
+        self._stalled_at = time.monotonic()
+
+    def healthy_for(self) -> float:
+        """Seconds since the last stall this process saw (infinite if none)."""
+        return time.monotonic() - self._stalled_at
 
 
 class Driver(Protocol):
@@ -62,6 +123,8 @@ class Driver(Protocol):
     #: True when one open write transaction blocks every other writer (SQLite), so a write
     #: outside the caller's open transaction, from the same thread, could only deadlock.
     single_writer: bool
+    #: Slow or failed writes seen by this process (see ``StallTracker``).
+    stalls: StallTracker
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -73,7 +136,16 @@ class Driver(Protocol):
         """Every migration as ``(version, sql)``, for teams that run their own tool."""
         ...
 
+    def schema_current(self) -> bool:
+        """True when every migration is applied. A read: it takes no write lock."""
+        ...
+
     def close(self) -> None: ...
+
+    def identity(self, *, refresh: bool = False) -> DatabaseId:
+        """The database this driver's jobs live in (a round trip the first time, and again
+        with ``refresh``)."""
+        ...
 
     # -- transactions ------------------------------------------------------------------------
 
@@ -81,9 +153,11 @@ class Driver(Protocol):
         """A write transaction on the job database: commits on normal exit, rolls back on error."""
         ...
 
-    def adopt(self, connection: Any) -> Executor:
-        """Check that a caller's own connection reaches this job database, and return it as an
-        executor. Raises ``ConfigurationError`` (with a fix) when it cannot join."""
+    def adopt(self, connection: Any) -> Joined:
+        """Check that a caller's own connection (or a ``Joined``) reaches this job database and
+        can be written in, and return it as a ``Joined``. Raises ``ConfigurationError`` (with a
+        fix) when it cannot join: another database, a closed connection, an aborted
+        transaction."""
         ...
 
     # -- jobs --------------------------------------------------------------------------------

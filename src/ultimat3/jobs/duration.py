@@ -9,8 +9,10 @@ Guarantees:
   ``"1h30m"``, ``"1h 30m"``, ``"1.5s"``, ``"2d"``. Decimals are read exactly (no float error)
   and rounded to the microsecond, half to even, as ``timedelta`` itself does.
 - Numbers are seconds; ``bool``, NaN, infinities and negatives are refused.
-- ``to_timedelta(format_duration(td)) == td`` for every non-negative ``timedelta``, to the
-  microsecond.
+- Nothing longer than ``MAX_DURATION`` (10 years) is accepted: a lease, delay or snooze that
+  long is a mistake (it would never expire, or land past year 9999).
+- ``to_timedelta(format_duration(td)) == td`` for every ``timedelta`` from 0 to
+  ``MAX_DURATION``, to the microsecond.
 
 Limits: no ISO 8601 (``PT5M``), no months or years (their length depends on a calendar), no
 unit-less text (``"30"`` is refused: write ``"30s"``), lower-case units only (``"5M"`` would be
@@ -27,7 +29,7 @@ from typing import TypeAlias
 
 from ultimat3.jobs.errors import DurationError
 
-__all__ = ["DurationInput", "format_duration", "to_timedelta"]
+__all__ = ["MAX_DURATION", "DurationInput", "format_duration", "to_timedelta"]
 
 DurationInput: TypeAlias = str | int | float | timedelta
 
@@ -41,14 +43,37 @@ _US_PER_UNIT = {
 _UNIT_RANK = {unit: rank for rank, unit in enumerate(_US_PER_UNIT)}
 # "ms" is listed before "m" and "s" so the alternation never splits it in two.
 _PART = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|d|h|m|s)\s*", re.ASCII)
-_MAX_US = timedelta.max // timedelta(microseconds=1)
+#: The longest duration any setting accepts: 10 years (3,653 days). Longer leases, delays or
+#: snoozes are mistakes (a lease that can never expire, a date past year 9999), refused early.
+MAX_DURATION = timedelta(days=3653)
+_MAX_US = MAX_DURATION // timedelta(microseconds=1)
 
 
-def to_timedelta(value: DurationInput) -> timedelta:
+def to_timedelta(value: DurationInput, *, name: str | None = None) -> timedelta:
     """The ``timedelta`` for a duration given as text, seconds, or a ``timedelta``.
 
-    Raises ``DurationError`` (a ``ConfigurationError``) whose cause quotes ``value``.
+    Raises ``DurationError`` (a ``ConfigurationError``) whose cause quotes ``value`` and, when
+    given, the option's ``name``; durations over ``MAX_DURATION`` (10 years) are refused.
     """
+    try:
+        found = _to_timedelta(value)
+    except DurationError as exc:
+        if name is None:
+            raise
+        cause = exc.cause.replace(f"duration {value!r}", f"{name}={value!r}", 1)
+        raise DurationError(cause, value=repr(value)) from None
+    if found > MAX_DURATION:
+        label = f"{name}={value!r}" if name else f"duration {value!r}"
+        raise DurationError(
+            f"{label} is longer than 10 years",
+            fix="use a duration of at most 3653d; for a job that should wait longer, schedule "
+            "it nearer the time",
+            value=repr(value),
+        )
+    return found
+
+
+def _to_timedelta(value: DurationInput) -> timedelta:
     if isinstance(value, timedelta):
         if value < timedelta(0):
             raise _error(value, "is negative")
@@ -64,10 +89,9 @@ def to_timedelta(value: DurationInput) -> timedelta:
             raise _error(value, "is not a finite number")
         if value < 0:
             raise _error(value, "is negative")
-        try:
-            return timedelta(seconds=value)
-        except OverflowError:
-            raise _error(value, "is too long for a timedelta") from None
+        if value > _MAX_US / 1_000_000:
+            raise _error(value, "is longer than 10 years")
+        return timedelta(seconds=value)
     if isinstance(value, str):
         return _parse(value)
     raise _error(value, f"is a {type(value).__name__}, not text, a number or a timedelta")
@@ -136,7 +160,7 @@ def _why_unreadable(rest: str) -> str:
 
 def _from_us(us: int, original: object) -> timedelta:
     if us > _MAX_US:
-        raise _error(original, "is too long for a timedelta")
+        raise _error(original, "is longer than 10 years")
     return timedelta(microseconds=us)
 
 

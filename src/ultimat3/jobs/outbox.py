@@ -19,45 +19,40 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from ultimat3.jobs.driver import Driver, Executor
+from ultimat3.jobs.driver import DatabaseId, Driver, Joined, current_tx
 from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError, OutboxNoTxError
 from ultimat3.jobs.ids import uuid7
 from ultimat3.jobs.job import JobHandle, check_queue_name
 from ultimat3.jobs.outbox_store import OutboxStore
 from ultimat3.jobs.records import InsertResult, NewJob
+from ultimat3.jobs.retry import MAX_ATTEMPTS
 from ultimat3.jobs.serialization import Serializer
 
 Mode = Literal["default", "required"]
 
 
-@dataclass(frozen=True, slots=True)
-class TxBinding:
-    """A transaction that enqueues join: the job database it is on (``driver``), or, when it is
-    on another database, the outbox store that stages jobs there (``store``); and the executor
-    (the caller's connection)."""
-
-    driver: Driver | None
-    executor: Executor
-    store: OutboxStore | None = None
-
-
-#: The transaction the current code runs in, set by ``app.transaction()`` / ``app.using()``.
-current_tx: ContextVar[TxBinding | None] = ContextVar("ultimat3_jobs_current_tx", default=None)
-
-
 @contextmanager
-def bind(binding: TxBinding) -> Iterator[Executor]:
-    token = current_tx.set(binding)
+def bind(joined: Joined) -> Iterator[Joined]:
+    """Make ``joined`` the transaction that enqueues in this context join."""
+    token = current_tx.set(joined)
     try:
-        yield binding.executor
+        yield joined
     finally:
         current_tx.reset(token)
+
+
+def reaches(database: DatabaseId, target: Driver | OutboxStore) -> bool:
+    """True when ``target`` lives in ``database``. A PostgreSQL identity carries the server's
+    start time, so after a restart the cached one is read again before saying no."""
+    own = target.identity()
+    if database == own:
+        return True
+    return database.kind == own.kind and database == target.identity(refresh=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,17 +75,28 @@ def build_job(
     serializer: Serializer,
     now: datetime,
 ) -> NewJob:
-    """Validate and encode one enqueue. Raises before anything is written."""
+    """Validate and encode one enqueue. Raises before anything is written; every value it
+    lets through is one that every driver stores (the same bounds on SQLite and PostgreSQL)."""
     payload = serializer.dumps(input)
     job_id = uuid7()
     key = options.idempotency_key
     if key is None and handle.idempotency_key is not None:
-        key = handle.idempotency_key(input)
+        try:
+            key = handle.idempotency_key(input)
+        except Exception as exc:
+            raise ConfigurationError(
+                f"the idempotency_key function of job {handle.name!r} raised "
+                f"{type(exc).__name__}: {exc}",
+                fix="make it return a str for every input it is given, e.g. "
+                "f\"order-{input['id']}\"",
+            ) from exc
         if not isinstance(key, str) or not key:
             raise ConfigurationError(
                 f"the idempotency_key function of job {handle.name!r} returned {key!r}",
                 fix="return a non-empty str that identifies the input, e.g. f\"order-{input['id']}\"",
             )
+    if key is not None:
+        _check_text(key, "idempotency_key", KEY_LIMIT)
     stored_key = f"{handle.name}:{key}" if key is not None else job_id
     run_at = options.run_at
     if run_at is not None and options.delay is not None:
@@ -98,27 +104,38 @@ def build_job(
             "enqueue got both run_at= and delay=",
             fix="pass one of them: run_at for an instant, delay for a duration",
         )
+    if run_at is not None and not isinstance(run_at, datetime):
+        raise ConfigurationError(
+            f"run_at={run_at!r} is a {type(run_at).__name__}, not a datetime",
+            fix="pass an aware datetime, e.g. datetime(2030, 1, 1, tzinfo=UTC), or delay='5m'",
+        )
     if run_at is not None and run_at.tzinfo is None:
         raise ConfigurationError(
             f"run_at={run_at!r} has no time zone",
             fix="pass an aware datetime, e.g. datetime.now(UTC) + timedelta(minutes=5), or delay='5m'",
         )
-    if options.delay is not None:
-        run_at = now + to_timedelta(options.delay)
+    delay = to_timedelta(options.delay, name="delay") if options.delay is not None else None
     priority = handle.priority if options.priority is None else options.priority
     if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
         raise ConfigurationError(
             f"priority={priority!r} is not valid", fix="use an int from -100 to 100"
         )
     tenant = options.tenant_id
-    if tenant is not None and (not isinstance(tenant, str) or not tenant or len(tenant) > 200):
-        raise ConfigurationError(
-            f"tenant_id={tenant!r} is not valid",
-            fix="use a non-empty str of at most 200 characters, or None",
-        )
+    if tenant is not None:
+        if not tenant:
+            raise ConfigurationError(
+                "tenant_id='' is not valid", fix="use a non-empty str, or None for no tenant"
+            )
+        _check_text(tenant, "tenant_id", TENANT_LIMIT)
     attempts = handle.retry.attempts if options.max_attempts is None else options.max_attempts
-    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
-        raise ConfigurationError(f"max_attempts={attempts!r} is not valid", fix="use an int >= 1")
+    if (
+        isinstance(attempts, bool)
+        or not isinstance(attempts, int)
+        or not 1 <= attempts <= MAX_ATTEMPTS
+    ):
+        raise ConfigurationError(
+            f"max_attempts={attempts!r} is not valid", fix=f"use an int from 1 to {MAX_ATTEMPTS}"
+        )
     return NewJob(
         id=job_id,
         name=handle.name,
@@ -129,7 +146,21 @@ def build_job(
         run_at=run_at,
         priority=priority,
         tenant_id=tenant,
+        delay=delay,
     )
+
+
+#: Bounds every driver can store: a tenant and a key fit PostgreSQL's b-tree row limit together.
+TENANT_LIMIT = 200
+KEY_LIMIT = 255
+
+
+def _check_text(value: object, option: str, limit: int) -> None:
+    if not isinstance(value, str) or len(value) > limit or "\x00" in value:
+        raise ConfigurationError(
+            f"{option}={value!r:.80} is not valid",
+            fix=f"use a str of at most {limit} characters without NUL characters",
+        )
 
 
 def insert(
@@ -140,11 +171,16 @@ def insert(
     outbox: bool | None,
     now: datetime | None,
     label: str,
+    store: OutboxStore | None = None,
 ) -> list[InsertResult]:
-    """Insert built jobs, joining the current transaction when it is on this job database."""
-    binding = current_tx.get()
+    """Insert built jobs under the one rule: inside a transaction, join it or raise.
+
+    The current transaction is joined when it is on this job database (any App, any driver
+    object: identity decides), or staged in ``store`` when it is on the outbox's database.
+    A transaction on any other database is an error, never a silent commit of its own."""
+    joined = current_tx.get()
     if outbox is False:
-        if binding is not None and binding.driver is driver and driver.single_writer:
+        if joined is not None and driver.single_writer and reaches(joined.database, driver):
             raise ConfigurationError(
                 f"job {label!r} was enqueued with outbox=False inside a transaction on the same "
                 f"{driver.name} database, which allows one writer at a time: its own commit "
@@ -152,15 +188,26 @@ def insert(
                 fix="enqueue it after the transaction ends, or drop outbox=False to make it "
                 "part of the transaction",
             )
-        binding = None
-    if binding is not None and binding.driver is driver:
-        return driver.job_insert_many(jobs, executor=binding.executor, now=now)
-    if binding is not None and binding.store is not None:
-        # Another database: stage in its x_outbox, in the caller's transaction; the relay
-        # publishes after commit. The id is final; whether it dedupes is known only then.
-        binding.store.stage(binding.executor, jobs, now=now)
-        return [InsertResult(id=job.id, deduped=False) for job in jobs]
-    if mode == "required" and outbox is not False:
+        return driver.job_insert_many(jobs, now=now)
+    if joined is not None:
+        if reaches(joined.database, driver):
+            return driver.job_insert_many(jobs, executor=joined, now=now)
+        if store is not None and reaches(joined.database, store):
+            # Another database: stage in its x_outbox, in the caller's transaction; the relay
+            # publishes after commit. The id is final; whether it dedupes is known only then.
+            store.stage(joined, jobs, now=now)
+            return [InsertResult(id=job.id, deduped=False) for job in jobs]
+        where = joined.database.label or joined.database.kind
+        raise ConfigurationError(
+            f"job {label!r} was enqueued inside a transaction on {where}, which is neither "
+            f"this app's job database ({driver.display_url})"
+            + (f" nor its outbox ({store.display_url})" if store is not None else "")
+            + ", so it cannot be part of that transaction",
+            fix="enqueue through the App whose database that is, give this App an outbox "
+            "there (App(..., outbox='URL of that database')), or pass outbox=False for a job "
+            "that must commit on its own",
+        )
+    if mode == "required":
         raise OutboxNoTxError(
             f"job {label!r} was enqueued outside any transaction and the app's mode is 'required'"
         )

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from ultimat3.jobs.driver import DatabaseId, Joined
 from ultimat3.jobs.records import NewJob
 
 __all__ = ["OutboxBatch", "OutboxRecord", "OutboxStore"]
@@ -67,14 +68,25 @@ class OutboxStore(Protocol):
         """Every migration as ``(version, sql)``, for teams that run their own tool."""
         ...
 
-    def adopt(self, connection: Any) -> Any:
-        """Check that a caller's connection reaches this store's database; return it as an
-        executor, or raise ``ConfigurationError`` with a fix."""
+    def schema_current(self) -> bool:
+        """True when the outbox table is migrated. A read: it takes no write lock."""
         ...
 
-    def stage(self, executor: Any, jobs: Sequence[NewJob], *, now: datetime | None = None) -> None:
-        """Write the jobs into ``x_outbox`` on the caller's connection, inside its transaction
-        (a savepoint, so a failure cannot poison it). Nothing is visible until it commits."""
+    def identity(self, *, refresh: bool = False) -> DatabaseId:
+        """The business database the outbox lives in."""
+        ...
+
+    def adopt(self, connection: Any) -> Joined:
+        """Check that a caller's connection (or a ``Joined``) reaches this store's database;
+        return it as a ``Joined``, or raise ``ConfigurationError`` with a fix."""
+        ...
+
+    def stage(
+        self, executor: Joined, jobs: Sequence[NewJob], *, now: datetime | None = None
+    ) -> None:
+        """Write the jobs into ``x_outbox`` on the caller's connection, inside its transaction.
+        Nothing is visible until it commits; a ``delay`` counts from now on the store's
+        database clock."""
         ...
 
     def claim(self, limit: int) -> AbstractContextManager[OutboxBatch]:

@@ -47,9 +47,11 @@ class NewJob:
     input: str
     idempotency_key: str
     max_attempts: int
-    run_at: datetime | None = None  # None: now, on the database's clock
+    run_at: datetime | None = None  # None: now (plus ``delay``), on the database's clock
     priority: int = 0
     tenant_id: str | None = None
+    #: With ``run_at`` None: run this long after the insert, on the database's clock.
+    delay: timedelta | None = None
 
 
 @dataclass(frozen=True, slots=True)

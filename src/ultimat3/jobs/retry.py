@@ -37,6 +37,7 @@ from ultimat3.jobs.errors import ConfigurationError
 
 __all__ = [
     "DEFAULT_RETRY",
+    "MAX_ATTEMPTS",
     "Backoff",
     "Random",
     "Retry",
@@ -51,6 +52,8 @@ Backoff: TypeAlias = Literal["exponential", "linear", "fixed"]
 Random: TypeAlias = Callable[[], float]
 
 _BACKOFFS: tuple[str, ...] = get_args(Backoff)
+#: The most attempts a job may have (a bound every driver stores; a schedule stays printable).
+MAX_ATTEMPTS = 10_000
 _US = timedelta(microseconds=1)
 
 
@@ -82,9 +85,14 @@ class Retry:
     ) -> None:
         # A hand-written __init__ (not __post_init__) lets the fields be typed ``timedelta``
         # while the constructor takes any DurationInput.
-        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        if (
+            isinstance(attempts, bool)
+            or not isinstance(attempts, int)
+            or not 1 <= attempts <= MAX_ATTEMPTS
+        ):
             raise ConfigurationError(
-                f"Retry(attempts={attempts!r}): attempts must be a whole number >= 1",
+                f"Retry(attempts={attempts!r}): attempts must be a whole number from 1 to "
+                f"{MAX_ATTEMPTS}",
                 fix="write attempts=1 for no retry, attempts=3 to retry twice",
             )
         if backoff not in _BACKOFFS:
@@ -100,8 +108,16 @@ class Retry:
                 )
         object.__setattr__(self, "attempts", attempts)
         object.__setattr__(self, "backoff", backoff)
-        object.__setattr__(self, "delay", to_timedelta(delay))
-        object.__setattr__(self, "max_delay", to_timedelta(max_delay))
+        base = to_timedelta(delay, name="Retry(delay)")
+        cap = to_timedelta(max_delay, name="Retry(max_delay)")
+        if cap < base:
+            raise ConfigurationError(
+                f"Retry(delay={delay!r}) is longer than max_delay={max_delay!r}, which caps "
+                "every delay, so the delay you wrote would never be used",
+                fix=f"raise the cap too: Retry(delay={delay!r}, max_delay={delay!r}) or more",
+            )
+        object.__setattr__(self, "delay", base)
+        object.__setattr__(self, "max_delay", cap)
         object.__setattr__(self, "jitter", jitter)
         object.__setattr__(self, "dead_letter", dead_letter)
 

@@ -3,7 +3,10 @@
 
 - ``sqlite:///relative/path.sqlite3``, ``sqlite:////absolute/path.sqlite3`` (the default
   backend; ``?synchronous=NORMAL`` trades power-loss durability for speed, explicitly)
-- ``postgresql://user:password@host:5432/dbname`` (``postgres://`` too; ``?schema=name``)
+- ``postgresql://user:password@host:5432/dbname`` (``postgres://`` too). Options of ours:
+  ``?schema=name``, ``?listen=false`` (poll only: for transaction-mode poolers such as
+  PgBouncer), ``?pool_min=N``, ``?pool_max=N``; every other parameter goes to libpq,
+  re-encoded, so a percent-encoded password arrives as written.
 - ``memory://`` (one process, nothing persisted: tests and demos)
 """
 
@@ -11,7 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.errors import ConfigurationError
@@ -46,19 +49,31 @@ def open_driver(url: str) -> Driver:
                 f"unknown SQLite URL option(s): {', '.join(sorted(unknown))}",
                 fix="the options are ?synchronous=FULL|NORMAL and ?busy_timeout=SECONDS",
             )
+        raw_timeout = options.get("busy_timeout", "30")
+        try:
+            busy_timeout = float(raw_timeout)
+        except ValueError:
+            raise ConfigurationError(
+                f"?busy_timeout={raw_timeout} is not a number of seconds",
+                fix="write ?busy_timeout=30, for example",
+            ) from None
         return SqliteDriver(
             sqlite_path(url),
             synchronous=options.get("synchronous", "FULL").upper(),
-            busy_timeout=float(options.get("busy_timeout", 30.0)),
+            busy_timeout=busy_timeout,
         )
     if scheme in ("postgresql", "postgres"):
+        from ultimat3.jobs.dialects.postgres import flag, split_url, whole
         from ultimat3.jobs.drivers.postgres import PostgresDriver
 
-        parts = urlsplit(url)
-        query = dict(parse_qsl(parts.query))
-        schema = query.pop("schema", None)
-        dsn = urlunsplit(parts._replace(query="&".join(f"{k}={v}" for k, v in query.items())))
-        return PostgresDriver(dsn, schema=schema) if schema else PostgresDriver(dsn)
+        dsn, ours = split_url(url)
+        return PostgresDriver(
+            dsn,
+            schema=ours.get("schema", "ultimat3_jobs"),
+            listen=flag(ours, "listen", True),
+            pool_min=whole(ours, "pool_min", 1),
+            pool_max=whole(ours, "pool_max", 10),
+        )
     if scheme == "memory":
         from ultimat3.jobs.drivers.memory import MemoryDriver
 

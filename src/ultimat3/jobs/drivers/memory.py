@@ -54,7 +54,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ultimat3.jobs.clock import SystemClock, utcnow
-from ultimat3.jobs.driver import Driver, Executor
+from ultimat3.jobs.driver import DatabaseId, Driver, Executor, Joined, StallTracker
 from ultimat3.jobs.errors import ConfigurationError
 from ultimat3.jobs.ids import token
 from ultimat3.jobs.records import (
@@ -121,6 +121,8 @@ class MemoryDriver:
         self._schedules: dict[str, ScheduleState] = {}
         self._leaders: dict[str, tuple[str, datetime]] = {}  # name -> (holder, expires_at)
         self._monotonic = SystemClock().monotonic
+        self._identity = DatabaseId("memory", (id(self),), "memory://")
+        self.stalls = StallTracker()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -130,6 +132,12 @@ class MemoryDriver:
     def migration_sql(self) -> list[tuple[int, str]]:
         return []
 
+    def schema_current(self) -> bool:
+        return True
+
+    def identity(self, *, refresh: bool = False) -> DatabaseId:
+        return self._identity
+
     def close(self) -> None:
         with self._lock:
             self._notify()
@@ -137,10 +145,10 @@ class MemoryDriver:
     # -- transactions ------------------------------------------------------------------------
 
     @contextmanager
-    def transaction(self) -> Iterator[MemoryTransaction]:
+    def transaction(self) -> Iterator[Joined]:
         tx = MemoryTransaction(self)
         try:
-            yield tx
+            yield Joined(tx, self._identity)
         except BaseException:
             tx.open = False
             raise
@@ -148,10 +156,12 @@ class MemoryDriver:
             tx.open = False
             self._commit(tx)
 
-    def adopt(self, connection: Any) -> Executor:
-        return self._tx(connection)
+    def adopt(self, connection: Any) -> Joined:
+        return Joined(self._tx(connection), self._identity)
 
     def _tx(self, executor: Any) -> MemoryTransaction:
+        if isinstance(executor, Joined):
+            executor = executor.connection
         if not isinstance(executor, MemoryTransaction) or executor.driver is not self:
             raise ConfigurationError(
                 f"the memory driver cannot join {type(executor).__name__} as a transaction",
@@ -568,6 +578,8 @@ def _unleased(job: Job) -> Job:
 
 def _new_job(new: NewJob, now: datetime) -> Job:
     run_at = now if new.run_at is None else _utc(new.run_at)
+    if new.run_at is None and new.delay is not None:
+        run_at = now + new.delay
     return Job(
         id=new.id,
         name=new.name,

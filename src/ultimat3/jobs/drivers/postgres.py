@@ -61,15 +61,20 @@ import re
 import select
 import threading
 import time
-import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
-from urllib.parse import urlsplit, urlunsplit
 
 from ultimat3.jobs import sql as sql_files
-from ultimat3.jobs.driver import Driver, Executor
+from ultimat3.jobs.dialects.postgres import (
+    CONNECT_DEFAULTS,
+    check_joinable,
+    identify,
+    masked_dsn,
+)
+from ultimat3.jobs.dialects.postgres import first_line as _first_line
+from ultimat3.jobs.driver import DatabaseId, Driver, Executor, Joined, StallTracker
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError, SerializationError
 from ultimat3.jobs.records import (
     FINAL_STATES,
@@ -120,19 +125,11 @@ _WAIT_SLICE = 0.1
 #: The listener checks that it still LISTENs after this much silence.
 _PROBE_AFTER = 30.0
 _LISTEN_BACKOFF_MAX = 5.0
-#: libpq settings applied unless the DSN sets them: detect dead peers within about 30 s.
-_CONNECT_DEFAULTS = {
-    "connect_timeout": "5",
-    "keepalives": "1",
-    "keepalives_idle": "10",
-    "keepalives_interval": "5",
-    "keepalives_count": "3",
-    "tcp_user_timeout": "30000",
-}
 #: SQLSTATE classes that mean "the server cannot serve us now": connection exception,
 #: insufficient resources, operator intervention (admin shutdown, query cancelled), system error.
 _UNAVAILABLE_CLASSES = ("08", "53", "57", "58")
 _STATES = {state.value: state for state in JobState}
+_MICROSECOND = timedelta(microseconds=1)
 _MIGRATE_FIX = "run `ultimat3-jobs migrate` (or driver.migrate()) against this database"
 _ADOPT_FIX = (
     "pass a psycopg 3 Connection to the job database (or the executor that "
@@ -217,7 +214,7 @@ class PostgresDriver:
         self._migrate_key = int.from_bytes(digest.digest(), "big", signed=True)
 
         self._connect_kwargs: dict[str, Any] = {
-            key: value for key, value in _CONNECT_DEFAULTS.items() if key not in given
+            key: value for key, value in CONNECT_DEFAULTS.items() if key not in given
         }
         self._connect_kwargs["application_name"] = application_name
         pool_kwargs: dict[str, Any] = {**self._connect_kwargs, "autocommit": True}
@@ -237,9 +234,9 @@ class PostgresDriver:
         self._claim_one: dict[int, bytes] = {}
         self._reachable_at = 0.0
         self._closed = False
-        # Connections known to reach this database: ours (from transaction()) and adopted ones.
-        self._joinable: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._identity: tuple[Any, ...] | None = None
+        self._identity: DatabaseId | None = None
+        #: A call slower than this, or failing to reach the server, counts as a stall.
+        self.stalls = StallTracker(threshold=1.0)
 
         self._listener: Conn | None = None
         self._listen_lock = threading.Lock()
@@ -252,12 +249,28 @@ class PostgresDriver:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
+    def schema_current(self) -> bool:
+        with self._connection() as conn:
+            row = conn.execute(
+                self._q["migrate_has_ledger"], {"schema": self._schema}, prepare=False
+            ).fetchone()
+            if not (row and row[0]):
+                return False
+            done = {r[0] for r in conn.execute(self._q["migrate_applied"], prepare=False)}
+        return all(version in done for version, _ in self._migrations)
+
+    def identity(self, *, refresh: bool = False) -> DatabaseId:
+        """The database of the jobs (its name, oid and the server's start time)."""
+        return self._own_identity(refresh=refresh)
+
     def migrate(self) -> list[int]:
+        if self.schema_current():
+            return []  # a read: no advisory lock, no wait for anyone
         applied: list[int] = []
         with self._connection() as conn, conn.transaction():
             conn.execute(self._q["migrate_lock"], {"key": self._migrate_key}, prepare=False)
             row = conn.execute(
-                self._q["migrate_has_ledger"], {"table": self._ledger_table}, prepare=False
+                self._q["migrate_has_ledger"], {"schema": self._schema}, prepare=False
             ).fetchone()
             done: set[int] = set()
             if row and row[0]:
@@ -288,51 +301,35 @@ class PostgresDriver:
     # -- transactions ------------------------------------------------------------------------
 
     @contextmanager
-    def transaction(self) -> Iterator[Executor]:
+    def transaction(self) -> Iterator[Joined]:
+        identity = self.identity()
         with self._connection() as conn, conn.transaction():
-            self._joinable.add(conn)
-            try:
-                yield conn
-            finally:
-                self._joinable.discard(conn)
+            yield Joined(conn, identity)
 
-    def adopt(self, connection: Any) -> Executor:
-        if isinstance(connection, psycopg.AsyncConnection):
+    def adopt(self, connection: Any) -> Joined:
+        if isinstance(connection, Joined):
+            if connection.database == self.identity() or (
+                connection.database.kind == _NAME
+                and connection.database == self._own_identity(refresh=True)
+            ):
+                check_joinable(connection.connection, fix=_ADOPT_FIX)
+                return connection
+            connection = connection.connection
+        check_joinable(connection, fix=_ADOPT_FIX)
+        theirs, has_table = identify(connection, self._jobs_table, self.display_url)
+        if theirs != self.identity() and theirs != self._own_identity(refresh=True):
             raise ConfigurationError(
-                "the postgres driver cannot join an async psycopg connection yet",
-                fix="enqueue on a sync psycopg Connection, or outside the transaction",
-            )
-        if not isinstance(connection, psycopg.Connection):
-            raise ConfigurationError(
-                f"the postgres driver cannot join a {type(connection).__name__}",
-                fix=_ADOPT_FIX,
-            )
-        if connection.closed:
-            raise ConfigurationError("the connection is closed", fix=_ADOPT_FIX)
-        if connection.info.transaction_status == pq.TransactionStatus.INERROR:
-            raise ConfigurationError(
-                "the connection's transaction has failed and can only be rolled back",
-                fix="roll the transaction back (or fix the statement that failed) first",
-            )
-        if connection in self._joinable:
-            return connection
-        theirs = self._server_identity(connection)
-        if theirs[:3] != self._own_identity(refresh=False)[:3] and (
-            theirs[:3] != self._own_identity(refresh=True)[:3]
-        ):
-            raise ConfigurationError(
-                f"the connection reaches database {theirs[0]!r} on another server or database "
-                f"than the job database ({self.display_url})",
+                f"the connection reaches database {theirs.key[0]!r} on another server or "
+                f"database than the job database ({self.display_url})",
                 fix="enqueue on a connection to the job database, or point the app at the "
                 "database your connection uses",
             )
-        if not theirs[3]:
+        if not has_table:
             raise ConfigurationError(
                 f"the job tables ({self._jobs_table}) are not in the connection's database",
                 fix=_MIGRATE_FIX,
             )
-        self._joinable.add(connection)
-        return connection
+        return Joined(connection, theirs)
 
     # -- jobs --------------------------------------------------------------------------------
 
@@ -752,7 +749,10 @@ class PostgresDriver:
                 for start in range(0, len(jobs), _COPY_SLICE):
                     lines = []
                     for j in jobs[start : start + _COPY_SLICE]:
-                        if j.run_at is None or j.run_at <= at:
+                        run_at = j.run_at
+                        if run_at is None and j.delay is not None:
+                            run_at = at + j.delay  # `at` is the database's clock
+                        if run_at is None or run_at <= at:
                             state = "available"
                             due.add(j.queue)
                         else:
@@ -767,7 +767,7 @@ class PostgresDriver:
                             str(int(j.priority)),
                             state,
                             str(int(j.max_attempts)),
-                            at_text if j.run_at is None else j.run_at.isoformat(),
+                            at_text if run_at is None else run_at.isoformat(),
                             at_text,
                         )
                         line = "\t".join(fields)
@@ -813,6 +813,7 @@ class PostgresDriver:
                 "priority": j.priority,
                 "max_attempts": j.max_attempts,
                 "run_at": j.run_at,
+                "delay": j.delay,
                 "now": now,
                 "channel": self._channel,
             }
@@ -828,6 +829,7 @@ class PostgresDriver:
                     j.priority,
                     j.max_attempts,
                     j.run_at.isoformat() if j.run_at is not None else None,
+                    None if j.delay is None else f"{j.delay // _MICROSECOND} microseconds",
                 ]
                 for j in jobs
             ]
@@ -866,9 +868,12 @@ class PostgresDriver:
         query = self._q[name] if isinstance(name, str) else name
         for attempt in range(3):
             # Not `with self._connection()`: on the hot path its generator costs a few µs.
+            started = time.monotonic()
             conn = self._checkout()
             try:
-                return conn.execute(query, params, prepare=prepare).fetchall()
+                rows = conn.execute(query, params, prepare=prepare).fetchall()
+                self.stalls.note_wait(time.monotonic() - started)
+                return rows
             except pg_errors.DeadlockDetected:
                 if attempt == 2:
                     raise
@@ -889,6 +894,13 @@ class PostgresDriver:
             self._pool.putconn(conn)
 
     def _checkout(self) -> Conn:
+        try:
+            return self._checkout_once()
+        except DriverUnavailableError:
+            self.stalls.note_failure()
+            raise
+
+    def _checkout_once(self) -> Conn:
         if self._closed:
             raise DriverUnavailableError(
                 f"the driver for {self.display_url} is closed",
@@ -944,24 +956,19 @@ class PostgresDriver:
         return conn
 
     @contextmanager
-    def _joined(self, executor: Any) -> Iterator[Conn]:
-        """Run inside the caller's transaction without ever ending it: a savepoint when a
-        transaction is open (or BEGIN/COMMIT on an idle autocommit connection)."""
-        conn = self.adopt(executor)
-        status = conn.info.transaction_status
+    def _joined(self, executor: Joined) -> Iterator[Conn]:
+        """Run inside the caller's transaction without ever ending it. No savepoint: every
+        write we make there is one statement on validated values, and PostgreSQL undoes a
+        failed statement whole; a failure then aborts the caller's transaction, as any failed
+        statement of theirs would, so nothing can commit without the job. An idle autocommit
+        connection gets a BEGIN/COMMIT of its own, as its own statements would commit."""
+        conn: Conn = self.adopt(executor).connection
         try:
-            if status == pq.TransactionStatus.INTRANS or conn.autocommit:
+            if conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE:
                 with conn.transaction():
                     yield conn
             else:
-                # Idle, not autocommit: our statement opens the caller's transaction. On error
-                # it holds nothing of the caller's yet, so rolling it back loses nothing.
-                try:
-                    yield conn
-                except BaseException:
-                    if conn.info.transaction_status == pq.TransactionStatus.INERROR:
-                        conn.rollback()
-                    raise
+                yield conn
         except psycopg.Error as exc:
             self._reraise(exc, conn)
 
@@ -969,6 +976,8 @@ class PostgresDriver:
         translated = self._translate(exc, conn)
         if translated is exc:
             raise exc
+        if isinstance(translated, DriverUnavailableError):
+            self.stalls.note_failure()
         raise translated from exc
 
     def _translate(self, exc: psycopg.Error, conn: Conn) -> Exception:
@@ -997,26 +1006,10 @@ class PostgresDriver:
             )
         return exc
 
-    def _server_identity(self, conn: Conn) -> tuple[Any, ...]:
-        idle = conn.info.transaction_status == pq.TransactionStatus.IDLE and not conn.autocommit
-        try:
-            row = conn.execute(
-                self._q["server_identity"], {"table": self._jobs_table}, prepare=False
-            ).fetchone()
-        except psycopg.Error as exc:
-            raise ConfigurationError(
-                f"cannot check the connection: {_first_line(exc)}", fix=_ADOPT_FIX
-            ) from None
-        finally:
-            if idle:
-                conn.rollback()  # leave the caller's connection as idle as we found it
-        assert row is not None
-        return tuple(row)
-
-    def _own_identity(self, *, refresh: bool) -> tuple[Any, ...]:
+    def _own_identity(self, *, refresh: bool) -> DatabaseId:
         if self._identity is None or refresh:
             with self._connection() as conn:
-                self._identity = self._server_identity(conn)
+                self._identity, _ = identify(conn, self._jobs_table, self.display_url)
         return self._identity
 
 
@@ -1101,26 +1094,6 @@ def _ended(conn: Conn) -> bool:
         return bool(poller.poll(0))
     readable, _, _ = select.select([fd], [], [], 0)
     return bool(readable)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def masked_dsn(dsn: str) -> str:
-    """The DSN with any password replaced by ``***``."""
-    if "://" in dsn:
-        parts = urlsplit(dsn)
-        netloc = parts.netloc
-        if "@" in netloc:
-            userinfo, _, hostinfo = netloc.rpartition("@")
-            if ":" in userinfo:
-                userinfo = userinfo.split(":", 1)[0] + ":***"
-            netloc = f"{userinfo}@{hostinfo}"
-        query = re.sub(r"(?i)(^|&)(password=)[^&]*", r"\1\2***", parts.query)
-        return urlunsplit(parts._replace(netloc=netloc, query=query))
-    return re.sub(r"(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
 
 
 if TYPE_CHECKING:

@@ -63,13 +63,36 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
-from functools import lru_cache
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from ultimat3.jobs import ids
+from ultimat3.jobs.dialects.sqlite import (
+    BUSY_SNAPSHOT,
+    CANTOPEN,
+    CORRUPT,
+    FULL,
+    IOERR,
+    MICROSECOND,
+    NOTADB,
+    READONLY,
+    apply_migrations,
+    close_quietly,
+    connection_file,
+    file_identity,
+    is_busy,
+    once,
+    pending_versions,
+    primary_code,
+    rollback_quietly,
+    write_in,
+)
+from ultimat3.jobs.dialects.sqlite import dt as _dt
+from ultimat3.jobs.dialects.sqlite import now_us as _now_us
+from ultimat3.jobs.dialects.sqlite import us as _us
+from ultimat3.jobs.driver import DatabaseId, Joined, StallTracker, current_tx
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
 from ultimat3.jobs.records import (
     AttemptError,
@@ -92,22 +115,9 @@ __all__ = ["SqliteDriver"]
 _T = TypeVar("_T")
 _log = logging.getLogger("ultimat3.jobs.drivers.sqlite")
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
 _STATES = {state.value: state for state in JobState}
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 _MIN_VERSION = (3, 37, 0)  # STRICT tables; RETURNING (3.35) comes with it
-
-# SQLite primary result codes (extended code & 0xFF).
-_SQLITE_BUSY = 5
-_SQLITE_LOCKED = 6
-_SQLITE_READONLY = 8
-_SQLITE_IOERR = 10
-_SQLITE_CORRUPT = 11
-_SQLITE_FULL = 13
-_SQLITE_CANTOPEN = 14
-_SQLITE_NOTADB = 26
-_SQLITE_BUSY_SNAPSHOT = 517
 
 # SQLite's own busy handler sleeps 1, 2, 5, 10, ... up to 100 ms between polls, so a waiter that
 # has waited a while reacts slowly when the lock frees, and newcomers overtake it (with 4
@@ -155,23 +165,6 @@ _COMPLETE = _Q["job_complete"]
 _DATA_VERSION = _Q["data_version"]
 
 
-def _us(moment: datetime) -> int:
-    """Microseconds since the epoch, exactly (no float rounding)."""
-    if moment.tzinfo is None:
-        raise ValueError(f"a naive datetime ({moment}) cannot be stored: pass an aware UTC time")
-    return (moment - _EPOCH) // _MICROSECOND
-
-
-def _now_us(now: datetime | None) -> int:
-    return time.time_ns() // 1000 if now is None else _us(now)
-
-
-@lru_cache(maxsize=4096)
-def _dt(us: int) -> datetime:
-    # Cached: a claimed batch shares its attempt and expiry times, a bulk insert its run_at.
-    return _EPOCH + timedelta(microseconds=us)
-
-
 def _errors(text: str) -> tuple[AttemptError, ...]:
     if text == "[]":
         return ()
@@ -190,70 +183,9 @@ def _json_or_none(values: Any) -> str | None:
     return None if values is None else json.dumps(sorted(values))
 
 
-def apply_migrations(
-    conn: sqlite3.Connection, known: Sequence[tuple[int, str]], named: Mapping[str, str]
-) -> list[int]:
-    """Apply the migrations of ``known`` not yet recorded, inside the caller's ``BEGIN
-    IMMEDIATE``; ``named`` holds the ``migrations_table_exists``, ``migration_versions`` and
-    ``migration_record`` queries of the schema at hand (the job tables, or an outbox)."""
-    applied: set[int] = set()
-    if conn.execute(named["migrations_table_exists"]).fetchone() is not None:
-        applied = {row[0] for row in conn.execute(named["migration_versions"])}
-    done = []
-    for version, script in known:
-        if version in applied:
-            continue
-        for statement in _statements(script):
-            conn.execute(statement)
-        conn.execute(named["migration_record"], {"version": version})
-        done.append(version)
-    return done
-
-
-def _statements(script: str) -> Iterator[str]:
-    """Split a migration into statements (``executescript`` would COMMIT our transaction)."""
-    buffer = ""
-    for line in script.splitlines(keepends=True):
-        buffer += line
-        if sqlite3.complete_statement(buffer):
-            yield buffer.strip()
-            buffer = ""
-    rest = "".join(ln for ln in buffer.splitlines() if not ln.strip().startswith("--")).strip()
-    if rest:
-        raise ValueError(f"migration ends with an incomplete statement: {rest[:80]!r}")
-
-
-def _primary_code(exc: sqlite3.Error) -> int:
-    return int(getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF
-
-
-def _is_busy(exc: sqlite3.Error) -> bool:
-    if _primary_code(exc) in (_SQLITE_BUSY, _SQLITE_LOCKED):
-        return True
-    # Some paths raise without an error code; the message is stable across versions.
-    text = str(exc)
-    return "database is locked" in text or "database table is locked" in text
-
-
 def _translatable(exc: BaseException) -> bool:
     """sqlite3 errors that describe the database, not a bug in the statement or its values."""
     return isinstance(exc, sqlite3.OperationalError) or type(exc) is sqlite3.DatabaseError
-
-
-def _rollback_quietly(conn: sqlite3.Connection) -> None:
-    # SQLite rolls back by itself after some errors (disk full, I/O); then there is nothing left.
-    if conn.in_transaction:
-        try:
-            conn.execute("ROLLBACK")
-        except sqlite3.Error:
-            pass
-
-
-def _close_quietly(conn: sqlite3.Connection) -> None:
-    try:
-        conn.close()
-    except sqlite3.Error:
-        pass
 
 
 def _filesystem_type(path: str) -> str | None:
@@ -357,6 +289,9 @@ class SqliteDriver:
         self._local = threading.local()
         self._closed = False
         self._checked_filesystem = False
+        self._identity: DatabaseId | None = None
+        #: A wait longer than this for the write lock counts as a stall (see StallTracker).
+        self.stalls = StallTracker(threshold=0.5)
         _drivers.add(self)
 
     def __repr__(self) -> str:
@@ -369,6 +304,8 @@ class SqliteDriver:
         if slot is None:
             slot = _Slot(self._open())
             setattr(self._local, attr, slot)
+            if self._identity is None:
+                self._identity = file_identity(self.path)
             key, pid = id(slot.conn), os.getpid()
             conns, lock = self._conns, self._lock
             with lock:
@@ -379,7 +316,7 @@ class SqliteDriver:
                     return  # a forked child must not close (or touch) its parent's connections
                 with lock:
                     conns.pop(key, None)
-                _close_quietly(conn)
+                close_quietly(conn)
 
             weakref.finalize(slot, drop)
         if self._closed:
@@ -403,9 +340,24 @@ class SqliteDriver:
         except sqlite3.Error as exc:
             raise self._unavailable(exc) from exc
         try:
-            self._retry(lambda: self._configure(conn))
+            if self._caller_holds_lock(conn):
+                # Setting up a new file needs its write lock, which the caller's transaction
+                # around us holds: waiting could only time out.
+                try:
+                    self._configure(conn)
+                except sqlite3.OperationalError as exc:
+                    if not is_busy(exc):
+                        raise self._unavailable(exc) from exc
+                    raise ConfigurationError(
+                        f"the job file {self.path} is not set up yet, and the transaction "
+                        "around this call holds the SQLite write lock that setting it up needs",
+                        fix="run `ultimat3-jobs migrate` once, or call app.open() at start-up, "
+                        "before any request opens a transaction",
+                    ) from None
+            else:
+                self._retry(lambda: self._configure(conn))
         except BaseException:
-            _close_quietly(conn)
+            close_quietly(conn)
             raise
         return conn
 
@@ -451,7 +403,7 @@ class SqliteDriver:
             conns = list(self._conns.values())
             self._conns.clear()
         for conn in conns:
-            _close_quietly(conn)
+            close_quietly(conn)
 
     # -- errors ------------------------------------------------------------------------------
 
@@ -463,9 +415,9 @@ class SqliteDriver:
         )
 
     def _unavailable(self, exc: sqlite3.Error) -> DriverUnavailableError:
-        code = _primary_code(exc)
+        code = primary_code(exc)
         folder = os.path.dirname(self.path)
-        if _is_busy(exc):
+        if is_busy(exc):
             cause = (
                 f"the SQLite database {self.path} stayed locked by another writer for more "
                 f"than {self._busy_timeout:g}s ({exc})"
@@ -475,7 +427,7 @@ class SqliteDriver:
                 "database browser or `sqlite3` shell with an open BEGIN) and end it; or raise "
                 "busy_timeout"
             )
-        elif code == _SQLITE_CANTOPEN:
+        elif code == CANTOPEN:
             cause = f"SQLite cannot open {self.path} ({exc})"
             if not os.path.isdir(folder):
                 fix = f"create the folder {folder} (SQLite creates the file, not its folders)"
@@ -483,25 +435,25 @@ class SqliteDriver:
                 fix = f"{self.path} is a folder; point the driver at a file path inside it"
             else:
                 fix = f"make {folder} readable and writable by this user"
-        elif code == _SQLITE_NOTADB:
+        elif code == NOTADB:
             cause = f"{self.path} is not a SQLite database ({exc})"
             fix = "point the driver at a SQLite database, or at a path that does not exist yet"
-        elif code == _SQLITE_READONLY:
+        elif code == READONLY:
             cause = f"SQLite cannot write to {self.path} ({exc})"
             fix = (
                 f"make the file and its folder {folder} writable by this user: SQLite also "
                 "creates the -wal and -shm files next to it"
             )
-        elif code == _SQLITE_CORRUPT:
+        elif code == CORRUPT:
             cause = f"the SQLite database {self.path} is damaged ({exc})"
             fix = (
                 "stop every process using it, run `sqlite3 FILE 'PRAGMA integrity_check'`, and "
                 "restore from a backup if it reports errors"
             )
-        elif code == _SQLITE_FULL:
+        elif code == FULL:
             cause = f"the disk holding {self.path} is full ({exc})"
             fix = "free disk space, or prune finished jobs sooner"
-        elif code == _SQLITE_IOERR:
+        elif code == IOERR:
             cause = f"SQLite hit an I/O error on {self.path} ({exc})"
             fix = "check the disk and the filesystem; network filesystems break SQLite locking"
         elif "no such table" in str(exc):
@@ -514,7 +466,7 @@ class SqliteDriver:
 
     def _caller_busy(self, exc: sqlite3.Error) -> DriverUnavailableError:
         """The caller's own transaction could not take the write lock: only it can retry."""
-        if getattr(exc, "sqlite_errorcode", 0) == _SQLITE_BUSY_SNAPSHOT:
+        if getattr(exc, "sqlite_errorcode", 0) == BUSY_SNAPSHOT:
             cause = (
                 f"your transaction on {self.path} read before enqueueing, and another process "
                 "wrote in between, so SQLite refused to let it write (SQLITE_BUSY_SNAPSHOT)"
@@ -535,47 +487,59 @@ class SqliteDriver:
     # -- retry loops -------------------------------------------------------------------------
 
     def _retry(self, attempt: Callable[[], _T]) -> _T:
-        """Run ``attempt`` until it is not refused as busy, up to ``busy_timeout`` seconds."""
-        deadline = time.monotonic() + self._busy_timeout
+        """Run ``attempt`` until it is not refused as busy, up to ``busy_timeout`` seconds. A
+        long wait is noted in ``stalls``: other writers could not write meanwhile either."""
+        started = time.monotonic()
+        deadline = started + self._busy_timeout
         delay = _BACKOFF_FIRST
+        waited = False
         while True:
             try:
-                return attempt()
+                result = attempt()
             except sqlite3.Error as exc:
                 if not _translatable(exc):
                     raise
-                if not _is_busy(exc):
+                if not is_busy(exc):
                     raise self._unavailable(exc) from exc
+                waited = True
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    self.stalls.note_failure()
                     raise self._unavailable(exc) from exc
                 time.sleep(min(left, random.uniform(delay / 2, delay)))
                 delay = min(delay * 2, _BACKOFF_CAP)
+            else:
+                if waited:
+                    self.stalls.note_wait(time.monotonic() - started)
+                return result
 
     def _write(self, body: Callable[[sqlite3.Connection], _T]) -> _T:
         """Run ``body`` in its own ``BEGIN IMMEDIATE`` transaction on this thread's connection,
         retrying the whole transaction while the database is busy."""
         slot = self._slot()
-        if slot.depth:
-            raise DriverUnavailableError(
-                "this thread is inside driver.transaction(), which holds the SQLite write lock; "
-                "a write in a separate transaction would wait for itself",
-                driver="sqlite",
-                fix="pass executor=<the transaction's connection> to make the write part of it, "
-                "or make the write after the transaction ends",
+        if slot.depth or self._caller_holds_lock(slot.conn):
+            raise ConfigurationError(
+                f"this write would wait for your own open transaction on {self.path}: SQLite "
+                "has one write lock per file, and the transaction around this call holds it",
+                fix="make the write part of the transaction (enqueue without outbox=False, or "
+                "pass executor=), or make it after the transaction ends",
             )
-        return self._retry(lambda: self._once(slot.conn, body))
+        return self._retry(lambda: once(slot.conn, body))
 
-    @staticmethod
-    def _once(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], _T]) -> _T:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            result = body(conn)
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback_quietly(conn)
-            raise
-        return result
+    def _caller_holds_lock(self, own: sqlite3.Connection) -> bool:
+        """True when the code calling us runs inside a transaction on this file (another App's,
+        or the caller's own connection), whose write lock a separate write would wait for."""
+        joined = current_tx.get()
+        if joined is None or joined.connection is own:
+            return False
+        if self._identity is None:
+            self._identity = file_identity(self.path)
+        conn = joined.connection
+        return (
+            joined.database == self._identity
+            and isinstance(conn, sqlite3.Connection)
+            and conn.in_transaction
+        )
 
     def _read(self, body: Callable[[sqlite3.Connection], _T]) -> _T:
         slot = self._slot()
@@ -583,59 +547,28 @@ class SqliteDriver:
 
     def _on_executor(
         self,
-        executor: Any,
+        executor: Joined,
         body: Callable[[sqlite3.Connection], _T],
         *,
         savepoint: bool = True,
     ) -> _T:
-        """Run ``body`` as part of the caller's transaction on ``executor`` (see the module
-        docstring for connections in legacy and autocommit modes).
+        """Run ``body`` as part of the caller's transaction on ``executor`` (see
+        ``dialects.sqlite.write_in`` for connections in legacy and autocommit modes).
 
         ``savepoint=False`` is for bodies that are atomic on their own (one statement, or their
         own savepoint): SQLite undoes a failed statement without touching the transaction
         around it, so the extra SAVEPOINT/RELEASE round trips would buy nothing."""
-        if not isinstance(executor, sqlite3.Connection):
-            raise ConfigurationError(
-                f"executor= must be a sqlite3.Connection for the SQLite driver, "
-                f"not {type(executor).__name__}",
-                fix="pass the connection from driver.transaction() or driver.adopt(conn)",
-            )
-        conn = executor
-        if not conn.in_transaction:
-            legacy = getattr(sqlite3, "LEGACY_TRANSACTION_CONTROL", -1)
-            autocommit = getattr(conn, "autocommit", legacy)
-            if autocommit is True or (autocommit == legacy and conn.isolation_level is None):
-                # No transaction to join: this write is its own, so we may retry it whole.
-                return self._retry(lambda: self._once(conn, body))
-            # Legacy mode: open the transaction Python would open before the caller's own
-            # INSERT, and leave it open for the caller's commit() or rollback().
-            self._retry(lambda: conn.execute("BEGIN IMMEDIATE"))
-            try:
-                return body(conn)
-            except BaseException as exc:
-                _rollback_quietly(conn)
-                if isinstance(exc, sqlite3.Error) and _translatable(exc):
-                    raise self._unavailable(exc) from exc
-                raise
-        if savepoint:
-            conn.execute(f"SAVEPOINT {_SAVEPOINT}")
+        conn = self.adopt(executor).connection
         try:
-            result = body(conn)
-        except BaseException as exc:
-            if savepoint:
-                try:
-                    conn.execute(f"ROLLBACK TO {_SAVEPOINT}")
-                    conn.execute(f"RELEASE {_SAVEPOINT}")
-                except sqlite3.Error:
-                    pass  # SQLite already rolled the whole transaction back (disk full, I/O)
-            if isinstance(exc, sqlite3.Error) and _translatable(exc):
-                if _is_busy(exc):
-                    raise self._caller_busy(exc) from exc
-                raise self._unavailable(exc) from exc
-            raise
-        if savepoint:
-            conn.execute(f"RELEASE {_SAVEPOINT}")
-        return result
+            return write_in(
+                conn, body, savepoint=_SAVEPOINT if savepoint else None, retry=self._retry
+            )
+        except sqlite3.Error as exc:
+            if not _translatable(exc):
+                raise
+            if is_busy(exc) and conn.in_transaction:
+                raise self._caller_busy(exc) from exc
+            raise self._unavailable(exc) from exc
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -644,7 +577,16 @@ class SqliteDriver:
         applied. Processes racing on an empty file queue on the write lock; the first applies
         everything and the rest find nothing left to do."""
         known = migrations("sqlite")
-
+        if not self._read(lambda conn: pending_versions(conn, known, _Q)):
+            return []
+        joined = current_tx.get()
+        if joined is not None and self._caller_holds_lock(self._slot().conn):
+            raise ConfigurationError(
+                f"the job tables in {self.path} need migrating, and the transaction around "
+                "this call holds the SQLite write lock that migrating needs",
+                fix="run `ultimat3-jobs migrate` once, or call app.open() at start-up, before "
+                "any request opens a transaction",
+            )
         done = self._write(lambda conn: apply_migrations(conn, known, _Q))
         if done:
             _log.info(
@@ -654,6 +596,18 @@ class SqliteDriver:
                 extra={"event": "jobs.sqlite.migrated", "path": self.path, "versions": done},
             )
         return done
+
+    def schema_current(self) -> bool:
+        known = migrations("sqlite")
+        return not self._read(lambda conn: pending_versions(conn, known, _Q))
+
+    def identity(self, *, refresh: bool = False) -> DatabaseId:
+        """The job file, by device and inode (opening it first, so that it exists)."""
+        if self._identity is None or refresh:
+            if not os.path.exists(self.path):
+                self._slot()
+            self._identity = file_identity(self.path)
+        return self._identity
 
     def migration_sql(self) -> list[tuple[int, str]]:
         """Every migration with the statement that records it in ``x_migrations``, so a schema
@@ -667,17 +621,18 @@ class SqliteDriver:
     # -- transactions ------------------------------------------------------------------------
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
+    def transaction(self) -> Iterator[Joined]:
         """``BEGIN IMMEDIATE`` on this thread's connection; COMMIT on normal exit, ROLLBACK on
         an exception. Nested use on one thread becomes a SAVEPOINT: the inner block rolls back
         alone on an exception, and everything commits with the outermost block."""
         slot = self._slot()
         conn = slot.conn
+        joined = Joined(conn, self.identity())
         if slot.depth:
             slot.depth += 1
             conn.execute(f"SAVEPOINT {_SAVEPOINT}")
             try:
-                yield conn
+                yield joined
             except BaseException:
                 if conn.in_transaction:
                     conn.execute(f"ROLLBACK TO {_SAVEPOINT}")
@@ -689,25 +644,42 @@ class SqliteDriver:
             finally:
                 slot.depth -= 1
             return
+        if self._caller_holds_lock(conn):
+            raise ConfigurationError(
+                f"driver.transaction() would wait for your own open transaction on {self.path}",
+                fix="use the transaction you are in (app.using(conn)), or open this one after "
+                "it ends",
+            )
         self._retry(lambda: conn.execute("BEGIN IMMEDIATE"))
         slot.depth = 1
         try:
-            yield conn
+            yield joined
         except BaseException:
-            _rollback_quietly(conn)
+            rollback_quietly(conn)
             raise
         else:
             if conn.in_transaction:  # the body may have ended it itself
                 try:
                     self._retry(lambda: conn.execute("COMMIT"))
                 except BaseException:
-                    _rollback_quietly(conn)
+                    rollback_quietly(conn)
                     raise
         finally:
             slot.depth = 0
 
-    def adopt(self, connection: Any) -> sqlite3.Connection:
-        """Accept a caller's ``sqlite3.Connection`` whose main database is this driver's file."""
+    def adopt(self, connection: Any) -> Joined:
+        """Accept a caller's ``sqlite3.Connection`` (or a ``Joined``) whose main database is
+        this driver's file."""
+        if isinstance(connection, Joined):
+            if connection.database == self.identity():
+                if not isinstance(connection.connection, sqlite3.Connection):
+                    raise ConfigurationError(
+                        f"cannot write to the SQLite job file through a "
+                        f"{type(connection.connection).__name__}",
+                        fix="join a sqlite3.Connection to the job file",
+                    )
+                return connection
+            connection = connection.connection
         if not isinstance(connection, sqlite3.Connection):
             raise ConfigurationError(
                 f"the SQLite driver can only join a sqlite3.Connection, "
@@ -717,21 +689,21 @@ class SqliteDriver:
                 "through the outbox instead",
             )
         try:
-            rows = connection.execute("PRAGMA database_list").fetchall()
+            main = connection_file(connection)
         except sqlite3.Error as exc:
             raise ConfigurationError(
                 f"cannot inspect the connection to join it ({exc})",
-                fix="pass an open sqlite3.Connection",
+                fix="pass an open sqlite3.Connection (made in this thread, or with "
+                "check_same_thread=False)",
             ) from exc
-        main = next((row[2] for row in rows if row[1] == "main"), "")
-        if not main or not _same_file(main, self.path):
+        if not main or file_identity(main) != self.identity():
             where = main or "an in-memory or temporary database"
             raise ConfigurationError(
                 f"the connection opens {where}, but the jobs live in {self.path}",
                 fix=f"connect to {self.path} (the job tables must be in the same file to share "
                 "a transaction), or enqueue through the outbox when your data lives elsewhere",
             )
-        return connection
+        return Joined(connection, self.identity())
 
     # -- jobs --------------------------------------------------------------------------------
 
@@ -739,7 +711,7 @@ class SqliteDriver:
         self,
         jobs: Sequence[NewJob],
         *,
-        executor: Any | None = None,
+        executor: Joined | None = None,
         now: datetime | None = None,
     ) -> list[InsertResult]:
         if not jobs:
@@ -758,7 +730,12 @@ class SqliteDriver:
 
     @staticmethod
     def _row(job: NewJob, now_us: int) -> tuple[Any, ...]:
-        run_at = now_us if job.run_at is None else _us(job.run_at)
+        if job.run_at is not None:
+            run_at = _us(job.run_at)
+        elif job.delay is not None:
+            run_at = now_us + job.delay // MICROSECOND
+        else:
+            run_at = now_us
         return (
             job.id,
             job.tenant_id,
@@ -780,7 +757,7 @@ class SqliteDriver:
         args: dict[str, Any] = {
             "now": now_us,
             "token": ids.token(),
-            "expires_at": now_us + params.lease_for // _MICROSECOND,
+            "expires_at": now_us + params.lease_for // MICROSECOND,
             "worker_id": params.worker_id,
             "limit": params.limit,
         }
@@ -799,7 +776,7 @@ class SqliteDriver:
     ) -> set[str]:
         if not leases:
             return set()
-        expires_at = _now_us(now) + lease_for // _MICROSECOND
+        expires_at = _now_us(now) + lease_for // MICROSECOND
         rows = [(expires_at, lease.id, lease.token) for lease in leases]
         ids_ = [lease.id for lease in leases]
         return self._write(lambda conn: _apply_each(conn, _Q["lease_extend"], rows, ids_))
@@ -808,7 +785,7 @@ class SqliteDriver:
         self,
         leases: Sequence[Lease],
         *,
-        executor: Any | None = None,
+        executor: Joined | None = None,
         now: datetime | None = None,
     ) -> set[str]:
         if not leases:
@@ -947,7 +924,7 @@ class SqliteDriver:
                 settings = conn.execute(_Q["queue_settings"]).fetchall()
             finally:
                 if not in_tx:
-                    _rollback_quietly(conn)
+                    rollback_quietly(conn)
             return counts, settings
 
         counts, settings = self._read(body)
@@ -1006,7 +983,7 @@ class SqliteDriver:
             "name": name,
             "holder": holder,
             "now": now_us,
-            "expires_at": now_us + ttl // _MICROSECOND,
+            "expires_at": now_us + ttl // MICROSECOND,
         }
         return bool(self._write(lambda conn: conn.execute(_Q["leader_elect"], args).rowcount))
 
@@ -1056,7 +1033,7 @@ class SqliteDriver:
                 raise self._closed_error() from None
             raise
         except sqlite3.Error as exc:
-            if _translatable(exc) and _is_busy(exc):
+            if _translatable(exc) and is_busy(exc):
                 return None
             raise self._unavailable(exc) from exc
 
@@ -1151,10 +1128,3 @@ def _in_order(requested: Sequence[str], changed: set[str]) -> list[str]:
             seen.add(id_)
             ordered.append(id_)
     return ordered
-
-
-def _same_file(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return os.path.realpath(a) == os.path.realpath(b)

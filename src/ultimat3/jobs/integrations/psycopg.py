@@ -10,11 +10,13 @@ connection, whose lock is the ``AsyncConnection``'s own ``asyncio.Lock``, taken 
 event loop. ``enqueue_async`` runs the sync core on a worker thread (the binding travels with
 the context); every statement that thread sends holds that lock, so it never interleaves with
 a statement of another task on the connection, and it runs in your open transaction: it is
-the same session. A plain ``app.enqueue(...)`` on the event loop's thread works too (it blocks
+the same session. Concurrent ``enqueue_async`` calls in one block (``asyncio.gather``) run one
+after the other, each whole, and the insert needs no savepoint, so nothing can interleave. A plain ``app.enqueue(...)`` on the event loop's thread works too (it blocks
 the loop for the insert, as any sync call does) while no other task holds the connection.
 
-Guarantee: the job rows (or ``x_outbox`` rows) are written inside your transaction, in a
-savepoint, and exist if and only if you commit.
+Guarantee: the job rows (or ``x_outbox`` rows) are written inside your transaction and exist
+if and only if you commit; a failed insert aborts the transaction, as a failed statement of
+yours would.
 
 Limits: the view is valid for the ``async with`` block only; it shares the connection's
 session but not its Python-side settings (adapters, row factory, prepared statements: the view
@@ -134,5 +136,5 @@ async def using(app: App, conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[A
     usual. The job database's driver joins it when ``conn`` is on the job database, the
     app's outbox store otherwise."""
     view = sync_view(conn)
-    with app.using(view):
+    with app._using(view, asyncio.Lock()):
         yield conn

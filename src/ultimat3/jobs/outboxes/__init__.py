@@ -11,7 +11,7 @@ never pulls in psycopg.
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from ultimat3.jobs.errors import ConfigurationError
 from ultimat3.jobs.outbox_store import OutboxStore
@@ -50,13 +50,11 @@ def open_store(url: str) -> OutboxStore:
             _sqlite_path(url), busy_timeout=float(options.get("busy_timeout", 30.0))
         )
     if scheme in ("postgresql", "postgres"):
+        from ultimat3.jobs.dialects.postgres import split_url
         from ultimat3.jobs.outboxes.postgres import PostgresOutboxStore
 
-        parts = urlsplit(url)
-        query = dict(parse_qsl(parts.query))
-        schema = query.pop("schema", "ultimat3_jobs")
-        dsn = urlunsplit(parts._replace(query="&".join(f"{k}={v}" for k, v in query.items())))
-        return PostgresOutboxStore(dsn, schema=schema)
+        dsn, ours = split_url(url, allowed=("schema",))
+        return PostgresOutboxStore(dsn, schema=ours.get("schema", "ultimat3_jobs"))
     if scheme == "memory":
         from ultimat3.jobs.outboxes.memory import MemoryOutboxStore
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from ultimat3.jobs.clock import utcnow
+from ultimat3.jobs.driver import DatabaseId, Joined
 from ultimat3.jobs.errors import ConfigurationError
 from ultimat3.jobs.outbox_store import OutboxRecord, OutboxStore
 from ultimat3.jobs.records import NewJob
@@ -60,6 +61,13 @@ class MemoryOutboxStore:
         self._lock = threading.Lock()
         self._committed: dict[str, OutboxRecord] = {}  # insertion order is staging order
         self._claimed: set[str] = set()
+        self._identity = DatabaseId("memory-outbox", (id(self),), "memory://")
+
+    def identity(self, *, refresh: bool = False) -> DatabaseId:
+        return self._identity
+
+    def schema_current(self) -> bool:
+        return True
 
     def migrate(self) -> list[int]:
         return []
@@ -97,10 +105,12 @@ class MemoryOutboxStore:
         tx.open = False
         tx.staged.clear()
 
-    def adopt(self, connection: object) -> MemoryOutboxTransaction:
-        return self._check(connection)
+    def adopt(self, connection: object) -> Joined:
+        return Joined(self._check(connection), self._identity)
 
     def _check(self, tx: object) -> MemoryOutboxTransaction:
+        if isinstance(tx, Joined):
+            tx = tx.connection
         if not isinstance(tx, MemoryOutboxTransaction) or tx.store is not self:
             raise ConfigurationError(
                 f"the memory outbox store cannot join {type(tx).__name__} as a transaction",

@@ -29,14 +29,14 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ultimat3.jobs.drivers.postgres import masked_dsn
+from ultimat3.jobs.dialects.postgres import CONNECT_DEFAULTS, check_joinable, identify, masked_dsn
+from ultimat3.jobs.driver import DatabaseId, Joined
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
 from ultimat3.jobs.outbox_store import OutboxRecord, OutboxStore
 from ultimat3.jobs.records import NewJob
@@ -47,6 +47,7 @@ try:
     from psycopg import errors as pg_errors
     from psycopg import pq
     from psycopg import sql as pg_sql
+    from psycopg.conninfo import conninfo_to_dict
 except ImportError as _exc:  # pragma: no cover - exercised only without the extra
     _MISSING: ImportError | None = _exc
 else:
@@ -117,6 +118,7 @@ class PostgresOutboxStore:
             )
         self.display_url = masked_dsn(dsn)
         self._dsn = dsn
+        self._schema = schema
         quoted = pg_sql.Identifier(schema).as_string(None)
         self._table = f"{quoted}.x_outbox"
         self._ledger = f"{quoted}.x_outbox_migrations"
@@ -138,8 +140,7 @@ class PostgresOutboxStore:
         self._lock = threading.RLock()
         self._conn: psycopg.Connection[Any] | None = None
         self._closed = False
-        self._joinable: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._identity: tuple[Any, ...] | None = None
+        self._identity: DatabaseId | None = None
 
     def __repr__(self) -> str:
         return f"PostgresOutboxStore({self.display_url!r})"
@@ -158,11 +159,12 @@ class PostgresOutboxStore:
             self._conn = None
         if self._conn is None:
             try:
+                given = conninfo_to_dict(self._dsn)
+                extra: dict[str, Any] = {
+                    k: v for k, v in CONNECT_DEFAULTS.items() if k not in given
+                }
                 self._conn = psycopg.connect(
-                    self._dsn,
-                    autocommit=True,
-                    connect_timeout=5,
-                    application_name="ultimat3-jobs-outbox",
+                    self._dsn, autocommit=True, application_name="ultimat3-jobs-outbox", **extra
                 )
             except psycopg.Error as exc:
                 raise self._unavailable(exc) from exc
@@ -211,7 +213,7 @@ class PostgresOutboxStore:
         with self._transaction() as conn:
             conn.execute(self._q["migrate_lock"], {"key": self._migrate_key}, prepare=False)
             row = conn.execute(
-                self._q["migrate_has_ledger"], {"table": self._ledger}, prepare=False
+                self._q["migrate_has_ledger"], {"schema": self._schema}, prepare=False
             ).fetchone()
             done: set[int] = set()
             if row and row[0]:
@@ -227,66 +229,56 @@ class PostgresOutboxStore:
 
     # -- staging on the caller's connection --------------------------------------------------
 
-    def _identity_of(self, conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
-        idle = conn.info.transaction_status == pq.TransactionStatus.IDLE and not conn.autocommit
-        try:
-            row = conn.execute(
-                self._q["server_identity"], {"table": self._table}, prepare=False
-            ).fetchone()
-        finally:
-            if idle:
-                conn.rollback()  # leave the caller's connection as it was: no transaction
-        assert row is not None
-        return tuple(row)
-
-    def adopt(self, connection: Any) -> psycopg.Connection[Any]:
-        if isinstance(connection, psycopg.AsyncConnection):
-            raise ConfigurationError(
-                "the postgres outbox store cannot join an async psycopg connection directly",
-                fix=_ADOPT_FIX,
-            )
-        if not isinstance(connection, psycopg.Connection):
-            raise ConfigurationError(
-                f"the postgres outbox store cannot join a {type(connection).__name__}",
-                fix=_ADOPT_FIX,
-            )
-        if connection.closed:
-            raise ConfigurationError("the connection is closed", fix=_ADOPT_FIX)
-        if connection.info.transaction_status == pq.TransactionStatus.INERROR:
-            raise ConfigurationError(
-                "the connection's transaction has failed and can only be rolled back",
-                fix="roll the transaction back (or fix the statement that failed) first",
-            )
-        if connection in self._joinable:
-            return connection
-        try:
-            theirs = self._identity_of(connection)
-        except psycopg.Error as exc:
-            raise ConfigurationError(
-                f"cannot check the connection: {exc}", fix=_ADOPT_FIX
-            ) from None
-        if self._identity is None or theirs[:3] != self._identity[:3]:
+    def identity(self, *, refresh: bool = False) -> DatabaseId:
+        if self._identity is None or refresh:
             with self._transaction() as own:
-                self._identity = self._identity_of(own)
-        if theirs[:3] != self._identity[:3]:
+                self._identity, _ = identify(own, self._table, self.display_url)
+        return self._identity
+
+    def schema_current(self) -> bool:
+        with self._transaction() as conn:
+            row = conn.execute(
+                self._q["migrate_has_ledger"], {"schema": self._schema}, prepare=False
+            ).fetchone()
+            if not (row and row[0]):
+                return False
+            done = {r[0] for r in conn.execute(self._q["migrate_applied"], prepare=False)}
+        return all(version in done for version, _ in self._migrations)
+
+    def adopt(self, connection: Any) -> Joined:
+        if isinstance(connection, Joined):
+            if connection.database == self.identity():
+                check_joinable(connection.connection, fix=_ADOPT_FIX)
+                return connection
+            connection = connection.connection
+        check_joinable(connection, fix=_ADOPT_FIX)
+        theirs, has_table = identify(connection, self._table, self.display_url)
+        if theirs != self.identity():
+            self._identity = None  # the server may have restarted: look again, once
+        if theirs != self.identity():
             raise ConfigurationError(
-                f"the connection reaches database {theirs[0]!r}, not the outbox's database "
+                f"the connection reaches database {theirs.key[0]!r}, not the outbox's database "
                 f"({self.display_url})",
                 fix="give the app an outbox on the database your connection writes to "
                 "(App(..., outbox='postgresql://.../that-db'))",
             )
-        if not theirs[3]:
+        if not has_table:
             raise ConfigurationError(
                 f"the outbox table {self._table} is not in the connection's database",
                 fix=_MIGRATE_FIX,
             )
-        self._joinable.add(connection)
-        return connection
+        return Joined(connection, theirs)
 
-    def stage(self, executor: Any, jobs: Sequence[NewJob], *, now: datetime | None = None) -> None:
+    def stage(
+        self, executor: Joined, jobs: Sequence[NewJob], *, now: datetime | None = None
+    ) -> None:
+        """Write the rows on the caller's connection, in their transaction, without a
+        savepoint: a failed statement aborts the caller's transaction, as theirs would, so
+        nothing commits without its jobs (an idle autocommit connection gets a BEGIN/COMMIT
+        of its own)."""
         if not jobs:
             return
-        conn = self.adopt(executor)
+        conn = self.adopt(executor).connection
         rows = [
             {
                 "id": job.id,
@@ -297,29 +289,20 @@ class PostgresOutboxStore:
                 "max_attempts": job.max_attempts,
                 "priority": job.priority,
                 "run_at": job.run_at,
+                "delay": job.delay,
                 "now": now,
                 "tenant_id": job.tenant_id,
             }
             for job in jobs
         ]
         query = self._q["stage"]
-        status = conn.info.transaction_status
         try:
-            if status == pq.TransactionStatus.INTRANS or conn.autocommit:
-                # A savepoint inside the caller's transaction (or BEGIN/COMMIT when idle in
-                # autocommit): a failure here rolls back only our rows.
+            if conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE:
                 with conn.transaction(), conn.cursor() as cur:
                     cur.executemany(query, rows)
             else:
-                # Idle, not autocommit: our statement opens the caller's transaction. On error
-                # it holds nothing of the caller's yet, so rolling it back loses nothing.
-                try:
-                    with conn.cursor() as cur:
-                        cur.executemany(query, rows)
-                except BaseException:
-                    if conn.info.transaction_status == pq.TransactionStatus.INERROR:
-                        conn.rollback()
-                    raise
+                with conn.cursor() as cur:
+                    cur.executemany(query, rows)
         except psycopg.Error as exc:
             translated = self._translate(exc, conn)
             if translated is exc:

@@ -28,14 +28,25 @@ import json
 import os
 import sqlite3
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from ultimat3.jobs.drivers.sqlite import apply_migrations
+from ultimat3.jobs.dialects.sqlite import (
+    apply_migrations,
+    connection_file,
+    dt,
+    dt_or_none,
+    file_identity,
+    now_us,
+    pending_versions,
+    rollback_quietly,
+    us,
+    write_in,
+)
+from ultimat3.jobs.driver import DatabaseId, Joined
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
 from ultimat3.jobs.outbox_store import OutboxRecord, OutboxStore
 from ultimat3.jobs.records import NewJob
@@ -45,30 +56,12 @@ __all__ = ["SqliteOutboxStore"]
 
 _PACKAGE = "ultimat3.jobs.outboxes"
 _Q = queries("sqlite", _PACKAGE)
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
 _SAVEPOINT = "ultimat3_jobs_outbox"
 _NAME = "sqlite-outbox"
 
 
-def _us(moment: datetime) -> int:
-    if moment.tzinfo is None:
-        raise ValueError(f"a naive datetime ({moment}) cannot be stored: pass an aware UTC time")
-    return (moment - _EPOCH) // _MICROSECOND
-
-
-def _now_us(now: datetime | None) -> int:
-    return time.time_ns() // 1000 if now is None else _us(now)
-
-
-def _dt(us: int | None) -> datetime | None:
-    return None if us is None else _EPOCH + timedelta(microseconds=us)
-
-
 def _record(row: Sequence[Any]) -> OutboxRecord:
     (id_, job, queue, input_, key, attempts, priority, run_at, staged_at, tenant, published) = row
-    staged = _dt(staged_at)
-    assert staged is not None
     return OutboxRecord(
         NewJob(
             id=id_,
@@ -77,16 +70,19 @@ def _record(row: Sequence[Any]) -> OutboxRecord:
             input=input_,
             idempotency_key=key,
             max_attempts=attempts,
-            run_at=_dt(run_at),
+            run_at=dt_or_none(run_at),
             priority=priority,
             tenant_id=tenant,
         ),
-        staged_at=staged,
-        published_at=_dt(published),
+        staged_at=dt(staged_at),
+        published_at=dt_or_none(published),
     )
 
 
-def _row(job: NewJob, now_us: int) -> tuple[Any, ...]:
+def _row(job: NewJob, at_us: int) -> tuple[Any, ...]:
+    run_at = None if job.run_at is None else us(job.run_at)
+    if job.delay is not None:
+        run_at = at_us + job.delay // timedelta(microseconds=1)
     return (
         job.id,
         job.name,
@@ -95,25 +91,10 @@ def _row(job: NewJob, now_us: int) -> tuple[Any, ...]:
         job.idempotency_key,
         job.max_attempts,
         job.priority,
-        None if job.run_at is None else _us(job.run_at),
-        now_us,
+        run_at,
+        at_us,
         job.tenant_id,
     )
-
-
-def _same_file(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return os.path.realpath(a) == os.path.realpath(b)
-
-
-def _rollback_quietly(conn: sqlite3.Connection) -> None:
-    if conn.in_transaction:
-        try:
-            conn.execute("ROLLBACK")
-        except sqlite3.Error:
-            pass
 
 
 @dataclass
@@ -123,7 +104,7 @@ class _Batch:
 
     def mark_published(self, ids: Sequence[str], *, now: datetime | None = None) -> None:
         if ids:
-            args = {"ids": json.dumps(list(ids)), "now": _now_us(now)}
+            args = {"ids": json.dumps(list(ids)), "now": now_us(now)}
             self.conn.execute(_Q["mark_published"], args)
 
 
@@ -192,12 +173,12 @@ class SqliteOutboxStore:
                 yield conn
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
-                _rollback_quietly(conn)
+                rollback_quietly(conn)
                 if isinstance(exc, sqlite3.OperationalError):
                     raise self._unavailable(exc) from exc
                 raise
             except BaseException:
-                _rollback_quietly(conn)
+                rollback_quietly(conn)
                 raise
 
     def _unavailable(self, exc: sqlite3.Error) -> DriverUnavailableError:
@@ -239,17 +220,22 @@ class SqliteOutboxStore:
         is only read, so migrating on first use inside a caller's open write transaction on
         the same file (which holds the write lock) does not wait for it."""
         known = migrations("sqlite", _PACKAGE)
-        with self._lock:
-            try:
-                conn = self._own()
-                if conn.execute(_Q["migrations_table_exists"]).fetchone() is not None:
-                    present = {row[0] for row in conn.execute(_Q["migration_versions"])}
-                    if present >= {version for version, _ in known}:
-                        return []
-            except sqlite3.Error as exc:
-                raise self._unavailable(exc) from exc
+        if self.schema_current():
+            return []
         with self._write() as conn:
             return apply_migrations(conn, known, _Q)
+
+    def schema_current(self) -> bool:
+        with self._lock:
+            try:
+                return not pending_versions(self._own(), migrations("sqlite", _PACKAGE), _Q)
+            except sqlite3.Error as exc:
+                raise self._unavailable(exc) from exc
+
+    def identity(self, *, refresh: bool = False) -> DatabaseId:
+        with self._lock:
+            self._own()  # the file exists once opened
+        return file_identity(self.path)
 
     def migration_sql(self) -> list[tuple[int, str]]:
         record = _Q["migration_record"].rstrip().rstrip(";")
@@ -260,8 +246,15 @@ class SqliteOutboxStore:
 
     # -- staging on the caller's connection --------------------------------------------------
 
-    def adopt(self, connection: Any) -> sqlite3.Connection:
-        """Accept a caller's ``sqlite3.Connection`` whose main database is the store's file."""
+    def adopt(self, connection: Any) -> Joined:
+        """Accept a caller's ``sqlite3.Connection`` (or a ``Joined``) whose main database is
+        the store's file."""
+        if isinstance(connection, Joined):
+            if connection.database == self.identity() and isinstance(
+                connection.connection, sqlite3.Connection
+            ):
+                return connection
+            connection = connection.connection
         if not isinstance(connection, sqlite3.Connection):
             raise ConfigurationError(
                 f"the SQLite outbox store can only join a sqlite3.Connection, "
@@ -269,7 +262,7 @@ class SqliteOutboxStore:
                 fix=f"open the connection with sqlite3.connect({self.path!r})",
             )
         try:
-            rows = connection.execute("PRAGMA database_list").fetchall()
+            main = connection_file(connection)
             has_table = connection.execute(_Q["table_exists"]).fetchone() is not None
         except sqlite3.Error as exc:
             raise ConfigurationError(
@@ -277,8 +270,7 @@ class SqliteOutboxStore:
                 fix="pass an open sqlite3.Connection (made in this thread, or with "
                 "check_same_thread=False)",
             ) from exc
-        main = next((row[2] for row in rows if row[1] == "main"), "")
-        if not main or not _same_file(main, self.path):
+        if not main or file_identity(main) != self.identity():
             raise ConfigurationError(
                 f"the connection opens {main or 'an in-memory database'}, but the outbox "
                 f"lives in {self.path}",
@@ -292,47 +284,24 @@ class SqliteOutboxStore:
                 f"the outbox table x_outbox does not exist in {self.path}",
                 fix="run store.migrate() once (App(outbox=...) migrates it on first use)",
             )
-        return connection
+        return Joined(connection, self.identity())
 
-    def stage(self, executor: Any, jobs: Sequence[NewJob], *, now: datetime | None = None) -> None:
+    def stage(
+        self, executor: Joined, jobs: Sequence[NewJob], *, now: datetime | None = None
+    ) -> None:
         if not jobs:
             return
-        conn = executor if isinstance(executor, sqlite3.Connection) else self.adopt(executor)
-        now_us = _now_us(now)
-        rows = [_row(job, now_us) for job in jobs]
-        if not conn.in_transaction:
-            legacy = getattr(sqlite3, "LEGACY_TRANSACTION_CONTROL", -1)
-            autocommit = getattr(conn, "autocommit", legacy)
-            if autocommit is True or (autocommit == legacy and conn.isolation_level is None):
-                # No transaction to join: these rows are a transaction of their own.
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    conn.executemany(_Q["stage"], rows)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    _rollback_quietly(conn)
-                    raise
-                return
-            # Legacy mode: open the transaction Python would open before the caller's own
-            # INSERT, and leave it open for the caller's commit() or rollback().
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                conn.executemany(_Q["stage"], rows)
-            except BaseException:
-                _rollback_quietly(conn)
-                raise
-            return
-        conn.execute(f"SAVEPOINT {_SAVEPOINT}")
+        conn = self.adopt(executor).connection
+        at_us = now_us(now)
+        rows = [_row(job, at_us) for job in jobs]
+
+        def body(c: sqlite3.Connection) -> None:
+            c.executemany(_Q["stage"], rows)
+
         try:
-            conn.executemany(_Q["stage"], rows)
-        except BaseException:
-            try:
-                conn.execute(f"ROLLBACK TO {_SAVEPOINT}")
-                conn.execute(f"RELEASE {_SAVEPOINT}")
-            except sqlite3.Error:
-                pass  # SQLite already rolled the whole transaction back (disk full, I/O)
-            raise
-        conn.execute(f"RELEASE {_SAVEPOINT}")
+            write_in(conn, body, savepoint=_SAVEPOINT, retry=lambda attempt: attempt())
+        except sqlite3.OperationalError as exc:
+            raise self._unavailable(exc) from exc
 
     # -- the relay's side --------------------------------------------------------------------
 
@@ -353,7 +322,7 @@ class SqliteOutboxStore:
         if limit <= 0:
             return 0
         with self._write() as conn:
-            args = {"before": _us(published_before), "limit": limit}
+            args = {"before": us(published_before), "limit": limit}
             return conn.execute(_Q["prune"], args).rowcount
 
 

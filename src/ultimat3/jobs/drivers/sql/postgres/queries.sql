@@ -14,7 +14,13 @@ SELECT pg_advisory_xact_lock(%(key)s)
 SELECT version FROM {schema}.x_migrations ORDER BY version
 
 -- name: migrate_has_ledger
-SELECT to_regclass(%(table)s) IS NOT NULL
+-- Read from pg_class (an MVCC snapshot per statement), not to_regclass: its catalog cache may
+-- still hold "no such table" from before another process's migration committed.
+SELECT EXISTS (
+    SELECT 1 FROM pg_catalog.pg_class c
+    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = %(schema)s AND c.relname = 'x_migrations'
+)
 
 -- name: server_identity
 -- Two connections reach the same database when all three agree.
@@ -25,7 +31,7 @@ SELECT current_database(),
 
 -- name: job_insert
 -- %(rows)s is a JSON array of rows, each [id, name, queue, input text, tenant, key, priority,
--- max_attempts, run_at]: decoding it as jsonb costs the server less than binding nine arrays
+-- max_attempts, run_at, delay] (a delay counts from now, on the database's clock): decoding it as jsonb costs the server less than binding nine arrays
 -- (and the client far less: psycopg dumps list parameters element by element in Python), and
 -- positional rows cost less than objects, whose keys json_to_recordset hashes row by row.
 WITH rows AS (
@@ -38,7 +44,8 @@ WITH rows AS (
            e.v ->> 5 AS idempotency_key,
            (e.v ->> 6)::int AS priority,
            (e.v ->> 7)::int AS max_attempts,
-           (e.v ->> 8)::timestamptz AS run_at
+           coalesce((e.v ->> 8)::timestamptz,
+                    coalesce(%(now)s::timestamptz, now()) + (e.v ->> 9)::interval) AS run_at
     FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS e(v, ord)
 ),
 inserted AS (
@@ -65,17 +72,22 @@ SELECT i.id, (SELECT count(*) FROM woken) FROM inserted i
 
 -- name: job_insert_one
 -- job_insert for one job, with plain parameters: no JSON to decode, no DISTINCT to sort. Most
--- enqueues are single jobs, and this statement costs little more than a bare INSERT.
+-- enqueues are single jobs, and this statement costs little more than a bare INSERT. A delay
+-- is added to the database's clock, never the enqueuing host's.
 WITH inserted AS (
     INSERT INTO {schema}.x_jobs AS j
         (id, name, queue, input, tenant_id, idempotency_key, priority, state,
          max_attempts, run_at, created_at)
     VALUES (
         %(id)s, %(name)s, %(queue)s, %(input)s::json, %(tenant_id)s, %(key)s, %(priority)s,
-        CASE WHEN %(run_at)s::timestamptz > coalesce(%(now)s::timestamptz, now())
+        CASE WHEN coalesce(%(run_at)s::timestamptz,
+                           coalesce(%(now)s::timestamptz, now()) + %(delay)s::interval)
+                  > coalesce(%(now)s::timestamptz, now())
              THEN 'scheduled' ELSE 'available' END,
         %(max_attempts)s,
-        coalesce(%(run_at)s::timestamptz, %(now)s::timestamptz, now()),
+        coalesce(%(run_at)s::timestamptz,
+                 coalesce(%(now)s::timestamptz, now()) + %(delay)s::interval,
+                 %(now)s::timestamptz, now()),
         coalesce(%(now)s::timestamptz, now())
     )
     ON CONFLICT ((coalesce('=' || tenant_id, '')), idempotency_key) DO NOTHING

@@ -7,7 +7,13 @@
 SELECT pg_advisory_xact_lock(%(key)s)
 
 -- name: migrate_has_ledger
-SELECT to_regclass(%(table)s) IS NOT NULL
+-- Read from pg_class (an MVCC snapshot per statement), not to_regclass: its catalog cache may
+-- still hold "no such table" from before another process's migration committed.
+SELECT EXISTS (
+    SELECT 1 FROM pg_catalog.pg_class c
+    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = %(schema)s AND c.relname = 'x_outbox_migrations'
+)
 
 -- name: migrate_applied
 SELECT version FROM {schema}.x_outbox_migrations ORDER BY version
@@ -24,7 +30,10 @@ INSERT INTO {schema}.x_outbox
     (id, job, queue, input, idempotency_key, max_attempts, priority, run_at, staged_at,
      tenant_id)
 VALUES (%(id)s, %(job)s, %(queue)s, %(input)s::json, %(key)s, %(max_attempts)s, %(priority)s,
-        %(run_at)s, coalesce(%(now)s::timestamptz, now()), %(tenant_id)s)
+        -- a delay counts from staging, on this database's clock
+        CASE WHEN %(delay)s::interval IS NULL THEN %(run_at)s::timestamptz
+             ELSE coalesce(%(now)s::timestamptz, now()) + %(delay)s::interval END,
+        coalesce(%(now)s::timestamptz, now()), %(tenant_id)s)
 
 -- name: claim
 -- Seed SQL_OUTBOX_CLAIM: rows another relay holds are skipped, never waited for.

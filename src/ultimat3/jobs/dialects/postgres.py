@@ -1,0 +1,157 @@
+"""PostgreSQL plumbing shared by the job driver and the outbox store.
+
+- ``masked_dsn``: a DSN fit for messages (any password replaced by ``***``).
+- ``CONNECT_DEFAULTS``: the libpq settings both apply unless the DSN sets them (a connect
+  timeout, TCP keepalives and ``tcp_user_timeout``), so a dead peer is noticed in ~30 s.
+- ``identify``: which database a caller's connection reaches, as a ``DatabaseId`` (the
+  database's name and oid, and the postmaster's start time), and whether a table is there;
+  the connection is left as idle as it was found.
+- ``check_joinable``: a caller's connection we may write in: open, sync, and not in a failed
+  transaction; otherwise a ``ConfigurationError`` whose fix fits the case.
+
+psycopg is imported by the callers (which need the ``[postgres]`` extra); this module only
+touches the objects they pass.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from ultimat3.jobs.driver import DatabaseId
+from ultimat3.jobs.errors import ConfigurationError
+
+__all__ = ["CONNECT_DEFAULTS", "check_joinable", "first_line", "identify", "masked_dsn"]
+
+#: libpq settings applied unless the DSN sets them: detect dead peers within about 30 s.
+CONNECT_DEFAULTS = {
+    "connect_timeout": "5",
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "30000",
+}
+
+#: Which database a connection reaches; the last column says whether %(table)s is there.
+IDENTITY_SQL = b"""
+SELECT current_database(),
+       (SELECT oid FROM pg_database WHERE datname = current_database()),
+       pg_postmaster_start_time(),
+       to_regclass(%(table)s) IS NOT NULL
+"""
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def masked_dsn(dsn: str) -> str:
+    """The DSN with any password replaced by ``***``."""
+    if "://" in dsn:
+        parts = urlsplit(dsn)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, _, hostinfo = netloc.rpartition("@")
+            if ":" in userinfo:
+                userinfo = userinfo.split(":", 1)[0] + ":***"
+            netloc = f"{userinfo}@{hostinfo}"
+        query = re.sub(r"(?i)(^|&)(password=)[^&]*", r"\1\2***", parts.query)
+        return urlunsplit(parts._replace(netloc=netloc, query=query))
+    return re.sub(r"(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
+
+
+def check_joinable(conn: Any, *, fix: str) -> None:
+    """Raise ``ConfigurationError`` unless we may write in ``conn``'s transaction."""
+    import psycopg
+    from psycopg import pq
+
+    if isinstance(conn, psycopg.AsyncConnection):
+        raise ConfigurationError(
+            "an async psycopg connection cannot be joined directly",
+            fix="use `async with ultimat3.jobs.integrations.psycopg.using(app, conn):` and "
+            "`await app.enqueue_async(...)`",
+        )
+    if not isinstance(conn, psycopg.Connection):
+        raise ConfigurationError(f"cannot join a {type(conn).__name__}", fix=fix)
+    if conn.closed:
+        raise ConfigurationError(
+            "the connection is closed", fix="enqueue on an open connection, inside its transaction"
+        )
+    if conn.info.transaction_status == pq.TransactionStatus.INERROR:
+        raise ConfigurationError(
+            "the connection's transaction has failed and can only be rolled back, so a job "
+            "written in it could never commit",
+            fix="roll the transaction back (or fix the statement that failed), then enqueue in "
+            "a new one",
+        )
+
+
+def identify(conn: Any, table: str, label: str) -> tuple[DatabaseId, bool]:
+    """The database ``conn`` reaches and whether ``table`` exists there. A connection that was
+    idle outside autocommit is rolled back afterwards, so no transaction is left open."""
+    import psycopg
+    from psycopg import pq
+
+    idle = conn.info.transaction_status == pq.TransactionStatus.IDLE and not conn.autocommit
+    try:
+        row = conn.execute(IDENTITY_SQL, {"table": table}, prepare=False).fetchone()
+    except psycopg.Error as exc:
+        raise ConfigurationError(
+            f"cannot check where the connection points: {first_line(exc)}",
+            fix="pass an open psycopg 3 Connection",
+        ) from None
+    finally:
+        if idle:
+            conn.rollback()
+    assert row is not None
+    name, oid, started, has_table = row
+    return DatabaseId("postgres", (name, oid, started), label), bool(has_table)
+
+
+#: Options of ours that a PostgreSQL URL may carry; every other query parameter goes to libpq.
+URL_OPTIONS = ("schema", "listen", "pool_min", "pool_max")
+
+
+def split_url(url: str, *, allowed: tuple[str, ...] = URL_OPTIONS) -> tuple[str, dict[str, str]]:
+    """Split our options (``?schema=``, ``?listen=false``, ``?pool_max=``) off a libpq URL and
+    return the DSN for libpq, its query re-encoded, so ``?password=p%26q%3Dr`` reaches libpq as
+    ``p&q=r``."""
+    from urllib.parse import parse_qsl, quote, urlencode
+
+    parts = urlsplit(url)
+    ours: dict[str, str] = {}
+    theirs: list[tuple[str, str]] = []
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key in allowed:
+            ours[key] = value
+        else:
+            theirs.append((key, value))
+    return urlunsplit(parts._replace(query=urlencode(theirs, quote_via=quote))), ours
+
+
+def flag(options: dict[str, str], name: str, default: bool) -> bool:
+    value = options.get(name)
+    if value is None:
+        return default
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ConfigurationError(
+        f"?{name}={value} is not true or false", fix=f"write ?{name}=true or ?{name}=false"
+    )
+
+
+def whole(options: dict[str, str], name: str, default: int) -> int:
+    value = options.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigurationError(
+            f"?{name}={value} is not a whole number", fix=f"write ?{name}=10, for example"
+        ) from None

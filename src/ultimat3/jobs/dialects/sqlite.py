@@ -1,0 +1,237 @@
+"""SQLite plumbing shared by the job driver and the outbox store.
+
+- Times are INTEGER microseconds since the epoch, UTC (``us``, ``now_us``, ``dt``).
+- A database is identified by its file's device and inode (``file_identity``), so two paths
+  to one file (a symlink, ``./jobs.db`` and ``/srv/app/jobs.db``) are one database.
+- ``write_in`` runs a write as part of a caller's transaction on their own connection, with
+  the rules of Python's ``sqlite3`` transaction modes (see its docstring).
+- Migrations are numbered ``.sql`` files split into statements (``executescript`` would COMMIT
+  the transaction they run in) and recorded in a ledger table; ``pending_versions`` is a read.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
+from typing import Protocol, TypeVar
+
+from ultimat3.jobs.driver import DatabaseId
+
+__all__ = [
+    "apply_migrations",
+    "close_quietly",
+    "connection_file",
+    "dt",
+    "file_identity",
+    "is_busy",
+    "now_us",
+    "pending_versions",
+    "primary_code",
+    "rollback_quietly",
+    "same_file",
+    "us",
+    "write_in",
+]
+
+_T = TypeVar("_T")
+_U = TypeVar("_U")
+
+
+class Retrier(Protocol):
+    """Runs an attempt again while the database is busy (the driver's busy loop)."""
+
+    def __call__(self, attempt: Callable[[], _U], /) -> _U: ...
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MICROSECOND = timedelta(microseconds=1)
+
+# SQLite primary result codes (extended code & 0xFF).
+BUSY = 5
+LOCKED = 6
+READONLY = 8
+IOERR = 10
+CORRUPT = 11
+FULL = 13
+CANTOPEN = 14
+NOTADB = 26
+BUSY_SNAPSHOT = 517
+
+
+def us(moment: datetime) -> int:
+    """Microseconds since the epoch, exactly (no float rounding)."""
+    if moment.tzinfo is None:
+        raise ValueError(f"a naive datetime ({moment}) cannot be stored: pass an aware UTC time")
+    return (moment - EPOCH) // MICROSECOND
+
+
+def now_us(now: datetime | None) -> int:
+    return time.time_ns() // 1000 if now is None else us(now)
+
+
+@lru_cache(maxsize=4096)
+def dt(micros: int) -> datetime:
+    # Cached: a claimed batch shares its attempt and expiry times, a bulk insert its run_at.
+    return EPOCH + timedelta(microseconds=micros)
+
+
+def dt_or_none(micros: int | None) -> datetime | None:
+    return None if micros is None else dt(micros)
+
+
+def same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def file_identity(path: str) -> DatabaseId:
+    """The identity of the database file at ``path`` (device and inode once it exists)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return DatabaseId("sqlite", ("path", os.path.realpath(path)), path)
+    return DatabaseId("sqlite", (st.st_dev, st.st_ino), path)
+
+
+def connection_file(conn: sqlite3.Connection) -> str:
+    """The file of a connection's main database ('' for an in-memory or temporary one)."""
+    rows = conn.execute("PRAGMA database_list").fetchall()
+    return next((str(row[2]) for row in rows if row[1] == "main"), "")
+
+
+def primary_code(exc: sqlite3.Error) -> int:
+    return int(getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF
+
+
+def is_busy(exc: sqlite3.Error) -> bool:
+    if primary_code(exc) in (BUSY, LOCKED):
+        return True
+    # Some paths raise without an error code; the message is stable across versions.
+    text = str(exc)
+    return "database is locked" in text or "database table is locked" in text
+
+
+def rollback_quietly(conn: sqlite3.Connection) -> None:
+    # SQLite rolls back by itself after some errors (disk full, I/O); then there is nothing left.
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
+
+def close_quietly(conn: sqlite3.Connection) -> None:
+    try:
+        conn.close()
+    except sqlite3.Error:
+        pass
+
+
+def once(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], _T]) -> _T:
+    """``body`` in its own ``BEGIN IMMEDIATE`` transaction: committed, or rolled back."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = body(conn)
+        conn.execute("COMMIT")
+    except BaseException:
+        rollback_quietly(conn)
+        raise
+    return result
+
+
+def autocommits(conn: sqlite3.Connection) -> bool:
+    """True when a statement outside a transaction commits at once on this connection."""
+    legacy = getattr(sqlite3, "LEGACY_TRANSACTION_CONTROL", -1)
+    autocommit = getattr(conn, "autocommit", legacy)
+    return autocommit is True or (autocommit == legacy and conn.isolation_level is None)
+
+
+def write_in(
+    conn: sqlite3.Connection,
+    body: Callable[[sqlite3.Connection], _T],
+    *,
+    savepoint: str | None,
+    retry: Retrier,
+) -> _T:
+    """Run ``body`` as part of the caller's transaction on their connection ``conn``.
+
+    - Inside a transaction: in a ``SAVEPOINT`` (named ``savepoint``; None for bodies that are
+      atomic on their own, since SQLite undoes a failed statement without touching the
+      transaction around it), so a failure rolls back only our part.
+    - Legacy transaction mode (``isolation_level`` not None, ``sqlite3.connect``'s default)
+      with no transaction open: the ``BEGIN`` the caller's own INSERT would have issued, as
+      ``BEGIN IMMEDIATE``, left open for the caller's ``commit()`` or ``rollback()``.
+    - Autocommit with no transaction open: the write is a transaction of its own, committed at
+      once (as the caller's own INSERT would be), and so may be retried whole by ``retry``.
+
+    sqlite3 errors are raised as they are; the caller translates them.
+    """
+    if not conn.in_transaction:
+        if autocommits(conn):
+            return retry(lambda: once(conn, body))
+        retry(lambda: conn.execute("BEGIN IMMEDIATE"))
+        try:
+            return body(conn)
+        except BaseException:
+            rollback_quietly(conn)
+            raise
+    if savepoint is None:
+        return body(conn)
+    conn.execute(f"SAVEPOINT {savepoint}")
+    try:
+        result = body(conn)
+    except BaseException:
+        try:
+            conn.execute(f"ROLLBACK TO {savepoint}")
+            conn.execute(f"RELEASE {savepoint}")
+        except sqlite3.Error:
+            pass  # SQLite already rolled the whole transaction back (disk full, I/O)
+        raise
+    conn.execute(f"RELEASE {savepoint}")
+    return result
+
+
+def pending_versions(
+    conn: sqlite3.Connection, known: Sequence[tuple[int, str]], named: Mapping[str, str]
+) -> list[int]:
+    """The versions of ``known`` not recorded yet. A read: it takes no write lock."""
+    applied: set[int] = set()
+    if conn.execute(named["migrations_table_exists"]).fetchone() is not None:
+        applied = {row[0] for row in conn.execute(named["migration_versions"])}
+    return [version for version, _ in known if version not in applied]
+
+
+def apply_migrations(
+    conn: sqlite3.Connection, known: Sequence[tuple[int, str]], named: Mapping[str, str]
+) -> list[int]:
+    """Apply the migrations of ``known`` not yet recorded, inside the caller's ``BEGIN
+    IMMEDIATE``; ``named`` holds the ``migrations_table_exists``, ``migration_versions`` and
+    ``migration_record`` queries of the schema at hand (the job tables, or an outbox)."""
+    pending = set(pending_versions(conn, known, named))
+    done = []
+    for version, script in known:
+        if version not in pending:
+            continue
+        for statement in _statements(script):
+            conn.execute(statement)
+        conn.execute(named["migration_record"], {"version": version})
+        done.append(version)
+    return done
+
+
+def _statements(script: str) -> Iterator[str]:
+    buffer = ""
+    for line in script.splitlines(keepends=True):
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            yield buffer.strip()
+            buffer = ""
+    rest = "".join(ln for ln in buffer.splitlines() if not ln.strip().startswith("--")).strip()
+    if rest:
+        raise ValueError(f"migration ends with an incomplete statement: {rest[:80]!r}")

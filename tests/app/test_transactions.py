@@ -1,0 +1,345 @@
+"""The one rule of the enqueue path, in every shape a real application takes: an enqueue inside
+a transaction joins it or raises; it never commits on its own, and it never waits for the
+caller's own lock.
+
+- Two App objects on one database (a web app and a management command) join each other's
+  transactions: joining is decided by database identity, not by driver object.
+- A fresh App whose first use is inside the caller's write transaction opens with a read.
+- A transaction the app cannot join (another database, no outbox) is an error with a fix.
+- ``app.transaction()`` / ``app.using()`` make their app the current one.
+- A ``delay`` counts on the database's clock (PostgreSQL), not the enqueuing host's.
+- Many threads through two Apps, half rolled back: jobs == committed business rows, exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sqlite3
+import threading
+import time
+import types
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ultimat3.jobs import App, ConfigurationError, job
+from ultimat3.jobs.clock import SystemClock
+from ultimat3.jobs.drivers import open_driver
+from ultimat3.jobs.records import JobState
+
+
+@job
+def in_a(value: Any) -> None:
+    pass
+
+
+@job
+def in_b(value: Any) -> None:
+    pass
+
+
+def _pg_url(dsn: str) -> str:
+    from psycopg.conninfo import conninfo_to_dict
+
+    parts = conninfo_to_dict(dsn)
+    return f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "postgres":
+        return _pg_url(request.getfixturevalue("pg_dsn"))
+    return f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
+
+
+@pytest.fixture
+def two_apps(
+    db_url: str, make_module: Callable[..., types.ModuleType]
+) -> Iterator[tuple[App, App]]:
+    a = App(db_url, modules=[make_module("tx_jobs_a", in_a=in_a)])
+    b = App(db_url, modules=[make_module("tx_jobs_b", in_b=in_b)])
+    a.open()
+    b.open()
+    yield a, b
+    a.close()
+    b.close()
+
+
+def _business_table(app: App) -> None:
+    with app.transaction() as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS orders (id integer)")
+
+
+def test_two_apps_on_one_database_join_each_others_transactions(two_apps: tuple[App, App]) -> None:
+    a, b = two_apps
+    _business_table(a)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError), a.transaction() as conn:
+        conn.execute("INSERT INTO orders VALUES (1)")
+        in_b.enqueue({"n": 1})  # through App B, inside App A's transaction
+        raise RuntimeError("the request fails")
+    assert b.count_jobs() == 0, "B's job rolled back with A's transaction"
+    with a.transaction() as conn:
+        conn.execute("INSERT INTO orders VALUES (2)")
+        result = in_b.enqueue({"n": 2})
+        assert b.count_jobs() == 0 or b.driver.name == "sqlite"  # not visible outside yet
+    assert [j.id for j in b.list_jobs()] == [result.id]
+    assert time.monotonic() - started < 2.0, "nothing waited for a lock"
+
+
+def test_a_transaction_on_another_database_is_refused_not_committed_alone(
+    tmp_path: Path, make_module: Callable[..., types.ModuleType]
+) -> None:
+    a = App(f"sqlite:///{tmp_path / 'a.sqlite3'}", modules=[make_module("tx_a", in_a=in_a)])
+    b = App(f"sqlite:///{tmp_path / 'b.sqlite3'}", modules=[make_module("tx_b", in_b=in_b)])
+    try:
+        b.open()
+        with a.transaction(), pytest.raises(ConfigurationError) as raised:
+            in_b.enqueue({})
+        assert "neither this app's job database" in raised.value.cause
+        assert "outbox" in raised.value.fix
+        assert b.count_jobs() == 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_an_aborted_or_closed_connection_cannot_be_joined(tmp_path: Path, make_module: Any) -> None:
+    path = tmp_path / "jobs.sqlite3"
+    app = App(f"sqlite:///{path}", modules=[make_module("tx_closed", in_a=in_a)])
+    app.open()
+    try:
+        conn = sqlite3.connect(path)
+        conn.close()
+        with pytest.raises(ConfigurationError, match="cannot inspect"), app.using(conn):
+            pass
+    finally:
+        app.close()
+
+
+@pytest.mark.postgres
+def test_an_aborted_postgres_transaction_cannot_be_joined(pg_dsn: str, make_module: Any) -> None:
+    import psycopg
+
+    app = App(_pg_url(pg_dsn), modules=[make_module("tx_aborted", in_a=in_a)])
+    try:
+        with psycopg.connect(pg_dsn) as conn:
+            with pytest.raises(psycopg.errors.DivisionByZero):
+                conn.execute("SELECT 1/0")
+            with pytest.raises(ConfigurationError, match="rolled back") as raised, app.using(conn):
+                in_a.enqueue({})
+            assert "new one" in raised.value.fix
+    finally:
+        app.close()
+
+
+def test_a_fresh_app_opens_inside_the_callers_write_transaction_without_waiting(
+    tmp_path: Path, make_module: Callable[..., types.ModuleType]
+) -> None:
+    """Django's shape: the App is built at import time, the first request writes inside
+    ``atomic()`` (holding SQLite's write lock) and then enqueues."""
+    path = tmp_path / "jobs.sqlite3"
+    App(f"sqlite:///{path}").open()  # migrated once, as `ultimat3-jobs migrate` would
+    fresh = App(f"sqlite:///{path}", modules=[make_module("tx_fresh", in_a=in_a)])
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("CREATE TABLE orders (id integer)")
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO orders VALUES (1)")  # the caller holds the write lock
+        started = time.monotonic()
+        with fresh.using(conn):
+            in_a.enqueue({"order": 1})
+        assert time.monotonic() - started < 1.0
+        conn.execute("COMMIT")
+        assert fresh.count_jobs() == 1
+    finally:
+        conn.close()
+        fresh.close()
+
+
+@pytest.mark.parametrize("file", ["an older schema", "a new file"])
+def test_a_stale_schema_inside_the_callers_write_transaction_raises_at_once(
+    file: str, tmp_path: Path, make_module: Callable[..., types.ModuleType]
+) -> None:
+    path = tmp_path / "jobs.sqlite3"
+    if file == "an older schema":  # as after an upgrade that added migration 2
+        App(f"sqlite:///{path}").open()
+        with sqlite3.connect(path, isolation_level=None) as old:
+            old.execute("DROP TABLE x_schedules")
+            old.execute("DROP TABLE x_leaders")
+            old.execute("DELETE FROM x_migrations WHERE version = 2")
+    fresh = App(f"sqlite:///{path}", modules=[make_module("tx_stale", in_a=in_a)])
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("CREATE TABLE orders (id integer)")
+        started = time.monotonic()
+        with pytest.raises(ConfigurationError) as raised, fresh.using(conn):
+            in_a.enqueue({})
+        assert time.monotonic() - started < 1.0, "no wait for the busy timeout"
+        assert "ultimat3-jobs migrate" in raised.value.fix
+        assert "app.open()" in raised.value.fix
+        conn.execute("ROLLBACK")
+        fresh.open()  # once the caller's transaction is over, it migrates
+        assert fresh.driver.schema_current()
+    finally:
+        conn.close()
+        fresh.close()
+
+
+def test_a_write_outside_the_callers_transaction_on_the_same_file_fails_fast(
+    two_apps: tuple[App, App],
+) -> None:
+    a, b = two_apps
+    if b.driver.name != "sqlite":
+        pytest.skip("only SQLite has one write lock per file")
+    job_id = in_b.enqueue({}).id
+    with a.transaction():
+        started = time.monotonic()
+        with pytest.raises(ConfigurationError, match="wait for your own open transaction"):
+            b.cancel_job(job_id)
+        assert time.monotonic() - started < 1.0
+
+
+def test_the_app_of_a_transaction_is_current_inside_it(
+    db_url: str, make_module: Callable[..., types.ModuleType]
+) -> None:
+    shared = make_module("tx_shared", in_a=in_a)
+    a, b = App(db_url, modules=[shared]), App(db_url, modules=[shared])
+    try:
+        with pytest.raises(ConfigurationError, match="none is current"):
+            in_a.enqueue({})
+        with a.transaction():
+            in_a.enqueue({"via": "a"})
+        raw = a.driver
+        if raw.name == "sqlite":
+            conn = sqlite3.connect(raw.display_url[len("sqlite:///") :], isolation_level=None)
+            conn.execute("BEGIN IMMEDIATE")
+            with b.using(conn):
+                in_a.enqueue({"via": "b"})
+            conn.execute("COMMIT")
+            conn.close()
+        assert a.count_jobs() == (2 if raw.name == "sqlite" else 1)
+    finally:
+        a.close()
+        b.close()
+
+
+class _HostBehind:
+    """A host whose clock runs two hours behind, with the database's clock in charge."""
+
+    def __init__(self) -> None:
+        self._system = SystemClock()
+
+    def now(self) -> datetime:
+        return self._system.now() - timedelta(hours=2)
+
+    def pinned(self) -> datetime | None:
+        return None
+
+    def monotonic(self) -> float:
+        return self._system.monotonic()
+
+    def sleep(self, seconds: float, wake: threading.Event | None = None) -> bool:
+        return self._system.sleep(seconds, wake)
+
+
+@pytest.mark.postgres
+def test_a_delay_counts_on_the_database_clock(pg_dsn: str, make_module: Any) -> None:
+    app = App(_pg_url(pg_dsn), modules=[make_module("tx_delay", in_a=in_a)], clock=_HostBehind())
+    try:
+        made = in_a.enqueue({}, delay="1h")
+        stored = app.get_job(made.id)
+        assert stored.state is JobState.SCHEDULED
+        assert abs(stored.run_at - (stored.created_at + timedelta(hours=1))) < timedelta(seconds=1)
+        explicit = datetime(2030, 1, 1, tzinfo=UTC)
+        assert app.get_job(in_a.enqueue({}, run_at=explicit).id).run_at == explicit
+    finally:
+        app.close()
+
+
+def test_many_threads_through_two_apps_commit_exactly_the_committed_jobs(
+    two_apps: tuple[App, App],
+) -> None:
+    a, b = two_apps
+    _business_table(a)
+    rng = random.Random(9)
+    plans = [[rng.random() < 0.5 for _ in range(50)] for _ in range(8)]
+    errors: list[BaseException] = []
+
+    def worker(index: int) -> None:
+        try:
+            for n, commit in enumerate(plans[index]):
+                app = a if (index + n) % 2 else b
+                try:
+                    with app.transaction() as conn:
+                        conn.execute("INSERT INTO orders VALUES (?)".replace("?", str(n)))
+                        (in_a if n % 2 else in_b).enqueue({"t": index, "n": n})
+                        if not commit:
+                            raise KeyError("roll back")
+                except KeyError:
+                    pass
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+    with a.transaction() as conn:
+        rows = conn.execute("SELECT count(*) FROM orders").fetchone()[0]
+    committed = sum(sum(plan) for plan in plans)
+    assert rows == committed
+    assert a.count_jobs() == committed
+
+
+@pytest.mark.postgres
+async def test_gathered_async_enqueues_on_one_connection_commit_or_roll_back_together(
+    pg_dsn: str, make_module: Any
+) -> None:
+    import psycopg
+
+    from ultimat3.jobs.integrations.psycopg import using
+
+    app = App(_pg_url(pg_dsn), modules=[make_module("tx_async", in_a=in_a)])
+    app.open()
+    try:
+        async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
+            async with conn.transaction(), using(app, conn):
+                await asyncio.gather(*(app.enqueue_async(in_a, {"n": n}) for n in range(50)))
+            assert app.count_jobs() == 50
+            with pytest.raises(RuntimeError):
+                async with conn.transaction(), using(app, conn):
+                    await asyncio.gather(*(in_a.enqueue_async({"n": n}) for n in range(50)))
+                    raise RuntimeError("roll back")
+            assert app.count_jobs() == 50
+    finally:
+        app.close()
+
+
+@pytest.mark.postgres
+def test_a_url_password_with_special_characters_reaches_libpq(pg_dsn: str) -> None:
+    from psycopg.conninfo import conninfo_to_dict
+
+    parts = conninfo_to_dict(pg_dsn)
+    secret = "p&q=r%@x"
+    encoded = "p%26q%3Dr%25%40x"
+    url = (
+        f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+        f"?password={encoded}&application_name=u3j%20test"
+    )
+    driver = open_driver(url)
+    try:
+        given = conninfo_to_dict(driver._dsn)  # type: ignore[attr-defined]
+        assert given["password"] == secret
+        assert given["application_name"] == "u3j test"
+        assert secret not in driver.display_url
+        driver.migrate()
+    finally:
+        driver.close()

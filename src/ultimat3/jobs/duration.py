@@ -61,13 +61,12 @@ def to_timedelta(value: DurationInput, *, name: str | None = None) -> timedelta:
         if name is None:
             raise
         cause = exc.cause.replace(f"duration {value!r}", f"{name}={value!r}", 1)
-        raise DurationError(cause, value=repr(value)) from None
+        raise DurationError(cause, fix=exc.fix, value=repr(value)) from None
     if found > MAX_DURATION:
         label = f"{name}={value!r}" if name else f"duration {value!r}"
         raise DurationError(
             f"{label} is longer than 10 years",
-            fix="use a duration of at most 3653d; for a job that should wait longer, schedule "
-            "it nearer the time",
+            fix=_TOO_LONG_FIX,
             value=repr(value),
         )
     return found
@@ -164,5 +163,12 @@ def _from_us(us: int, original: object) -> timedelta:
     return timedelta(microseconds=us)
 
 
+_TOO_LONG_FIX = (
+    'use a duration of at most 3653d, such as "90s", "1h" or "30d"; for a job that should '
+    "wait longer, schedule it nearer the time"
+)
+
+
 def _error(value: object, why: str) -> DurationError:
-    return DurationError(f"duration {value!r} {why}", value=repr(value))
+    fix = _TOO_LONG_FIX if "longer than 10 years" in why else None
+    return DurationError(f"duration {value!r} {why}", fix=fix, value=repr(value))

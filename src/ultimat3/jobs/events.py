@@ -15,11 +15,16 @@ logger = logging.getLogger("ultimat3.jobs")
 logger.addHandler(logging.NullHandler())
 
 
-def emit(level: int, event: str, **fields: Any) -> None:
+def emit(level: int, event: str, exc: BaseException | None = None, **fields: Any) -> None:
     if not logger.isEnabledFor(level):
         return
     text = " ".join(f"{k}={v}" for k, v in fields.items())
-    logger.log(level, f"{event} {text}".rstrip(), extra={"event": event, "fields": fields})
+    logger.log(
+        level,
+        f"{event} {text}".rstrip(),
+        exc_info=exc,
+        extra={"event": event, "fields": fields},
+    )
 
 
 def debug(event: str, **fields: Any) -> None:
@@ -32,3 +37,7 @@ def info(event: str, **fields: Any) -> None:
 
 def warning(event: str, **fields: Any) -> None:
     emit(logging.WARNING, event, **fields)
+
+
+def error(event: str, exc: BaseException | None = None, **fields: Any) -> None:
+    emit(logging.ERROR, event, exc, **fields)

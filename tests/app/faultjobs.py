@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
@@ -31,4 +32,20 @@ def suicide(input: dict[str, Any]) -> None:
     os._exit(137)
 
 
-app = App(os.environ["ULTIMAT3_JOBS_URL"], modules=[__import__(__name__)])
+@job(retry=Retry(attempts=3, delay="100ms", jitter=False))
+def aborts(input: dict[str, Any]) -> None:
+    """Aborts its worker process (SIGABRT) on every attempt."""
+    os.abort()
+
+
+@job(retry=Retry(attempts=3, delay="100ms", jitter=False))
+def segfaults(input: dict[str, Any]) -> None:
+    """Crashes its worker process with a segmentation fault on every attempt."""
+    import ctypes
+    import faulthandler
+
+    faulthandler.disable()  # no dump on stderr: the crash is the point
+    ctypes.string_at(0)
+
+
+app = App(os.environ["ULTIMAT3_JOBS_URL"], modules=[sys.modules[__name__]])

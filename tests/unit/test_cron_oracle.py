@@ -2,7 +2,7 @@
 
 The oracle knows nothing of cronsim or of ``ultimat3.jobs.cron``: it builds each schedule from
 plain sets of minutes, hours, days and weekdays, walks real time minute by minute in UTC, reads
-the wall clock with zoneinfo, and applies DESIGN.md §2.5's rule directly:
+the wall clock with zoneinfo, and applies the Debian cron DST rule (ARCHITECTURE.md, "Cron") directly:
 
 - an entry whose minute or hour field starts with ``*`` fires when the wall clock shows a
   matching time;

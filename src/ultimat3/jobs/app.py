@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import Token
+from datetime import timedelta
 from types import ModuleType
 from typing import Any, Literal, TypeVar, Unpack
 
@@ -350,26 +351,33 @@ class App(Enqueuer):
         retention: DurationInput = "1d",
         dead_retention: DurationInput | None = None,
         heartbeat: DurationInput | None = None,
+        stuck_limit: DurationInput | None = "5m",
     ) -> Worker:
         """A worker for this app's jobs (``worker.run()`` blocks; ``with worker:`` runs it in
-        background threads)."""
+        background threads). Settings that cannot work are refused here, naming the option:
+        a heartbeat of more than half the lease, a duration over 10 years."""
         chosen = tuple(queues) if queues else self.queues_of_jobs()
         if not chosen:
             raise ConfigurationError(
                 "the worker has no queue to serve: no job is registered",
                 fix="register your jobs module (App(modules=[...]) or --app module:app), or pass queues=",
             )
+
+        def maybe(value: DurationInput | None, name: str) -> timedelta | None:
+            return None if value is None else to_timedelta(value, name=name)
+
         config = WorkerConfig(
             queues=chosen,
             concurrency=concurrency,
-            lease=to_timedelta(lease),
-            heartbeat=to_timedelta(heartbeat) if heartbeat is not None else None,
-            poll_interval=to_timedelta(poll_interval),
-            shutdown_grace=to_timedelta(shutdown_grace),
-            rescue_interval=to_timedelta(rescue_interval),
+            lease=to_timedelta(lease, name="lease"),
+            heartbeat=maybe(heartbeat, "heartbeat"),
+            poll_interval=to_timedelta(poll_interval, name="poll_interval"),
+            shutdown_grace=to_timedelta(shutdown_grace, name="shutdown_grace"),
+            rescue_interval=to_timedelta(rescue_interval, name="rescue_interval"),
+            stuck_limit=maybe(stuck_limit, "stuck_limit"),
             maintenance=MaintenanceConfig(
-                retention=to_timedelta(retention),
-                dead_retention=to_timedelta(dead_retention) if dead_retention is not None else None,
+                retention=to_timedelta(retention, name="retention"),
+                dead_retention=maybe(dead_retention, "dead_retention"),
             ),
         )
         return Worker(

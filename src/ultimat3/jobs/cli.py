@@ -168,6 +168,13 @@ def worker(
         )
         stats = w.run()
         click.echo(f"stopped: {stats}", err=True)
+    if w.exit_code:
+        click.echo(
+            "the worker stopped because one of its loops could not go on (see the log "
+            f"above); exiting with {w.exit_code} so that its supervisor restarts it",
+            err=True,
+        )
+        sys.exit(w.exit_code)
 
 
 def _scheduler_options(f: F) -> F:
@@ -254,6 +261,8 @@ def run_all(
                 r.stop()
             if s is not None:
                 s.stop()
+    if w.exit_code:
+        sys.exit(w.exit_code)
 
 
 def _leader(value: str) -> Literal["sole", "database"]:

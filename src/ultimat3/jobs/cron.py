@@ -6,7 +6,7 @@ Guarantees:
   about as an argument (``after``, ``now``) and never reads a clock.
 - Zones are IANA names, always required; an unknown zone or a bad expression raises
   ``CronError`` with the cause and a fix, before anything fires.
-- DST follows Debian cron (DESIGN.md §2.5). An entry is *fixed-time* when neither its minute nor
+- DST follows Debian cron (ARCHITECTURE.md, "Cron"). An entry is *fixed-time* when neither its minute nor
   its hour field starts with ``*`` (``0 0-3 * * *`` is fixed-time, ``*/15 1 * * *`` is not).
   A fixed-time entry whose wall time falls in a spring-forward gap fires once, at the first
   instant after the gap (several gap times collapse into that one instant); a wall time that

@@ -17,7 +17,9 @@ Rules every driver keeps (the contract suite in ``tests/contract`` checks each o
   unpaused queues, highest ``priority`` first, then oldest ``run_at``, then id; sets them
   ``running``, adds one to ``attempt`` (the attempt is counted at claim time, so a job that kills
   its worker cannot loop forever), and gives each a fresh lease token expiring at
-  ``now + lease_for``. No two claims ever return the same (job, token).
+  ``now + lease_for``. No two claims ever return the same (job, token). Jobs marked isolated
+  (rescued after their worker died) are claimed only by an ``isolated=True`` claim, and
+  every failure write sets or clears that mark (``Failure.isolate``).
 - **Fencing.** Every write after the claim names a ``Lease``; it changes a row only while the
   row is ``running`` with that token. A stale token matches nothing, and the method reports
   which ids it changed.
@@ -176,6 +178,11 @@ class Driver(Protocol):
 
     def job_claim(self, params: ClaimParams) -> list[Job]:
         """Claim up to ``params.limit`` due jobs from ``params.queues`` (see the module rules)."""
+        ...
+
+    def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:
+        """True when an isolated job (rescued after its worker died) is due in ``queues``. A
+        read on an index that is empty unless something was rescued."""
         ...
 
     def lease_extend(

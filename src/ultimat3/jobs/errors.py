@@ -110,10 +110,18 @@ class DriverUnavailableError(JobsError):
     """The job database cannot be used."""
 
     def __init__(
-        self, cause: str | None = None, *, driver: str = "", fix: str | None = None
+        self,
+        cause: str | None = None,
+        *,
+        driver: str = "",
+        fix: str | None = None,
+        retryable: bool = True,
     ) -> None:
         self.driver = driver
-        super().__init__(cause, fix=fix, driver=driver)
+        #: True when the same call may succeed later (the server is back, the lock is free,
+        #: the standby was promoted); False when only a change (a migration, a fix) can help.
+        self.retryable = retryable
+        super().__init__(cause, fix=fix, driver=driver, retryable=retryable)
 
 
 class JobNotFoundError(JobsError):

@@ -1,26 +1,35 @@
-"""Maintenance: rescue jobs whose worker vanished, and prune finished rows.
+"""Maintenance: rescue jobs whose worker vanished, and prune finished rows, on one elected node.
 
 Guarantees and limits:
 
+- **One node acts.** Every worker runs the maintenance loop, but only the holder of the
+  ``maintenance`` leadership (a lease row in ``x_leaders``, renewed each tick) rescues and
+  prunes; the others idle. Rescues are fenced by the expired lease, so two rescuers racing
+  (a leader that lost its lease and the next) still change each job once.
 - **Rescue is by lease, not by age.** A running job is rescued only once its lease expired on
   the database's clock, i.e. no heartbeat renewed it for a whole lease. A job whose worker is
-  alive keeps its lease however long it runs. The rescue is a failure written through the
-  expired lease: if the worker comes back and writes first, the rescue matches nothing, and if
-  the rescue writes first, the worker's late write matches nothing (fencing).
-- **The rescued attempt counts.** The attempt was counted at claim time, so a job that kills
-  its worker on every attempt ends ``dead`` after ``max_attempts`` claims, with error kind
-  ``worker_lost`` for each.
-- Every worker may run maintenance; two rescuers racing on one job are fenced the same way, so
-  running it everywhere costs queries, never correctness.
-- Pruning deletes ``completed`` and ``cancelled`` rows finished longer ago than ``retention``
-  (default 1 day), which also ends the dedupe window of their idempotency keys. ``dead`` rows
-  are kept until retried or discarded unless ``dead_retention`` is set.
+  alive keeps its lease however long it runs.
+- **A stall is not a death.** When this process saw the database delay or refuse its writes
+  (SQLite's write lock held by a long business transaction; a network stall), heartbeats may
+  have been stuck behind the same stall. The rescuer then waits until writes have flowed for
+  a full lease (``grace``) before it trusts an expiry, so a lease lapses only after a full
+  lease in which its worker could have renewed it and did not.
+- **The rescued attempt counts** (it was counted when the job was claimed), so a job that kills
+  its worker on every attempt ends ``dead`` after ``max_attempts``, with error kind
+  ``worker_lost`` each time. A rescued job is marked *isolated*: it is claimed alone, with
+  nothing else running in its worker, until it returns (see ``ultimat3.jobs.worker``).
+- **Pruning keeps up.** Each pass deletes ``completed`` and ``cancelled`` rows finished longer
+  ago than ``retention`` (default 1 day) in bounded batches until none is left or the pass's
+  time budget is spent; the next pass follows at once while rows remain. ``dead`` rows are kept
+  until retried or discarded unless ``dead_retention`` is set. Pruning a row ends the dedupe
+  window of its idempotency key.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +45,7 @@ from ultimat3.jobs.retry import DEFAULT_RETRY, next_retry
 
 TRACEBACK_LIMIT = 16_000
 MESSAGE_LIMIT = 4_000
+LEADERSHIP = "maintenance"
 
 
 def attempt_error(job: Job, kind: str, message: str, now: datetime, tb: str = "") -> AttemptError:
@@ -59,6 +69,8 @@ def decide_failure(
     error: AttemptError,
     now: datetime,
     rand: Callable[[], float] = random.random,
+    *,
+    isolate: bool = False,
 ) -> tuple[Failure, bool]:
     """The one place a failed attempt becomes a retry or a dead job (seed ``nextRetry``).
 
@@ -70,7 +82,7 @@ def decide_failure(
     decision = next_retry(dataclasses.replace(policy, attempts=job.max_attempts), job.attempt, rand)
     retry_at = now + decision.delay if decision.retry else None
     drop = not decision.retry and not decision.dead_letter
-    return Failure(lease=job.lease, error=error, retry_at=retry_at), drop
+    return Failure(lease=job.lease, error=error, retry_at=retry_at, isolate=isolate), drop
 
 
 @dataclass
@@ -78,11 +90,13 @@ class MaintenanceConfig:
     rescue_batch: int = 100
     retention: timedelta = timedelta(days=1)
     dead_retention: timedelta | None = None
-    prune_batch: int = 10_000
+    prune_batch: int = 5_000
+    #: The most time one pass spends pruning before it lets the other loops write.
+    prune_budget: timedelta = timedelta(seconds=1)
 
 
 class Maintenance:
-    """Rescuer and pruner. ``tick()`` does one pass of each and returns what it did."""
+    """Rescuer and pruner. ``tick()`` renews leadership and, on the leader, runs what is due."""
 
     def __init__(
         self,
@@ -90,14 +104,73 @@ class Maintenance:
         handles: Callable[[str], JobHandle[Any] | None],
         clock: Clock,
         config: MaintenanceConfig | None = None,
+        *,
+        holder: str = "",
+        grace: timedelta = timedelta(seconds=30),
+        leader_ttl: timedelta = timedelta(seconds=15),
     ) -> None:
         self.driver = driver
         self.handles = handles
         self.clock = clock
         self.config = config or MaintenanceConfig()
+        self.holder = holder or f"maintenance:{id(self):x}"
+        self.grace = grace
+        self.leader_ttl = leader_ttl
+        self.leading = False
+        self._next_rescue = 0.0
+        self._next_prune = time.monotonic() + 5.0
+        self._backlog = False
+        self._deferred = False
+
+    def tick(self, *, rescue_every: float, prune_every: float) -> int:
+        """One pass: keep or take leadership; on the leader, rescue and prune when due.
+        Returns how many jobs were rescued."""
+        self.leading = self.driver.leader_elect(
+            LEADERSHIP, self.holder, self.leader_ttl, now=self.clock.pinned()
+        )
+        if not self.leading:
+            return 0
+        now = time.monotonic()
+        rescued = 0
+        if now >= self._next_rescue:
+            self._next_rescue = now + rescue_every
+            rescued = len(self.rescue())
+        if now >= self._next_prune or self._backlog:
+            self._next_prune = now + prune_every
+            self.prune()
+        return rescued
+
+    def next_in(self) -> float:
+        """Seconds until the next pass: at once while a prune backlog remains, else when the
+        next rescue is due, and at least often enough to keep the leadership."""
+        if self._backlog:
+            return 0.05
+        due = min(self._next_rescue, self._next_prune) - time.monotonic()
+        return max(0.05, min(due, self.leader_ttl.total_seconds() / 3))
+
+    def resign(self) -> None:
+        if self.leading:
+            try:
+                self.driver.leader_resign(LEADERSHIP, self.holder)
+            except Exception:
+                pass
+            self.leading = False
 
     def rescue(self) -> list[str]:
-        """Fail every job whose lease expired; return the ids rescued."""
+        """Fail every job whose lease expired; return the ids rescued. Deferred (returns [])
+        while this process saw a write stall less than ``grace`` ago."""
+        healthy = self.driver.stalls.healthy_for()
+        if healthy < self.grace.total_seconds():
+            if not self._deferred:
+                self._deferred = True
+                events.warning(
+                    "jobs.maintenance.rescue-deferred",
+                    reason="the database stalled our writes",
+                    healthy_for=round(healthy, 3),
+                    grace=self.grace.total_seconds(),
+                )
+            return []
+        self._deferred = False
         rescued: list[str] = []
         while True:
             expired = self.driver.job_list_expired(
@@ -115,7 +188,9 @@ class Maintenance:
                     "the lease expired: the worker crashed, hung, or lost the database",
                     now,
                 )
-                failure, drop = decide_failure(job, self.handles(job.name), error, now)
+                failure, drop = decide_failure(
+                    job, self.handles(job.name), error, now, isolate=True
+                )
                 failures.append(failure)
                 if drop:
                     drops.append(job.id)
@@ -132,18 +207,27 @@ class Maintenance:
                 return rescued
 
     def prune(self) -> int:
+        """Delete finished rows past their retention, batch after batch, within the pass's time
+        budget; returns how many. ``next_in()`` is 0 while rows remain."""
+        budget_end = time.monotonic() + self.config.prune_budget.total_seconds()
         now = self.clock.now()
-        total = self.driver.job_prune(
-            states=frozenset({JobState.COMPLETED, JobState.CANCELLED}),
-            finished_before=now - self.config.retention,
-            limit=self.config.prune_batch,
-        )
+        total = 0
+        more = False
+        plans = [(frozenset({JobState.COMPLETED, JobState.CANCELLED}), self.config.retention)]
         if self.config.dead_retention is not None:
-            total += self.driver.job_prune(
-                states=frozenset({JobState.DEAD}),
-                finished_before=now - self.config.dead_retention,
-                limit=self.config.prune_batch,
-            )
+            plans.append((frozenset({JobState.DEAD}), self.config.dead_retention))
+        for states, keep in plans:
+            while True:
+                deleted = self.driver.job_prune(
+                    states=states, finished_before=now - keep, limit=self.config.prune_batch
+                )
+                total += deleted
+                if deleted < self.config.prune_batch:
+                    break
+                if time.monotonic() >= budget_end:
+                    more = True
+                    break
+        self._backlog = more
         if total:
-            events.info("jobs.pruned", count=total)
+            events.info("jobs.pruned", count=total, more=more)
         return total

@@ -212,6 +212,9 @@ class Failure:
     lease: Lease
     error: AttemptError
     retry_at: datetime | None
+    #: The job's worker died under it (a rescue): until it returns, it is claimed only alone.
+    #: Any other failure clears the mark.
+    isolate: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,3 +241,5 @@ class ClaimParams:
     lease_for: timedelta
     worker_id: str
     now: datetime | None = None
+    #: False: claim ordinary jobs only; True: claim isolated ones only (see ``Failure``).
+    isolated: bool = False

@@ -37,8 +37,9 @@ from types import TracebackType
 from ultimat3.jobs import events
 from ultimat3.jobs.clock import Clock, SystemClock
 from ultimat3.jobs.driver import Driver
-from ultimat3.jobs.errors import ConfigurationError, JobsError
+from ultimat3.jobs.errors import ConfigurationError
 from ultimat3.jobs.outbox_store import OutboxRecord, OutboxStore
+from ultimat3.jobs.supervise import Loop
 
 __all__ = ["FAULT_ENV", "Relay"]
 
@@ -77,8 +78,8 @@ class Relay:
         self.interval = interval
         self.retention = retention
         self._fault = os.environ.get(FAULT_ENV, "")
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop: Loop | None = None
+        self._next_prune = time.monotonic() + _PRUNE_EVERY
 
     def tick(self) -> int:
         """One pass: claim a batch, publish it queue by queue, mark what was published.
@@ -132,44 +133,31 @@ class Relay:
     # -- running on a thread -----------------------------------------------------------------
 
     def start(self) -> None:
-        """Run passes on a background thread until ``stop()``. Idempotent."""
-        if self._thread is not None:
+        """Run passes on a supervised thread (``supervise.Loop``) until ``stop()``.
+        Idempotent."""
+        if self._loop is not None:
             return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="ultimat3-jobs-relay", daemon=True)
-        self._thread.start()
+        self._loop = Loop("relay", self._step)
+        self._loop.start()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop after the pass in progress. Idempotent."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=timeout)
-            self._thread = None
+        if self._loop is not None:
+            self._loop.stop(timeout)
+            self._loop = None
 
     def run(self, stop: threading.Event) -> None:
         """Run passes in this thread until ``stop`` is set."""
-        self._stop = stop
-        self._loop()
+        Loop("relay", self._step, stop=stop).run()
 
-    def _loop(self) -> None:
-        delay = 0.0
-        interval = self.interval.total_seconds()
-        next_prune = time.monotonic() + _PRUNE_EVERY
-        while not self._stop.wait(delay):
-            try:
-                full = self.tick() >= self.batch_size
-                delay = 0.0 if full else interval
-                if time.monotonic() >= next_prune:
-                    next_prune = time.monotonic() + _PRUNE_EVERY
-                    pruned = self.prune()
-                    if pruned:
-                        events.info("jobs.outbox.pruned", rows=pruned)
-            except JobsError as exc:
-                events.warning("jobs.outbox.relay-failed", error=exc.cause)
-                delay = min(5.0, max(delay * 2, interval))
-            except Exception as exc:
-                events.warning("jobs.outbox.relay-failed", error=repr(exc))
-                delay = min(5.0, max(delay * 2, interval))
+    def _step(self) -> float:
+        full = self.tick() >= self.batch_size
+        if time.monotonic() >= self._next_prune:
+            self._next_prune = time.monotonic() + _PRUNE_EVERY
+            pruned = self.prune()
+            if pruned:
+                events.info("jobs.outbox.pruned", rows=pruned)
+        return 0.0 if full else self.interval.total_seconds()
 
     def __enter__(self) -> Relay:
         self.start()

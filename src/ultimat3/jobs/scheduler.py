@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -37,6 +36,7 @@ from ultimat3.jobs.errors import JobsError
 from ultimat3.jobs.ids import token
 from ultimat3.jobs.job import JobHandle
 from ultimat3.jobs.records import InsertResult, NewJob, ScheduleState
+from ultimat3.jobs.supervise import Loop
 from ultimat3.jobs.tasks import TaskHandle
 
 #: Builds the job row for one (handle, input) of an occurrence, with its idempotency key.
@@ -149,8 +149,7 @@ class Scheduler:
         self.leader = leader
         self.tick_interval = tick_interval
         self.grace = grace
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop: Loop | None = None
 
     def next_run_for(self, handle: TaskHandle, after: datetime | None = None) -> datetime:
         return handle.next_runs(after or self.clock.now(), count=1)[0]
@@ -164,7 +163,18 @@ class Scheduler:
         for name in sorted(self.tasks):
             if isinstance(self.leader, DatabaseLeader) and not self.leader.is_leader:
                 break  # stepped down mid-round: stop acting; the next leader carries on
-            dispatched.extend(self._dispatch(name, self.tasks[name], states[name], now))
+            try:
+                dispatched.extend(self._dispatch(name, self.tasks[name], states[name], now))
+            except Exception as exc:
+                # One bad task (its enqueue raises, its job is not registered) must not stop
+                # the others: it is logged every tick until fixed, and retried each time.
+                events.error(
+                    "jobs.scheduler.task-failed",
+                    exc=exc,
+                    task=name,
+                    error=type(exc).__name__,
+                    cause=getattr(exc, "cause", None) or str(exc),
+                )
         return dispatched
 
     def _dispatch(
@@ -213,27 +223,18 @@ class Scheduler:
     # -- running -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._thread is not None:
+        """Tick on a supervised thread (``supervise.Loop``) until ``stop()``. Idempotent."""
+        if self._loop is not None:
             return
-        self._stop.clear()
-        self._thread = threading.Thread(
-            target=self._loop, name="ultimat3-jobs-scheduler", daemon=True
-        )
-        self._thread.start()
+        self._loop = Loop("scheduler", self._step)
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
+        if self._loop is not None:
+            self._loop.stop()
+            self._loop = None
         self.leader.release()
 
-    def _loop(self) -> None:
-        delay = 0.0
-        while not self._stop.wait(delay):
-            try:
-                self.tick()
-                delay = self.tick_interval.total_seconds()
-            except JobsError as exc:
-                events.warning("jobs.scheduler.tick-failed", error=exc.cause)
-                delay = min(5.0, max(delay * 2, 0.5))
+    def _step(self) -> float:
+        self.tick()
+        return self.tick_interval.total_seconds()

@@ -1,23 +1,32 @@
 """The worker: claims due jobs, runs them, and records what happened.
 
-Guarantees:
+What runs where, and who owns a job at each step:
 
-- **At least once.** A claimed job is held by a lease that a heartbeat thread renews; a busy
-  handler (a CPU loop in a sync job, a blocking call in an async one) cannot starve it, because
-  the heartbeat runs on its own thread and never waits for the handlers. If the process dies,
-  the lease expires and maintenance (in any worker) retries the job, counting the attempt.
-- **Fenced writes.** Every completion, failure, snooze and release names the lease it was
-  claimed with; once the lease is lost (expired and rescued, cancelled by an operator) the
-  worker's late writes match nothing, and the handler's ``JobContext.cancelled`` turns True.
-- **The attempt is counted at claim**, so a job that kills its worker ends ``dead`` after its
-  attempts instead of looping.
-- **Graceful shutdown.** ``stop()`` (SIGTERM or SIGINT in ``run()``) stops claiming, lets
-  in-flight jobs finish within ``shutdown_grace``, then releases the rest back to the queue
-  without consuming their attempt. A second signal releases them at once and returns.
+1. The **claim** loop takes at most as many due jobs as there are free slots (never more:
+   a claimed job is handed to a handler at once, so "claimed" and "started" differ by
+   microseconds) and gives each a ``Run`` (``ultimat3.jobs.run``), the one owner of the job
+   while this worker holds it. ``def`` jobs go to a queue read by ``concurrency`` handler
+   threads, ``async def`` jobs to one event loop thread.
+2. A **handler** calls ``run.start()`` (refused once the run was released), runs the job, turns
+   what happened into one ``Outcome`` (``outcome_of``, shared by sync and async), and offers it
+   with ``run.settle()``: the first settler wins (the handler, a lost lease, shutdown).
+3. The **flush** loop writes settled outcomes in batches (complete, fail, snooze, cancel,
+   release), each fenced by the run's lease; a run's slot frees once it is settled and its
+   handler has returned, so a sync job past its timeout keeps its lease until its thread ends.
+4. The **heartbeat** loop renews every held lease, notices lost ones (``ctx.cancelled``),
+   marks sync jobs past their timeout, logs ``jobs.worker.stuck`` when stuck threads hold
+   every slot (and exits past ``stuck_limit``), and logs an event loop blocked by an async job.
+5. The **maintenance** loop (rescue expired leases, prune finished rows) acts only on the node
+   elected for it (``x_leaders`` row "maintenance").
 
-Limits: a sync handler cannot be interrupted. At its timeout its attempt is failed (and retried
-elsewhere when attempts remain) and ``ctx.cancelled`` turns True, but its thread runs on, and
-holds its concurrency slot, until the function returns. Async handlers are cancelled.
+Every loop is a ``supervise.Loop``: errors are logged and retried with back-off; a critical loop
+(claim, flush, heartbeat) that keeps failing for unexpected reasons releases what it holds and
+stops the worker with ``exit_code`` 70, so that its supervisor restarts the process.
+
+Poison isolation: a job rescued after its worker died is marked *isolated*. It is never
+claimed in a batch: a worker that finds one due stops claiming, lets its running jobs finish,
+then runs that one job alone. If it kills the process again, only its own attempt is spent;
+if it returns (success or an exception), it is an ordinary job again.
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ from typing import Any, Literal
 from ultimat3.jobs import events
 from ultimat3.jobs.clock import Clock
 from ultimat3.jobs.driver import Driver
-from ultimat3.jobs.errors import DeserializationError, JobsError
+from ultimat3.jobs.errors import ConfigurationError, DeserializationError, JobsError
 from ultimat3.jobs.ids import token
 from ultimat3.jobs.job import Cancel, Enqueuer, JobContext, JobHandle, Snooze, current_app
 from ultimat3.jobs.maintenance import (
@@ -50,7 +59,14 @@ from ultimat3.jobs.maintenance import (
     error_from_exception,
 )
 from ultimat3.jobs.records import ClaimParams, Failure, Job, Lease
+from ultimat3.jobs.run import Run
 from ultimat3.jobs.serialization import Serializer
+from ultimat3.jobs.supervise import Loop
+
+#: The exit code of a worker that stopped because a loop could not go on (EX_SOFTWARE).
+FATAL_EXIT = 70
+#: An event loop that has not run a callback for this long is reported as blocked.
+_LOOP_BLOCKED_AFTER = 1.0
 
 
 @dataclass(frozen=True)
@@ -59,22 +75,50 @@ class WorkerConfig:
     queues: tuple[str, ...] | None = None
     concurrency: int = 10
     lease: timedelta = timedelta(seconds=30)
-    #: How often leases are renewed; None means a third of the lease.
+    #: How often leases are renewed; None means a third of the lease. At most half the lease.
     heartbeat: timedelta | None = None
     #: The longest the worker goes without looking for due jobs (wake-ups make it sooner).
     poll_interval: timedelta = timedelta(seconds=1)
     shutdown_grace: timedelta = timedelta(seconds=10)
-    #: Jobs claimed ahead of free threads; None: twice ``concurrency`` while jobs are short
-    #: (under 50 ms on average), none while they are long.
-    prefetch: int | None = None
     rescue_interval: timedelta = timedelta(seconds=5)
     prune_interval: timedelta = timedelta(minutes=1)
+    #: How long stuck threads (sync jobs past their timeout) may hold every slot before the
+    #: worker exits for its supervisor to restart it; None: never.
+    stuck_limit: timedelta | None = timedelta(minutes=5)
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     worker_id: str = ""
 
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.concurrency, bool)
+            or not isinstance(self.concurrency, int)
+            or not 1 <= self.concurrency <= 1000
+        ):
+            raise ConfigurationError(
+                f"concurrency={self.concurrency!r} is not valid", fix="use an int from 1 to 1000"
+            )
+        if self.lease < timedelta(milliseconds=200):
+            raise ConfigurationError(
+                f"lease={self.lease} is too short", fix="use a lease of at least 200ms"
+            )
+        beat = self.heartbeat_interval
+        if beat * 2 > self.lease:
+            raise ConfigurationError(
+                f"heartbeat={beat} is more than half the lease ({self.lease}): one late "
+                "heartbeat would let the lease expire under a live job",
+                fix=f"use heartbeat of at most {self.lease / 2} (the default is a third of "
+                "the lease), or a longer lease",
+            )
+        for name in ("poll_interval", "rescue_interval", "prune_interval"):
+            if getattr(self, name) <= timedelta(0):
+                raise ConfigurationError(f"{name} must be positive", fix=f'use e.g. {name}="1s"')
+
+    @property
+    def heartbeat_interval(self) -> timedelta:
+        return self.heartbeat if self.heartbeat is not None else self.lease / 3
+
     def heartbeat_every(self) -> float:
-        beat = self.heartbeat if self.heartbeat is not None else self.lease / 3
-        return max(0.05, beat.total_seconds())
+        return max(0.05, self.heartbeat_interval.total_seconds())
 
 
 @dataclass
@@ -86,6 +130,7 @@ class WorkerStats:
     snoozed: int = 0
     cancelled: int = 0
     released: int = 0
+    #: Leases lost while running (rescued elsewhere, cancelled), and late writes refused.
     lost: int = 0
     rescued: int = 0
 
@@ -94,62 +139,48 @@ OutcomeKind = Literal["complete", "fail", "snooze", "cancel", "release"]
 
 
 @dataclass
-class _Outcome:
+class Outcome:
     kind: OutcomeKind
-    run: _Run
     failure: Failure | None = None
     drop: bool = False
     run_at: datetime | None = None
     reason: str = ""
 
 
-class _Run:
-    """One claimed job while this worker holds it."""
+class _Held:
+    """A job this worker holds: its ``Run`` state machine plus what the threads share."""
 
     __slots__ = (
-        "_lock",
-        "_parts",
-        "_settled",
         "cancelled",
         "deadline",
+        "handle",
+        "isolated",
         "job",
-        "started",
+        "lost",
+        "run",
+        "started_at",
         "task",
-        "timeout",
+        "timed_out",
+        "written",
     )
 
-    def __init__(self, job: Job, timeout: float | None) -> None:
+    def __init__(self, job: Job, handle: JobHandle[Any] | None, isolated: bool) -> None:
         self.job = job
-        self.timeout = timeout
-        self.deadline: float | None = None  # set when a handler thread starts it
-        self.started = False
+        self.handle = handle
+        self.isolated = isolated
+        self.run: Run[Outcome] = Run()
         self.cancelled = threading.Event()
+        self.deadline: float | None = None
+        self.started_at: float | None = None
+        self.timed_out = False
+        self.lost = False
+        #: The outcome is in the database (or there is nothing left to write).
+        self.written = False
         self.task: concurrent.futures.Future[None] | None = None
-        self._settled = False
-        self._parts = 2  # the handler returning, and its outcome being written (or dropped)
-        self._lock = threading.Lock()
 
     @property
     def lease(self) -> Lease:
         return self.job.lease
-
-    def settle(self) -> bool:
-        """Claim the right to write this run's outcome; True exactly once."""
-        with self._lock:
-            if self._settled:
-                return False
-            self._settled = True
-            return True
-
-    @property
-    def settled(self) -> bool:
-        return self._settled
-
-    def part_done(self) -> bool:
-        """Count one of the two parts; True when both are done and the slot is free."""
-        with self._lock:
-            self._parts -= 1
-            return self._parts == 0
 
 
 class Worker:
@@ -172,36 +203,43 @@ class Worker:
         self.clock = clock
         self.app = app
         self.config = config or WorkerConfig()
-        if self.config.concurrency < 1:
-            raise JobsError(
-                f"concurrency={self.config.concurrency} is not valid", fix="use 1 or more"
-            )
         self.queues = queues
         self.worker_id = (
             self.config.worker_id or f"{socket.gethostname()}:{os.getpid()}:{token()[:6]}"
         )
         self.stats = WorkerStats()
-        self.maintenance = Maintenance(driver, handles, clock, self.config.maintenance)
+        self.maintenance = Maintenance(
+            driver,
+            handles,
+            clock,
+            self.config.maintenance,
+            holder=self.worker_id,
+            grace=self.config.lease,
+        )
+        #: 0 after a clean stop; FATAL_EXIT when a loop could not go on.
+        self.exit_code = 0
 
         self._lock = threading.Lock()
-        self._inflight: dict[
-            Lease, _Run
-        ] = {}  # by lease: a job can have a zombie run and a new one
+        self._held: dict[Lease, _Held] = {}  # by lease: a job can have a zombie run and a new one
         self._wake = threading.Event()  # a slot freed, or a stop was asked for
-        self._claiming = threading.Event()
-        self._stop_asked = threading.Event()
+        self._stop_claiming = threading.Event()
         self._hard_stop = threading.Event()
         self._stopped = threading.Event()
         self._stopped.set()
         self._started = False
-        self._halt = threading.Event()  # tells the heartbeat thread to end, last of all
-        self._threads: dict[str, threading.Thread] = {}
-        self._tasks: queue.SimpleQueue[_Run | None] = queue.SimpleQueue()
-        self._outcomes: queue.SimpleQueue[_Outcome | None] = queue.SimpleQueue()
+        self._tasks: queue.SimpleQueue[_Held | None] = queue.SimpleQueue()
+        self._outcomes: queue.SimpleQueue[_Held | None] = queue.SimpleQueue()
+        self._handlers: list[threading.Thread] = []
+        self._loops: dict[str, Loop] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
+        self._loop_seen = time.monotonic()
+        self._loop_blocked = False
         self._signals_seen = 0
-        self._avg_run = 1.0  # seconds; starts "long", so look-ahead is earned by short jobs
+        self._isolating = False
+        self._next_isolation_check = 0.0
+        self._stuck_since: float | None = None
+        self._next_beat = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -212,17 +250,30 @@ class Worker:
                 return
             self._started = True
             self._stopped.clear()
-            self._halt.clear()
-            self._stop_asked.clear()
+            self._stop_claiming.clear()
             self._hard_stop.clear()
-            self._claiming.set()
-        tasks, outcomes = self._tasks, self._outcomes
-        self._spawn(self._claim_loop, "claim")
-        self._spawn(lambda: self._flush_loop(outcomes), "flush")
-        self._spawn(self._supervise_loop, "heartbeat")
-        self._spawn(self._maintenance_loop, "maintenance")
+            self.exit_code = 0
         for n in range(self.config.concurrency):
-            self._spawn(lambda: self._handler_loop(tasks, outcomes), f"handler-{n}")
+            thread = threading.Thread(
+                target=self._handler_thread,
+                args=(self._tasks,),
+                name=f"ultimat3-jobs-handler-{n}",
+                daemon=True,
+            )
+            self._handlers.append(thread)
+            thread.start()
+        halt = threading.Event()
+        self._loops = {
+            "claim": Loop(
+                "claim", self._claim_step, on_fatal=self._fatal, stop=self._stop_claiming
+            ),
+            "flush": Loop("flush", self._flush_step, on_fatal=self._fatal, stop=halt),
+            "heartbeat": Loop("heartbeat", self._heartbeat_step, on_fatal=self._fatal, stop=halt),
+            "maintenance": Loop("maintenance", self._maintenance_step, stop=self._stop_claiming),
+        }
+        self._halt = halt
+        for loop in self._loops.values():
+            loop.start()
         events.info(
             "jobs.worker.started",
             worker_id=self.worker_id,
@@ -236,9 +287,8 @@ class Worker:
         with self._lock:
             if not self._started:
                 return
-            first = not self._stop_asked.is_set()
-            self._stop_asked.set()
-            self._claiming.clear()
+            first = not self._stop_claiming.is_set()
+            self._stop_claiming.set()
         self._wake.set()
         if first:
             if grace is None:
@@ -247,10 +297,9 @@ class Worker:
                 seconds = grace.total_seconds()
             else:
                 seconds = float(grace)
-            stopper = threading.Thread(
+            threading.Thread(
                 target=self._shutdown, args=(seconds,), name="ultimat3-jobs-stop", daemon=True
-            )
-            stopper.start()
+            ).start()
         if wait:
             self._stopped.wait()
 
@@ -260,7 +309,8 @@ class Worker:
         self.stop(wait=False)
 
     def run(self, *, install_signals: bool = True) -> WorkerStats:
-        """Run until stopped: SIGTERM/SIGINT stop gracefully, a second one at once."""
+        """Run until stopped: SIGTERM/SIGINT stop gracefully, a second one at once.
+        ``exit_code`` says afterwards whether a loop could not go on."""
         previous: dict[int, Any] = {}
         if install_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -282,6 +332,12 @@ class Worker:
         else:
             self.stop_now()
 
+    def _fatal(self, loop: str, exc: BaseException) -> None:
+        """A critical loop cannot go on: release what we hold and stop, with a non-zero exit."""
+        self.exit_code = FATAL_EXIT
+        events.error("jobs.worker.fatal", loop=loop, error=type(exc).__name__)
+        self.stop_now()
+
     def __enter__(self) -> Worker:
         self.start()
         return self
@@ -292,7 +348,7 @@ class Worker:
     @property
     def inflight(self) -> int:
         with self._lock:
-            return len(self._inflight)
+            return len(self._held)
 
     # -- inline draining (tests, demos) ------------------------------------------------------
 
@@ -300,8 +356,8 @@ class Worker:
         """Run due jobs in the calling thread until none is due; returns what happened.
 
         Meant for tests and scripts: no threads, no heartbeats (each job runs within its
-        lease), handlers run one at a time, async ones on a private event loop.
-        """
+        lease), handlers run one at a time, async ones on a private event loop. Isolated jobs
+        are run too (one at a time is isolation enough)."""
         done = 0
         loop: asyncio.AbstractEventLoop | None = None
         try:
@@ -309,38 +365,28 @@ class Worker:
                 limit = self.config.concurrency
                 if max_jobs is not None:
                     limit = min(limit, max_jobs - done)
-                jobs = self._claim(limit)
+                jobs = self._claim(limit, isolated=False) or self._claim(1, isolated=True)
                 if not jobs:
                     break
                 for job in jobs:
-                    run = _Run(job, None)
-                    handle = self.handles(job.name)
-                    if handle is not None and handle.is_async:
+                    held = _Held(job, self.handles(job.name), False)
+                    held.run.start()
+                    if held.handle is not None and held.handle.is_async:
                         loop = loop or asyncio.new_event_loop()
-                        outcome = loop.run_until_complete(self._run_async(run))
+                        outcome = loop.run_until_complete(self._run_async(held))
                     else:
-                        outcome = self._run_sync(run)
-                    if outcome is not None and run.settle():
-                        self._write([outcome])
+                        outcome = self._run_sync(held)
+                    if outcome is not None and held.run.settle(outcome):
+                        self._write([held])
                     done += 1
         finally:
             if loop is not None:
                 loop.close()
         return self.stats
 
-    # -- threads -----------------------------------------------------------------------------
+    # -- claiming ------------------------------------------------------------------------------
 
-    def _spawn(self, target: Callable[[], None], name: str) -> None:
-        thread = threading.Thread(target=target, name=f"ultimat3-jobs-{name}", daemon=True)
-        self._threads[name] = thread
-        thread.start()
-
-    def _join(self, name: str, timeout: float | None) -> None:
-        thread = self._threads.get(name)
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
-
-    def _claim(self, limit: int) -> list[Job]:
+    def _claim(self, limit: int, *, isolated: bool) -> list[Job]:
         jobs = self.driver.job_claim(
             ClaimParams(
                 queues=self.queues,
@@ -348,120 +394,118 @@ class Worker:
                 lease_for=self.config.lease,
                 worker_id=self.worker_id,
                 now=self.clock.pinned(),
+                isolated=isolated,
             )
         )
         self.stats.claimed += len(jobs)
         return jobs
 
-    def _claim_loop(self) -> None:
+    def _claim_step(self) -> float:
         poll = self.config.poll_interval.total_seconds()
-        # Claim in batches when busy: waiting for half the threads' worth of slots to free
-        # costs little latency under load and saves a write transaction per job.
-        refill = max(1, self.config.concurrency // 2)
-        backoff = 0.0
-        while self._claiming.is_set():
-            self._wake.clear()
-            capacity = self._capacity()
-            free = capacity - self.inflight
-            if free <= 0:
+        self._wake.clear()
+        if self._stop_claiming.is_set():
+            return 0.0
+        now = time.monotonic()
+        if not self._isolating and now >= self._next_isolation_check:
+            self._next_isolation_check = now + min(poll, 1.0)
+            self._isolating = self.driver.job_peek_isolated(self.queues, now=self.clock.pinned())
+        if self._isolating:
+            # Run one isolated job alone: wait until nothing else runs, then claim it.
+            if self.inflight:
                 self._wake.wait(poll)
-                continue
-            try:
-                jobs = self._claim(free)
-                backoff = 0.0
-            except JobsError as exc:
-                backoff = min(5.0, backoff * 2 or 0.1)
-                events.warning("jobs.worker.claim-failed", error=exc.cause, retry_in=backoff)
-                self._stop_asked.wait(backoff)
-                continue
+                return 0.0
+            jobs = self._claim(1, isolated=True)
+            self._isolating = False
             for job in jobs:
-                self._dispatch(job)
-            if len(jobs) == free:
-                # Busy: come back when enough slots are free (or at once if some still are).
-                if capacity - self.inflight < refill:
-                    self._wake.wait(poll)
-                continue
-            try:
-                self.driver.wait_for_jobs(poll, self._wake)
-            except JobsError as exc:
-                events.warning("jobs.worker.wait-failed", error=exc.cause)
-                self._stop_asked.wait(poll)
+                events.warning(
+                    "jobs.job.isolated", job_id=job.id, job=job.name, attempt=job.attempt
+                )
+                self._dispatch(job, isolated=True)
+                self._wait_until_idle(poll)
+            return 0.0
+        free = self.config.concurrency - self.inflight
+        if free <= 0:
+            self._wake.wait(poll)
+            return 0.0
+        jobs = self._claim(free, isolated=False)
+        for job in jobs:
+            self._dispatch(job, isolated=False)
+        if len(jobs) == free:
+            return 0.0  # busy: come back when slots free (the wait below returns at once)
+        if jobs:
+            return 0.0
+        self.driver.wait_for_jobs(poll, self._wake)
+        return 0.0
 
-    def _dispatch(self, job: Job) -> None:
+    def _wait_until_idle(self, poll: float) -> None:
+        while self.inflight and not self._stop_claiming.is_set():
+            self._wake.wait(poll)
+            self._wake.clear()
+
+    def _dispatch(self, job: Job, *, isolated: bool) -> None:
         handle = self.handles(job.name)
-        is_async = handle is not None and handle.is_async
-        timeout = handle.timeout if handle is not None else None
-        # Async handlers time out inside their coroutine (asyncio.wait_for); only sync ones
-        # need the supervisor's deadline, which starts when a thread picks the run up.
-        run = _Run(job, timeout.total_seconds() if timeout is not None and not is_async else None)
+        held = _Held(job, handle, isolated)
         with self._lock:
-            self._inflight[run.lease] = run
-        if is_async:
+            self._held[held.lease] = held
+        if handle is not None and handle.is_async:
             loop = self._event_loop()
-            run.task = asyncio.run_coroutine_threadsafe(
-                self._run_async_settled(run, self._outcomes), loop
-            )
+            held.task = asyncio.run_coroutine_threadsafe(self._async_handler(held), loop)
         else:
-            self._tasks.put(run)
+            self._tasks.put(held)
 
-    def _handler_loop(
-        self, tasks: queue.SimpleQueue[_Run | None], outcomes: queue.SimpleQueue[Any]
-    ) -> None:
+    # -- handlers ------------------------------------------------------------------------------
+
+    def _handler_thread(self, tasks: queue.SimpleQueue[_Held | None]) -> None:
         while True:
-            run = tasks.get()
-            if run is None:
+            held = tasks.get()
+            if held is None:
                 return
-            if run.settled:  # released at shutdown before it started: nothing to run
-                self._part_done(run)
-                continue
-            run.started = True
-            if run.timeout is not None:
-                run.deadline = time.monotonic() + run.timeout
-            started = time.monotonic()
-            outcome = self._run_sync(run)
-            self._note_duration(time.monotonic() - started)
-            self._finish(run, outcome, outcomes)
+            try:
+                if not held.run.start():
+                    continue  # released at shutdown before it began
+                timeout = held.handle.timeout if held.handle is not None else None
+                held.started_at = time.monotonic()
+                if timeout is not None:
+                    held.deadline = held.started_at + timeout.total_seconds()
+                outcome = self._run_sync(held)
+                if held.timed_out:
+                    outcome = self._timeout_outcome(held)
+                self._settle(held, outcome)
+            except BaseException as exc:  # outcome_of catches all; this is the last resort
+                self._settle(held, self._failed(held, exc))
+            finally:
+                held.run.returned()
+                self._maybe_free(held)
 
-    async def _run_async_settled(self, run: _Run, outcomes: queue.SimpleQueue[Any]) -> None:
-        run.started = True
-        started = time.monotonic()
-        outcome = await self._run_async(run)
-        self._note_duration(time.monotonic() - started)
-        self._finish(run, outcome, outcomes)
+    async def _async_handler(self, held: _Held) -> None:
+        try:
+            if not held.run.start():
+                return
+            held.started_at = time.monotonic()
+            outcome = await self._run_async(held)
+            self._settle(held, outcome)
+        except BaseException as exc:
+            self._settle(held, self._failed(held, exc))
+        finally:
+            held.run.returned()
+            self._maybe_free(held)
 
-    def _note_duration(self, seconds: float) -> None:
-        # Unsynchronised on purpose: an average that loses an update now and then is fine.
-        self._avg_run = self._avg_run * 0.9 + seconds * 0.1
+    def _settle(self, held: _Held, outcome: Outcome | None) -> None:
+        if outcome is not None and held.run.settle(outcome):
+            self._outcomes.put(held)
 
-    def _capacity(self) -> int:
-        """How many jobs this worker holds at most: its concurrency, plus twice as many queued
-        locally while jobs are short (under 50 ms on average), so claims and completions come
-        in batches of about twice the concurrency (one fsync'd transaction each). Long jobs get
-        no look-ahead: a job queued behind a long one would wait while another worker idles."""
-        concurrency = self.config.concurrency
-        ahead = self.config.prefetch
-        if ahead is None:
-            ahead = 2 * concurrency if self._avg_run < 0.05 else 0
-        return concurrency + ahead
+    def _maybe_free(self, held: _Held) -> None:
+        """Free the slot once nothing runs for the job and its outcome is written (or moot)."""
+        if not held.run.free:
+            return
+        if held.run.outcome is not None and not held.written:
+            return  # the flush loop frees it after writing
+        self._free(held)
 
-    def _finish(
-        self, run: _Run, outcome: _Outcome | None, outcomes: queue.SimpleQueue[Any]
-    ) -> None:
-        # Two parts free a slot: the handler returning (here), and the outcome being written by
-        # the flusher, or resolved by whoever settled the run first (timeout, lost lease,
-        # shutdown release).
-        if run.settle():
-            if outcome is not None:
-                outcomes.put(outcome)
-            else:
-                self._part_done(run)
-        self._part_done(run)
-
-    def _part_done(self, run: _Run) -> None:
-        if run.part_done():
-            with self._lock:
-                self._inflight.pop(run.lease, None)
-            self._wake.set()
+    def _free(self, held: _Held) -> None:
+        with self._lock:
+            self._held.pop(held.lease, None)
+        self._wake.set()
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -472,144 +516,267 @@ class Worker:
                 )
                 thread.start()
                 self._loop, self._loop_thread = loop, thread
+                self._loop_seen = time.monotonic()
             return self._loop
 
-    def _flush_loop(self, outcomes: queue.SimpleQueue[_Outcome | None]) -> None:
-        while True:
-            first = outcomes.get()
-            if first is None:
-                return
-            batch = [first]
-            while True:
-                try:
-                    item = outcomes.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    outcomes.put(None)  # keep the sentinel for the next get
-                    break
-                batch.append(item)
-            self._write_with_retry(batch)
-            for outcome in batch:
-                self._part_done(outcome.run)
+    # -- writing outcomes ----------------------------------------------------------------------
 
-    def _write_with_retry(self, batch: list[_Outcome]) -> None:
-        delay = 0.05
+    def _flush_step(self) -> float:
+        first = self._outcomes.get()
+        if first is None:
+            self._halt.set()
+            return 0.0
+        batch = [first]
         while True:
             try:
-                self._write(batch)
-                return
-            except JobsError as exc:
-                # The database is away. The leases will expire and the jobs be retried if it
-                # stays away; meanwhile keep trying, so a short blip loses no outcome.
-                events.warning("jobs.worker.write-failed", error=exc.cause)
-                if self._hard_stop.wait(delay):
-                    return
-                delay = min(2.0, delay * 2)
+                item = self._outcomes.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                self._outcomes.put(None)  # keep the sentinel for the next step
+                break
+            batch.append(item)
+        try:
+            self._write(batch)
+        except BaseException:
+            for held in batch:  # not written: back in line, in order, for the retry
+                self._outcomes.put(held)
+            if self._hard_stop.is_set():
+                return 0.0
+            raise
+        for held in batch:
+            held.written = True
+            if held.run.free:
+                self._free(held)
+        return 0.0
 
-    def _supervise_loop(self) -> None:
+    def _write(self, batch: list[_Held]) -> None:
+        now = self.clock.pinned()
+        kinds: dict[OutcomeKind, list[_Held]] = {}
+        for held in batch:
+            assert held.run.outcome is not None
+            kinds.setdefault(held.run.outcome.kind, []).append(held)
+        done = kinds.get("complete", [])
+        if done:
+            changed = self.driver.job_complete_many([h.lease for h in done], now=now)
+            self.stats.completed += len(changed)
+            self._note_lost([h for h in done if h.job.id not in changed])
+            for h in done:
+                if h.job.id in changed:
+                    events.debug("jobs.job.completed", job_id=h.job.id, job=h.job.name)
+        fails = kinds.get("fail", [])
+        if fails:
+            failures = [
+                h.run.outcome.failure for h in fails if h.run.outcome and h.run.outcome.failure
+            ]
+            changed = self.driver.job_fail_many(failures, now=now)
+            self._note_lost([h for h in fails if h.job.id not in changed])
+            drops = []
+            for h in fails:
+                outcome = h.run.outcome
+                assert outcome is not None and outcome.failure is not None
+                if h.job.id not in changed:
+                    continue
+                if outcome.drop:
+                    drops.append(h.job.id)
+                if outcome.failure.retry_at is None:
+                    self.stats.dead += 1
+                    events.warning(
+                        "jobs.job.dead",
+                        job_id=h.job.id,
+                        job=h.job.name,
+                        attempt=h.job.attempt,
+                        error=outcome.failure.error.kind,
+                    )
+                else:
+                    self.stats.failed += 1
+                    events.info(
+                        "jobs.job.retrying",
+                        job_id=h.job.id,
+                        job=h.job.name,
+                        attempt=h.job.attempt,
+                        retry_at=outcome.failure.retry_at.isoformat(),
+                        error=outcome.failure.error.kind,
+                    )
+            if drops:
+                self.driver.job_discard(drops)
+        for h in kinds.get("snooze", []) + kinds.get("release", []):
+            outcome = h.run.outcome
+            assert outcome is not None
+            if self.driver.job_snooze(h.lease, outcome.run_at, now=now):
+                if outcome.kind == "snooze":
+                    self.stats.snoozed += 1
+                else:
+                    self.stats.released += 1
+            else:
+                self._note_lost([h])
+        for h in kinds.get("cancel", []):
+            outcome = h.run.outcome
+            assert outcome is not None
+            if self.driver.job_cancel(h.job.id, reason=outcome.reason, lease=h.lease, now=now):
+                self.stats.cancelled += 1
+            else:
+                self._note_lost([h])
+
+    def _note_lost(self, refused: list[_Held]) -> None:
+        """Writes that fencing refused: the lease had been lost (rescued, cancelled)."""
+        for h in refused:
+            if not h.lost:
+                h.lost = True
+                self.stats.lost += 1
+                events.warning("jobs.lease.lost", job_id=h.job.id, job=h.job.name, late_write=True)
+
+    # -- heartbeat, timeouts, stuck threads ---------------------------------------------------
+
+    def _heartbeat_step(self) -> float:
         every = self.config.heartbeat_every()
-        busy_tick = min(0.1, every)
-        next_beat = time.monotonic() + every
-        tick = busy_tick
-        while not self._halt.wait(tick):
-            now = time.monotonic()
-            with self._lock:
-                runs = list(self._inflight.values())
-            # Deadlines need a fine tick only while something runs; an idle worker wakes
-            # rarely, which keeps its CPU use low (a new run starts within one busy tick of
-            # the next wake-up, well inside any timeout).
-            tick = busy_tick if runs else min(every, 0.5)
-            for run in runs:
-                if run.deadline is not None and now >= run.deadline and not run.settled:
-                    self._time_out(run)
-            if now >= next_beat:
-                next_beat = now + every
-                self._heartbeat([r for r in runs if not r.settled])
+        now = time.monotonic()
+        with self._lock:
+            held = list(self._held.values())
+        for h in held:
+            if (
+                h.deadline is not None
+                and now >= h.deadline
+                and not h.timed_out
+                and not h.run.settled
+            ):
+                h.timed_out = True
+                h.cancelled.set()
+                events.warning(
+                    "jobs.job.timeout",
+                    job_id=h.job.id,
+                    job=h.job.name,
+                    timeout=str(h.handle.timeout if h.handle else None),
+                )
+        self._check_stuck(held, now)
+        self._check_event_loop(held, now)
+        if now >= self._next_beat:
+            self._next_beat = now + every
+            self._renew([h for h in held if not h.run.free and not h.lost])
+        if self._halt.is_set() and not held:
+            return 0.0
+        # Deadlines need a fine tick only while something runs; an idle worker wakes rarely.
+        return min(0.1, every) if held else min(every, 0.5)
 
-    def _heartbeat(self, runs: list[_Run]) -> None:
-        if not runs:
+    def _renew(self, held: list[_Held]) -> None:
+        if not held:
             return
         try:
-            held = self.driver.lease_extend(
-                [r.lease for r in runs], self.config.lease, now=self.clock.pinned()
+            kept = self.driver.lease_extend(
+                [h.lease for h in held], self.config.lease, now=self.clock.pinned()
             )
-        except JobsError as exc:
-            events.warning("jobs.worker.heartbeat-failed", error=exc.cause)
-            return
-        for run in runs:
-            if run.job.id not in held and run.settle():
+        except JobsError:
+            self._next_beat = time.monotonic() + min(1.0, self.config.heartbeat_every())
+            raise
+        for h in held:
+            if h.job.id not in kept and not h.lost:
                 # Rescued elsewhere or cancelled by an operator: whatever the handler does next
                 # is fenced; tell it to stop.
+                h.lost = True
                 self.stats.lost += 1
-                run.cancelled.set()
-                if run.task is not None:
-                    run.task.cancel()
-                events.warning("jobs.job.lease-lost", job_id=run.job.id)
-                self._part_done(run)
+                h.cancelled.set()
+                if h.task is not None:
+                    h.task.cancel()
+                events.warning("jobs.lease.lost", job_id=h.job.id, job=h.job.name)
+                if h.run.settle(Outcome("release")):
+                    h.written = True  # nothing to write: the lease is gone
+                    if h.run.free:
+                        self._free(h)
 
-    def _time_out(self, run: _Run) -> None:
-        if not run.settle():
+    def _check_stuck(self, held: list[_Held], now: float) -> None:
+        stuck = [h for h in held if h.timed_out and h.started_at is not None]
+        if len(stuck) < self.config.concurrency or not stuck:
+            if self._stuck_since is not None:
+                events.info("jobs.worker.unstuck", worker_id=self.worker_id)
+            self._stuck_since = None
             return
-        run.cancelled.set()
-        handle = self.handles(run.job.name)
-        error = attempt_error(
-            run.job,
-            "timeout",
-            f"the job ran longer than its timeout of {handle.timeout if handle else '?'}",
-            self.clock.now(),
-        )
-        failure, drop = decide_failure(run.job, handle, error, self.clock.now())
-        self._outcomes.put(_Outcome("fail", run, failure=failure, drop=drop))
+        if self._stuck_since is None:
+            self._stuck_since = now
+            events.error(
+                "jobs.worker.stuck",
+                worker_id=self.worker_id,
+                jobs=",".join(f"{h.job.name}:{h.job.id}" for h in stuck),
+            )
+        limit = self.config.stuck_limit
+        if limit is not None and now - self._stuck_since >= limit.total_seconds():
+            self._stuck_since = None
+            self._fatal("heartbeat", StuckError(f"every slot held past its timeout for {limit}"))
 
-    def _maintenance_loop(self) -> None:
-        rescue_every = self.config.rescue_interval.total_seconds()
-        prune_every = self.config.prune_interval.total_seconds()
-        next_rescue = time.monotonic()
-        next_prune = time.monotonic() + min(prune_every, 5.0)
-        pause = 0.0
-        while not self._stop_asked.wait(pause):
-            now = time.monotonic()
-            try:
-                if now >= next_rescue:
-                    next_rescue = now + rescue_every
-                    self.stats.rescued += len(self.maintenance.rescue())
-                if now >= next_prune:
-                    next_prune = now + prune_every
-                    self.maintenance.prune()
-            except JobsError as exc:
-                events.warning("jobs.maintenance.failed", error=exc.cause)
-            pause = max(0.05, min(next_rescue, next_prune) - time.monotonic())
+    def _check_event_loop(self, held: list[_Held], now: float) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        if now - self._loop_seen > _LOOP_BLOCKED_AFTER:
+            if not self._loop_blocked:
+                self._loop_blocked = True
+                running = [h for h in held if h.task is not None and h.started_at is not None]
+                events.warning(
+                    "jobs.worker.loop-blocked",
+                    seconds=round(now - self._loop_seen, 3),
+                    jobs=",".join(f"{h.job.name}:{h.job.id}" for h in running),
+                )
+        elif self._loop_blocked:
+            self._loop_blocked = False
+        try:
+            loop.call_soon_threadsafe(self._loop_tick)
+        except RuntimeError:
+            pass  # closed meanwhile
+
+    def _loop_tick(self) -> None:
+        self._loop_seen = time.monotonic()
+
+    # -- maintenance ---------------------------------------------------------------------------
+
+    def _maintenance_step(self) -> float:
+        rescued = self.maintenance.tick(
+            rescue_every=self.config.rescue_interval.total_seconds(),
+            prune_every=self.config.prune_interval.total_seconds(),
+        )
+        self.stats.rescued += rescued
+        return self.maintenance.next_in()
+
+    # -- shutdown ------------------------------------------------------------------------------
 
     def _shutdown(self, grace: float) -> None:
         deadline = time.monotonic() + grace
         # No claim may land after the release below: wait for a claim in flight to finish.
-        self._join("claim", None if not self._hard_stop.is_set() else 5.0)
+        claim = self._loops.get("claim")
+        if claim is not None:
+            claim.join(None if not self._hard_stop.is_set() else 5.0)
+        maintenance = self._loops.get("maintenance")
         with self._lock:
-            queued = [r for r in self._inflight.values() if not r.started and r.task is None]
-        for run in queued:  # claimed ahead, never started: back to the queue at once
-            if run.settle():
-                self._outcomes.put(_Outcome("release", run))
+            held = list(self._held.values())
+        for h in held:  # dispatched, never started: back to the queue at once
+            if h.run.release():
+                self._settle_release(h)
         while self.inflight and time.monotonic() < deadline and not self._hard_stop.is_set():
             self._wake.wait(0.05)
             self._wake.clear()
         with self._lock:
-            remaining = [r for r in self._inflight.values() if not r.settled]
-        for run in remaining:
-            if run.settle():
-                run.cancelled.set()
-                if run.task is not None:
-                    run.task.cancel()
-                self._outcomes.put(_Outcome("release", run))
+            remaining = [h for h in self._held.values() if not h.run.settled]
+        for h in remaining:
+            h.cancelled.set()
+            if h.task is not None:
+                h.task.cancel()
+            if h.timed_out:
+                self._settle(h, self._timeout_outcome(h))
+            else:
+                self._settle(h, Outcome("release"))
         # Handlers still running past the grace period keep running on daemon threads; their
         # outcomes are fenced because their jobs were released.
         self._outcomes.put(None)
-        for _ in range(self.config.concurrency):
+        for _ in self._handlers:
             self._tasks.put(None)
-        self._join("flush", None if not self._hard_stop.is_set() else 5.0)
-        self._join("maintenance", 30.0)
+        flush = self._loops.get("flush")
+        if flush is not None:
+            flush.join(None if not self._hard_stop.is_set() else 5.0)
+        if maintenance is not None:
+            maintenance.join(30.0)
+        self.maintenance.resign()
         self._halt.set()
-        self._join("heartbeat", 5.0)
+        heartbeat = self._loops.get("heartbeat")
+        if heartbeat is not None:
+            heartbeat.join(5.0)
         if self._loop is not None and self._loop_thread is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._loop_thread.join(timeout=5.0)
@@ -618,46 +785,50 @@ class Worker:
         events.info("jobs.worker.stopped", worker_id=self.worker_id, released=len(remaining))
         with self._lock:
             self._started = False
-            self._threads = {}
+            self._loops = {}
+            self._handlers = []
             self._loop = None
+            self._held = {}
             self._tasks = queue.SimpleQueue()
             self._outcomes = queue.SimpleQueue()
         self._stopped.set()
 
-    # -- running one job ---------------------------------------------------------------------
+    def _settle_release(self, held: _Held) -> None:
+        held.run.outcome = Outcome("release")
+        self._outcomes.put(held)
 
-    def _prepare(self, run: _Run) -> tuple[JobHandle[Any], list[Any]] | _Outcome:
-        job = run.job
-        handle = self.handles(job.name)
+    # -- running one job -----------------------------------------------------------------------
+
+    def _prepare(self, held: _Held) -> tuple[JobHandle[Any], list[Any]] | Outcome:
+        job = held.job
+        handle = held.handle
         now = self.clock.now()
         if handle is None:
             error = attempt_error(
-                job,
-                "unknown_job",
-                f"no job named {job.name!r} is registered in this worker",
-                now,
+                job, "unknown_job", f"no job named {job.name!r} is registered in this worker", now
             )
+            events.warning("jobs.job.unknown", job_id=job.id, job=job.name)
             failure, drop = decide_failure(job, None, error, now)
-            return _Outcome("fail", run, failure=failure, drop=drop)
+            return Outcome("fail", failure=failure, drop=drop)
         try:
             value = self.serializer.loads(job.input, into=handle.input_type)
         except DeserializationError as exc:
             error = attempt_error(job, "DeserializationError", str(exc), now)
             # No retry can decode a payload that cannot be decoded now: park it.
-            return _Outcome("fail", run, failure=Failure(job.lease, error, None))
+            return Outcome("fail", failure=Failure(job.lease, error, None))
         args: list[Any] = [value]
         if handle.wants_context:
-            args.append(self._context(run))
+            args.append(self._context(held))
         return handle, args
 
-    def _context(self, run: _Run) -> JobContext:
-        job = run.job
+    def _context(self, held: _Held) -> JobContext:
+        job = held.job
 
         def beat() -> bool:
-            if run.settled:
-                return False
-            held = self.driver.lease_extend([run.lease], self.config.lease, now=self.clock.pinned())
-            return job.id in held
+            # Never blocks (the event loop included): the heartbeat thread renews every held
+            # lease on its own schedule; this asks it to go now and reports what it knows.
+            self._next_beat = 0.0
+            return not held.lost and not held.run.settled
 
         return JobContext(
             id=job.id,
@@ -668,107 +839,72 @@ class Worker:
             tenant_id=job.tenant_id,
             enqueued_at=job.created_at,
             _heartbeat=beat,
-            _cancelled=run.cancelled.is_set,
+            _cancelled=held.cancelled.is_set,
         )
 
-    def _run_sync(self, run: _Run) -> _Outcome | None:
-        prepared = self._prepare(run)
-        if isinstance(prepared, _Outcome):
+    def _run_sync(self, held: _Held) -> Outcome | None:
+        prepared = self._prepare(held)
+        if isinstance(prepared, Outcome):
             return prepared
         handle, args = prepared
         reset = current_app.set(self.app)
         try:
             handle.fn(*args)
-        except Snooze as snooze:
-            return _Outcome("snooze", run, run_at=self.clock.now() + snooze.delay)
-        except Cancel as cancel:
-            return _Outcome("cancel", run, reason=cancel.reason)
         except BaseException as exc:
-            return self._failed(run, handle, exc)
+            return self.outcome_of(held, exc)
         finally:
             current_app.reset(reset)
-        return _Outcome("complete", run)
+        return Outcome("complete")
 
-    async def _run_async(self, run: _Run) -> _Outcome | None:
-        prepared = self._prepare(run)
-        if isinstance(prepared, _Outcome):
+    async def _run_async(self, held: _Held) -> Outcome | None:
+        prepared = self._prepare(held)
+        if isinstance(prepared, Outcome):
             return prepared
         handle, args = prepared
         reset = current_app.set(self.app)
         timeout = handle.timeout.total_seconds() if handle.timeout is not None else None
         try:
             await asyncio.wait_for(handle.fn(*args), timeout)
-        except Snooze as snooze:
-            return _Outcome("snooze", run, run_at=self.clock.now() + snooze.delay)
-        except Cancel as cancel:
-            return _Outcome("cancel", run, reason=cancel.reason)
         except TimeoutError:
-            now = self.clock.now()
-            error = attempt_error(
-                run.job, "timeout", f"the job ran longer than its timeout of {handle.timeout}", now
-            )
-            failure, drop = decide_failure(run.job, handle, error, now)
-            return _Outcome("fail", run, failure=failure, drop=drop)
+            return self._timeout_outcome(held)
         except asyncio.CancelledError:
             return None  # cancelled by the worker, which has settled this run already
         except BaseException as exc:
-            return self._failed(run, handle, exc)
+            return self.outcome_of(held, exc)
         finally:
             current_app.reset(reset)
-        return _Outcome("complete", run)
+        return Outcome("complete")
 
-    def _failed(self, run: _Run, handle: JobHandle[Any], exc: BaseException) -> _Outcome:
+    def outcome_of(self, held: _Held, exc: BaseException) -> Outcome:
+        """What a handler's exception means (shared by sync and async handlers). Never raises:
+        a bad ``Snooze`` or an unrepresentable retry time becomes a failure of the job."""
+        try:
+            if isinstance(exc, Snooze):
+                return Outcome("snooze", run_at=self.clock.now() + exc.delay)
+            if isinstance(exc, Cancel):
+                return Outcome("cancel", reason=exc.reason)
+            return self._failed(held, exc)
+        except BaseException as inner:
+            return self._failed(held, inner)
+
+    def _failed(self, held: _Held, exc: BaseException) -> Outcome:
         now = self.clock.now()
-        failure, drop = decide_failure(
-            run.job, handle, error_from_exception(run.job, exc, now), now
+        error = error_from_exception(held.job, exc, now)
+        try:
+            failure, drop = decide_failure(held.job, held.handle, error, now)
+        except (OverflowError, ValueError):
+            failure, drop = Failure(held.lease, error, None), False  # cannot retry: park it
+        return Outcome("fail", failure=failure, drop=drop)
+
+    def _timeout_outcome(self, held: _Held) -> Outcome:
+        now = self.clock.now()
+        timeout = held.handle.timeout if held.handle is not None else None
+        error = attempt_error(
+            held.job, "timeout", f"the job ran longer than its timeout of {timeout}", now
         )
-        return _Outcome("fail", run, failure=failure, drop=drop)
+        failure, drop = decide_failure(held.job, held.handle, error, now)
+        return Outcome("fail", failure=failure, drop=drop)
 
-    # -- writing outcomes --------------------------------------------------------------------
 
-    def _write(self, batch: list[_Outcome]) -> None:
-        now = self.clock.pinned()
-        completes = [o.run.lease for o in batch if o.kind == "complete"]
-        if completes:
-            done = self.driver.job_complete_many(completes, now=now)
-            self.stats.completed += len(done)
-        failures = [o for o in batch if o.kind == "fail" and o.failure is not None]
-        if failures:
-            changed = self.driver.job_fail_many([o.failure for o in failures if o.failure], now=now)
-            for o in failures:
-                assert o.failure is not None
-                if o.run.job.id not in changed:
-                    continue
-                if o.failure.retry_at is None:
-                    self.stats.dead += 1
-                    events.warning(
-                        "jobs.job.dead",
-                        job_id=o.run.job.id,
-                        job=o.run.job.name,
-                        attempt=o.run.job.attempt,
-                        error=o.failure.error.kind,
-                    )
-                else:
-                    self.stats.failed += 1
-                    events.info(
-                        "jobs.job.retrying",
-                        job_id=o.run.job.id,
-                        job=o.run.job.name,
-                        attempt=o.run.job.attempt,
-                        retry_at=o.failure.retry_at.isoformat(),
-                        error=o.failure.error.kind,
-                    )
-            drops = [o.run.job.id for o in failures if o.drop and o.run.job.id in changed]
-            if drops:
-                self.driver.job_discard(drops)
-        for o in batch:
-            if o.kind == "snooze" or o.kind == "release":
-                if self.driver.job_snooze(o.run.lease, o.run_at, now=now):
-                    if o.kind == "snooze":
-                        self.stats.snoozed += 1
-                    else:
-                        self.stats.released += 1
-            elif o.kind == "cancel" and self.driver.job_cancel(
-                o.run.job.id, reason=o.reason, lease=o.run.lease, now=now
-            ):
-                self.stats.cancelled += 1
+class StuckError(Exception):
+    """Every slot is held by a thread past its timeout, for longer than the stuck limit."""

@@ -122,6 +122,7 @@ class MemoryDriver:
         self._leaders: dict[str, tuple[str, datetime]] = {}  # name -> (holder, expires_at)
         self._monotonic = SystemClock().monotonic
         self._identity = DatabaseId("memory", (id(self),), "memory://")
+        self._isolated: set[str] = set()  # ids of jobs rescued after their worker died
         self.stalls = StallTracker()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -232,6 +233,7 @@ class MemoryDriver:
                 if job.run_at <= at
                 and job.queue in queues
                 and not self._paused.get(job.queue, False)
+                and (job.id in self._isolated) is params.isolated
             )
             best = heapq.nsmallest(
                 max(0, params.limit), due, key=lambda job: (-job.priority, job.run_at, job.id)
@@ -302,10 +304,27 @@ class MemoryDriver:
                     retry_at = _utc(failure.retry_at)
                     job = replace(job, state=_waiting(retry_at, at), run_at=retry_at, errors=errors)
                 self._put(_unleased(job))
+                if failure.isolate:
+                    self._isolated.add(job.id)
+                else:
+                    self._isolated.discard(job.id)
                 changed.add(job.id)
             if changed:
                 self._notify()
         return changed
+
+    def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:
+        at = _now(now)
+        wanted = set(queues)
+        with self._lock:
+            return any(
+                (job := self._jobs.get(id_)) is not None
+                and job.state in _WAITING
+                and job.run_at <= at
+                and job.queue in wanted
+                and not self._paused.get(job.queue, False)
+                for id_ in self._isolated
+            )
 
     def job_snooze(
         self, lease: Lease, run_at: datetime | None, *, now: datetime | None = None
@@ -555,6 +574,7 @@ class MemoryDriver:
     def _delete(self, job: Job) -> None:
         del self._jobs[job.id]
         self._waiting.discard(job.id)
+        self._isolated.discard(job.id)
         self._keys.pop((job.tenant_id, job.idempotency_key), None)
 
 

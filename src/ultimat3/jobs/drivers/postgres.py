@@ -126,8 +126,11 @@ _WAIT_SLICE = 0.1
 _PROBE_AFTER = 30.0
 _LISTEN_BACKOFF_MAX = 5.0
 #: SQLSTATE classes that mean "the server cannot serve us now": connection exception,
-#: insufficient resources, operator intervention (admin shutdown, query cancelled), system error.
-_UNAVAILABLE_CLASSES = ("08", "53", "57", "58")
+#: insufficient resources, operator intervention (admin shutdown, query cancelled), system
+#: error, transaction rollback (serialization failure, deadlock).
+_RETRYABLE_CLASSES = ("08", "53", "57", "58", "40")
+#: Read-only transaction (a standby, a failover), lock not available (lock_timeout).
+_RETRYABLE_STATES = frozenset({"25006", "55P03"})
 _STATES = {state.value: state for state in JobState}
 _MICROSECOND = timedelta(microseconds=1)
 _MIGRATE_FIX = "run `ultimat3-jobs migrate` (or driver.migrate()) against this database"
@@ -201,6 +204,11 @@ class PostgresDriver:
             name: text.replace("{schema}", quoted).encode()
             for name, text in sql_files.queries(_NAME).items()
         }
+        # Isolated jobs (rescued after their worker died) are claimed by the same statement
+        # with the opposite filter, planned against their own partial index.
+        self._q["job_claim_isolated"] = self._q["job_claim"].replace(
+            b"AND NOT j.isolated", b"AND j.isolated"
+        )
         self._migrations = [
             (
                 version,
@@ -367,8 +375,8 @@ class PostgresDriver:
                         return self._insert(conn, jobs, now)  # one statement, one transaction
                     with conn.transaction():
                         return self._insert(conn, jobs, now)
-            except pg_errors.DeadlockDetected:
-                if attempt == 2:
+            except DriverUnavailableError as exc:
+                if attempt == 2 or not isinstance(exc.__cause__, pg_errors.DeadlockDetected):
                     raise
         raise AssertionError("unreachable")
 
@@ -381,11 +389,11 @@ class PostgresDriver:
             "now": params.now,
         }
         queues = sorted(set(params.queues))
-        if len(queues) == 1:
+        if len(queues) == 1 and not params.isolated:
             rows = self._fetch(self._claim_one_query(params.limit), {**values, "queue": queues[0]})
         else:
             values.update(queues=_text_array(queues), limit=params.limit)
-            rows = self._fetch("job_claim", values)
+            rows = self._fetch("job_claim_isolated" if params.isolated else "job_claim", values)
         return [_job(row) for row in rows]
 
     def _claim_one_query(self, limit: int) -> bytes:
@@ -396,6 +404,12 @@ class PostgresDriver:
             if len(self._claim_one) < 32:
                 self._claim_one[limit] = query
         return query
+
+    def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:
+        rows = self._fetch(
+            "job_peek_isolated", {"queues": _text_array(sorted(set(queues))), "now": now}
+        )
+        return bool(rows and rows[0][0])
 
     def lease_extend(
         self, leases: Sequence[Lease], lease_for: timedelta, *, now: datetime | None = None
@@ -440,6 +454,7 @@ class PostgresDriver:
                             "token": f.lease.token,
                             "error": f.error.to_json(),
                             "retry_at": f.retry_at.isoformat() if f.retry_at is not None else None,
+                            "isolate": f.isolate,
                         }
                         for f in ordered
                     ]
@@ -874,10 +889,9 @@ class PostgresDriver:
                 rows = conn.execute(query, params, prepare=prepare).fetchall()
                 self.stalls.note_wait(time.monotonic() - started)
                 return rows
-            except pg_errors.DeadlockDetected:
-                if attempt == 2:
-                    raise
             except psycopg.Error as exc:
+                if attempt < 2 and isinstance(exc, pg_errors.DeadlockDetected):
+                    continue
                 self._reraise(exc, conn)
             finally:
                 self._pool.putconn(conn)
@@ -981,30 +995,52 @@ class PostgresDriver:
         raise translated from exc
 
     def _translate(self, exc: psycopg.Error, conn: Conn) -> Exception:
-        """The error to raise for a psycopg error: ours when it means the database cannot be
-        used, the original otherwise (a caller's SQL error is the caller's)."""
+        """The ``JobsError`` for any psycopg error of a statement of ours (the total error
+        contract of the seam): a missing schema says to migrate; a server that is away, read
+        only (a failover, a hot standby), out of resources, shutting down, or that cancelled
+        the statement (a timeout), a serialization failure or a deadlock is retryable; anything
+        else (a bug, a schema changed by hand) is not."""
         state = exc.sqlstate or ""
         if isinstance(exc, pg_errors.UndefinedTable | pg_errors.InvalidSchemaName):
             return DriverUnavailableError(
                 f"the job tables are missing in {self.display_url}: {_first_line(exc)}",
                 driver=_NAME,
                 fix=_MIGRATE_FIX,
+                retryable=False,
+            )
+        if isinstance(exc, psycopg.DataError):
+            return SerializationError(
+                f"PostgreSQL refused a value: {_first_line(exc)}",
+                fix="pass JSON text the serializer made, and values within the documented bounds",
             )
         if (
             conn.broken
             or isinstance(exc, psycopg.InterfaceError)
-            or (
-                isinstance(exc, psycopg.OperationalError)
-                and (not state or state.startswith(_UNAVAILABLE_CLASSES))
-            )
+            or not state
+            or state.startswith(_RETRYABLE_CLASSES)
+            or state in _RETRYABLE_STATES
         ):
-            return DriverUnavailableError(
-                f"PostgreSQL at {self.display_url} failed: {_first_line(exc)}",
-                driver=_NAME,
-                fix="check that the server is running and reachable; the driver reconnects "
-                "by itself once it is back, so retry the operation",
-            )
-        return exc
+            if state == "25006":
+                cause = f"PostgreSQL at {self.display_url} is read-only: {_first_line(exc)}"
+                fix = (
+                    "the server is a standby or in a failover; point the URL at the primary "
+                    "(libpq's target_session_attrs=read-write); the worker retries by itself"
+                )
+            else:
+                cause = f"PostgreSQL at {self.display_url} failed: {_first_line(exc)}"
+                fix = (
+                    "check that the server is running and reachable; calls are retried by "
+                    "the worker's loops, and the pool replaces broken connections"
+                )
+            return DriverUnavailableError(cause, driver=_NAME, fix=fix, retryable=True)
+        return DriverUnavailableError(
+            f"PostgreSQL at {self.display_url} refused a statement of ultimat3-jobs "
+            f"(SQLSTATE {state}): {_first_line(exc)}",
+            driver=_NAME,
+            fix="check that the schema is the one `ultimat3-jobs migrate` made; if it is, "
+            "this is a bug: please report it with this message",
+            retryable=False,
+        )
 
     def _own_identity(self, *, refresh: bool) -> DatabaseId:
         if self._identity is None or refresh:

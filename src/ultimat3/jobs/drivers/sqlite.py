@@ -184,8 +184,9 @@ def _json_or_none(values: Any) -> str | None:
 
 
 def _translatable(exc: BaseException) -> bool:
-    """sqlite3 errors that describe the database, not a bug in the statement or its values."""
-    return isinstance(exc, sqlite3.OperationalError) or type(exc) is sqlite3.DatabaseError
+    """sqlite3 errors that become a ``JobsError``: all but a constraint violation, which the
+    insert paths turn into a dedupe or a ``ValueError`` themselves (the total error contract)."""
+    return isinstance(exc, sqlite3.Error) and not isinstance(exc, sqlite3.IntegrityError)
 
 
 def _filesystem_type(path: str) -> str | None:
@@ -462,7 +463,9 @@ class SqliteDriver:
         else:
             cause = f"SQLite failed on {self.path}: {exc}"
             fix = "check the file and the error above; run `ultimat3-jobs migrate` if it is new"
-        return DriverUnavailableError(cause, driver="sqlite", fix=fix)
+        # Busy, full and I/O errors can pass; a bad file, missing tables or a bug cannot.
+        retryable = is_busy(exc) or code in (FULL, IOERR)
+        return DriverUnavailableError(cause, driver="sqlite", fix=fix, retryable=retryable)
 
     def _caller_busy(self, exc: sqlite3.Error) -> DriverUnavailableError:
         """The caller's own transaction could not take the write lock: only it can retry."""
@@ -762,14 +765,20 @@ class SqliteDriver:
             "limit": params.limit,
         }
         queues = sorted(set(params.queues))
-        if len(queues) == 1:
+        if len(queues) == 1 and not params.isolated:
             args["queue"] = queues[0]
             rows = self._write(lambda conn: conn.execute(_CLAIM_QUEUE, args).fetchall())
         else:
+            args["isolated"] = int(params.isolated)
             rows = self._write(lambda conn: _claim_queues(conn, queues, args))
         jobs = [_job(row) for row in rows]
         jobs.sort(key=_claim_order)
         return jobs
+
+    def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:
+        args = {"queues": json.dumps(sorted(set(queues))), "now": _now_us(now)}
+        row = self._read(lambda conn: conn.execute(_Q["job_peek_isolated"], args).fetchone())
+        return row is not None
 
     def lease_extend(
         self, leases: Sequence[Lease], lease_for: timedelta, *, now: datetime | None = None
@@ -814,6 +823,7 @@ class SqliteDriver:
                 json.dumps(failure.error.to_json()),
                 failure.lease.id,
                 failure.lease.token,
+                int(failure.isolate),
             )
             for failure in failures
         ]
@@ -1100,7 +1110,12 @@ def _claim_queues(conn: sqlite3.Connection, queues: list[str], args: dict[str, A
     for queue in queues:
         if queue in paused:
             continue
-        query_args = {"queue": queue, "now": args["now"], "limit": args["limit"]}
+        query_args = {
+            "queue": queue,
+            "now": args["now"],
+            "limit": args["limit"],
+            "isolated": args["isolated"],
+        }
         for id_, priority, run_at in conn.execute(_Q["job_claim_candidates"], query_args):
             candidates.append((-priority, run_at, id_))
     if not candidates:

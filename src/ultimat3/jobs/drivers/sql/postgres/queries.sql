@@ -134,6 +134,7 @@ WITH due AS (
         WHERE j.queue = q.name
           AND j.state IN ('scheduled', 'available')
           AND j.run_at <= coalesce(%(now)s::timestamptz, now())
+          AND NOT j.isolated  -- the driver derives job_claim_isolated: "AND j.isolated"
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -172,6 +173,7 @@ WITH due AS (
     WHERE j.queue = %(queue)s
       AND j.state IN ('scheduled', 'available')
       AND j.run_at <= coalesce(%(now)s::timestamptz, now())
+      AND NOT j.isolated
       AND NOT EXISTS (
           SELECT 1 FROM {schema}.x_queues p WHERE p.name = %(queue)s AND p.paused
       )
@@ -194,6 +196,16 @@ claimed AS (
               j.errors::text, j.cancel_reason
 )
 SELECT * FROM claimed ORDER BY priority DESC, run_at, id
+
+-- name: job_peek_isolated
+SELECT EXISTS (
+    SELECT 1 FROM {schema}.x_jobs j
+    WHERE j.isolated
+      AND j.state IN ('scheduled', 'available')
+      AND j.run_at <= coalesce(%(now)s::timestamptz, now())
+      AND j.queue = ANY(%(queues)s::text[])
+      AND NOT EXISTS (SELECT 1 FROM {schema}.x_queues p WHERE p.name = j.queue AND p.paused)
+)
 
 -- name: lease_extend
 -- Leases arrive as two arrays, ids and tokens, matched as sets: a token is a fresh random UUID
@@ -229,9 +241,10 @@ SET state = CASE
     finished_at = CASE WHEN f.retry_at IS NULL THEN coalesce(%(now)s::timestamptz, now()) END,
     errors = j.errors || jsonb_build_array(f.error),
     lease_token = NULL,
-    lease_expires_at = NULL
+    lease_expires_at = NULL,
+    isolated = coalesce(f.isolate, false)
 FROM json_to_recordset(%(failures)s::json)
-       AS f(id text, token text, error jsonb, retry_at timestamptz)
+       AS f(id text, token text, error jsonb, retry_at timestamptz, isolate boolean)
 WHERE j.id = ANY(%(ids)s::text[])
   AND j.id = f.id AND j.lease_token = f.token AND j.state = 'running'
 RETURNING j.id

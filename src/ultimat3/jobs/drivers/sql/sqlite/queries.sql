@@ -41,6 +41,7 @@ WHERE id IN (
     WHERE queue = :queue
       AND state IN ('scheduled', 'available')
       AND run_at <= :now
+      AND isolated = 0
       AND NOT EXISTS (SELECT 1 FROM x_queues WHERE name = :queue AND paused = 1)
     ORDER BY priority DESC, run_at, id
     LIMIT :limit
@@ -55,12 +56,23 @@ WHERE paused = 1 AND name IN (SELECT value FROM json_each(:queues));
 
 -- name: job_claim_candidates
 -- Several queues: the best :limit of each queue, merged in Python, then claimed by id.
+-- :isolated picks ordinary jobs (0) or isolated ones (1), each from its own partial index.
 SELECT id, priority, run_at FROM x_jobs
 WHERE queue = :queue
   AND state IN ('scheduled', 'available')
   AND run_at <= :now
+  AND isolated = :isolated
 ORDER BY priority DESC, run_at, id
 LIMIT :limit;
+
+-- name: job_peek_isolated
+SELECT 1 FROM x_jobs
+WHERE isolated = 1
+  AND state IN ('scheduled', 'available')
+  AND run_at <= :now
+  AND queue IN (SELECT value FROM json_each(:queues))
+  AND queue NOT IN (SELECT name FROM x_queues WHERE paused = 1)
+LIMIT 1;
 
 -- name: job_claim_ids
 UPDATE x_jobs
@@ -91,7 +103,8 @@ SET state = 'completed',
 WHERE id = ?2 AND lease_token = ?3 AND state = 'running';
 
 -- name: job_fail
--- ?1 retry_at (NULL parks the job as dead), ?2 now, ?3 one AttemptError.to_json() object.
+-- ?1 retry_at (NULL parks the job as dead), ?2 now, ?3 one AttemptError.to_json() object,
+-- ?6 whether the job is isolated from now on (a rescue) or not (any other failure).
 UPDATE x_jobs
 SET state = CASE
         WHEN ?1 IS NULL THEN 'dead'
@@ -102,7 +115,8 @@ SET state = CASE
     finished_at = CASE WHEN ?1 IS NULL THEN ?2 END,
     errors = json_insert(errors, '$[#]', json(?3)),
     lease_token = NULL,
-    lease_expires_at = NULL
+    lease_expires_at = NULL,
+    isolated = ?6
 WHERE id = ?4 AND lease_token = ?5 AND state = 'running';
 
 -- name: job_snooze

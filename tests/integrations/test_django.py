@@ -11,6 +11,7 @@ installed: these tests run Django 5.2 with the ``django-tasks`` backport (the ba
 from __future__ import annotations
 
 import atexit
+import time
 import shutil
 import sys
 import tempfile
@@ -30,7 +31,10 @@ if not settings.configured:
     atexit.register(shutil.rmtree, _scratch, True)
     settings.configure(
         DATABASES={
-            "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": f"{_scratch}/boot.db"}
+            "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": f"{_scratch}/boot.db"},
+            # Pointed at a fresh database by each test that uses them.
+            "fresh_sqlite": {"ENGINE": "django.db.backends.sqlite3", "NAME": f"{_scratch}/f.db"},
+            "fresh_postgres": {"ENGINE": "django.db.backends.postgresql", "NAME": "unset"},
         },
         INSTALLED_APPS=[],
         USE_TZ=True,
@@ -39,12 +43,20 @@ if not settings.configured:
                 "BACKEND": "ultimat3.jobs.integrations.django.JobsBackend",
                 "QUEUES": ["default", "emails"],
                 "OPTIONS": {"APP": "u3j_django_app:app"},
-            }
+            },
+            **{
+                f"fresh_{kind}": {
+                    "BACKEND": "ultimat3.jobs.integrations.django.JobsBackend",
+                    "QUEUES": ["default"],
+                    "OPTIONS": {"APP": "u3j_django_fresh:app", "DATABASE": f"fresh_{kind}"},
+                }
+                for kind in ("sqlite", "postgres")
+            },
         },
     )
     django.setup()
 
-from django.db import connection, transaction  # noqa: E402
+from django.db import connection, connections, transaction  # noqa: E402
 
 from ultimat3.jobs import App  # noqa: E402
 from ultimat3.jobs.integrations.django import JobsBackend, using  # noqa: E402
@@ -155,3 +167,85 @@ def test_the_task_backend_joins_atomic_and_maps_the_options(app: App) -> None:
     assert TASK_CALLS == [("a@example.com", "hi")]
     assert backend.get_result(now_result.id).status == "SUCCESSFUL"
     assert RUNS == []
+
+
+# -- Django's usual shape: the App is built at import time, and the first request writes
+# inside atomic() (on SQLite that takes the write lock) before it enqueues. The schema was
+# migrated beforehand (`ultimat3-jobs migrate`, or a worker's start), so opening is a read.
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def fresh(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, App]]:
+    alias = f"fresh_{request.param}"
+    target = connections[alias]
+    target.close()
+    if request.param == "sqlite":
+        data = tmp_path / "fresh.sqlite3"
+        target.settings_dict["NAME"] = str(data)
+        url = f"sqlite:///{data}"
+    else:
+        from psycopg.conninfo import conninfo_to_dict
+
+        parts = conninfo_to_dict(request.getfixturevalue("pg_dsn"))
+        target.settings_dict.update(
+            NAME=parts["dbname"], USER=parts["user"], HOST=parts["host"], PORT=parts["port"]
+        )
+        url = f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+    migrated = App(url)
+    migrated.open()
+    migrated.close()
+    with connections[alias].cursor() as cursor:
+        cursor.execute("CREATE TABLE orders (id integer)")
+    built_at_import = App(url, modules=[JOBS])  # never opened before the request
+    module = types.ModuleType("u3j_django_fresh")
+    module.app = built_at_import  # type: ignore[attr-defined]
+    sys.modules[module.__name__] = module
+    TASK_CALLS.clear()
+    yield alias, built_at_import
+    sys.modules.pop(module.__name__, None)
+    connections[alias].close()
+    built_at_import.close()
+
+
+def _orders(alias: str) -> int:
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM orders")
+        return int(cursor.fetchone()[0])
+
+
+def test_a_fresh_app_joins_the_first_requests_atomic_at_once(fresh: tuple[str, App]) -> None:
+    alias, app = fresh
+    started = time.monotonic()
+    with pytest.raises(RuntimeError), transaction.atomic(using=alias), using(app, alias):
+        with connections[alias].cursor() as cursor:
+            cursor.execute("INSERT INTO orders VALUES (1)")
+        record.enqueue({"order": 1})
+        raise RuntimeError("the view fails")
+    with transaction.atomic(using=alias):
+        with connections[alias].cursor() as cursor:
+            cursor.execute("INSERT INTO orders VALUES (2)")
+        with using(app, alias):
+            record.enqueue({"order": 2})
+    assert time.monotonic() - started < 2.0, "nothing waited for the caller's own lock"
+    assert _orders(alias) == 1
+    assert deliver(app) == [{"order": 2}]
+
+
+def test_the_task_backend_of_a_fresh_app_joins_the_first_requests_atomic(
+    fresh: tuple[str, App],
+) -> None:
+    alias, app = fresh
+    started = time.monotonic()
+    with pytest.raises(RuntimeError), transaction.atomic(using=alias):
+        with connections[alias].cursor() as cursor:
+            cursor.execute("INSERT INTO orders VALUES (1)")
+        send_mail.using(backend=alias).enqueue("lost@example.com")
+        raise RuntimeError("the view fails")
+    with transaction.atomic(using=alias):
+        with connections[alias].cursor() as cursor:
+            cursor.execute("INSERT INTO orders VALUES (2)")
+        kept = send_mail.using(backend=alias).enqueue("kept@example.com")
+    assert time.monotonic() - started < 2.0
+    assert [j.id for j in app.list_jobs()] == [kept.id]
+    drain(app)
+    assert TASK_CALLS == [("kept@example.com", "")]

@@ -817,14 +817,14 @@ class SqliteDriver:
             return set()
         now_us = _now_us(now)
         rows = [
-            (
-                None if failure.retry_at is None else _us(failure.retry_at),
-                now_us,
-                json.dumps(failure.error.to_json()),
-                failure.lease.id,
-                failure.lease.token,
-                int(failure.isolate),
-            )
+            {
+                "retry_at": None if failure.retry_at is None else _us(failure.retry_at),
+                "now": now_us,
+                "error": json.dumps(failure.error.to_json()),
+                "id": failure.lease.id,
+                "token": failure.lease.token,
+                "isolated": int(failure.isolate),
+            }
             for failure in failures
         ]
         ids_ = [failure.lease.id for failure in failures]
@@ -1078,12 +1078,12 @@ def _insert_one(conn: sqlite3.Connection, job: NewJob, row: tuple[Any, ...]) -> 
         raise ValueError(f"job {job.id} cannot be stored: {exc}") from exc
     if inserted:
         return InsertResult(job.id, False)
-    found = conn.execute(_Q["job_id_by_key"], (row[1], row[5])).fetchone()
+    found = conn.execute(_Q["job_id_by_key"], {"tenant_id": row[1], "key": row[5]}).fetchone()
     return InsertResult(found[0], True)
 
 
 def _apply_each(
-    conn: sqlite3.Connection, query: str, rows: list[tuple[Any, ...]], ids_: list[str]
+    conn: sqlite3.Connection, query: str, rows: Sequence[Any], ids_: list[str]
 ) -> set[str]:
     """Run a one-row fenced UPDATE per row; return the ids it changed. ``executemany`` does the
     whole batch at once; only when some row matched nothing (a stale lease, a repeated id) is

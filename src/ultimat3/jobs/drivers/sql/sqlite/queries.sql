@@ -23,7 +23,7 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (idempotency_key, tenant_id IS NULL, ifnull(tenant_id, '')) DO NOTHING;
 
 -- name: job_id_by_key
-SELECT id FROM x_jobs WHERE idempotency_key = ?2 AND tenant_id IS ?1;
+SELECT id FROM x_jobs WHERE idempotency_key = :key AND tenant_id IS :tenant_id;
 
 -- name: job_claim_queue
 -- One queue: the partial index x_jobs_claim yields rows in claim order, so the inner SELECT
@@ -89,35 +89,35 @@ RETURNING id, name, queue, input, tenant_id, idempotency_key, priority, state, a
           lease_expires_at, worker_id, errors, cancel_reason;
 
 -- name: lease_extend
--- The fenced writes below are run once per lease (executemany): ?1.. are positional.
+-- The fenced writes below are run once per lease (executemany).
 UPDATE x_jobs
-SET lease_expires_at = ?1
-WHERE id = ?2 AND lease_token = ?3 AND state = 'running';
+SET lease_expires_at = ?
+WHERE id = ? AND lease_token = ? AND state = 'running';
 
 -- name: job_complete
 UPDATE x_jobs
 SET state = 'completed',
-    finished_at = ?1,
+    finished_at = ?,
     lease_token = NULL,
     lease_expires_at = NULL
-WHERE id = ?2 AND lease_token = ?3 AND state = 'running';
+WHERE id = ? AND lease_token = ? AND state = 'running';
 
 -- name: job_fail
--- ?1 retry_at (NULL parks the job as dead), ?2 now, ?3 one AttemptError.to_json() object,
--- ?6 whether the job is isolated from now on (a rescue) or not (any other failure).
+-- :retry_at NULL parks the job as dead; :error is one AttemptError.to_json() object;
+-- :isolated says whether the job is isolated from now on (a rescue) or not (any other failure).
 UPDATE x_jobs
 SET state = CASE
-        WHEN ?1 IS NULL THEN 'dead'
-        WHEN ?1 > ?2 THEN 'scheduled'
+        WHEN :retry_at IS NULL THEN 'dead'
+        WHEN :retry_at > :now THEN 'scheduled'
         ELSE 'available'
     END,
-    run_at = coalesce(?1, run_at),
-    finished_at = CASE WHEN ?1 IS NULL THEN ?2 END,
-    errors = json_insert(errors, '$[#]', json(?3)),
+    run_at = coalesce(:retry_at, run_at),
+    finished_at = CASE WHEN :retry_at IS NULL THEN :now END,
+    errors = json_insert(errors, '$[#]', json(:error)),
     lease_token = NULL,
     lease_expires_at = NULL,
-    isolated = ?6
-WHERE id = ?4 AND lease_token = ?5 AND state = 'running';
+    isolated = :isolated
+WHERE id = :id AND lease_token = :token AND state = 'running';
 
 -- name: job_snooze
 UPDATE x_jobs

@@ -347,7 +347,7 @@ def test_heartbeats_keep_a_long_job_from_being_rescued(
 
 def test_expired_leases_are_rescued_and_the_attempt_counts(app: App, clock: FakeClock) -> None:
     result = record.enqueue({"n": 1})
-    app.driver.job_claim(
+    [claimed] = app.driver.job_claim(
         ClaimParams(
             queues=("default",),
             limit=1,
@@ -356,6 +356,7 @@ def test_expired_leases_are_rescued_and_the_attempt_counts(app: App, clock: Fake
             now=clock.now(),
         )
     )
+    app.driver.job_mark_started([claimed.lease], now=clock.now())  # its handler began
     clock.advance("31s")
     worker = app.worker()
     assert worker.maintenance.rescue() == [result.id]
@@ -366,6 +367,19 @@ def test_expired_leases_are_rescued_and_the_attempt_counts(app: App, clock: Fake
     drain(app)
     assert app.get_job(result.id).state is JobState.COMPLETED
     assert app.get_job(result.id).attempt == 2
+
+
+def test_a_claim_that_never_started_gets_its_attempt_back(app: App, clock: FakeClock) -> None:
+    result = record.enqueue({"n": 1})
+    app.driver.job_claim(
+        ClaimParams(("default",), 1, timedelta(seconds=30), worker_id="gone", now=clock.now())
+    )
+    clock.advance("31s")  # the worker died between the claim and the start
+    assert app.worker().maintenance.rescue() == []
+    released = app.get_job(result.id)
+    assert (released.state, released.attempt, released.errors) == (JobState.AVAILABLE, 0, ())
+    drain(app)
+    assert app.get_job(result.id).attempt == 1
 
 
 def test_paused_queues_are_not_claimed(app: App) -> None:

@@ -120,12 +120,20 @@ def claim(
     limit: int = 10,
     lease_for: timedelta = LEASE,
     worker_id: str = "worker-1",
+    started: bool = True,
 ) -> list[Job]:
-    return driver.job_claim(
+    """Claim due jobs and, with ``started`` (as a worker does before calling the handlers),
+    record that they start."""
+    jobs = driver.job_claim(
         ClaimParams(
             queues=tuple(queues), limit=limit, lease_for=lease_for, worker_id=worker_id, now=now
         )
     )
+    if started and jobs:
+        assert driver.job_mark_started([job.lease for job in jobs], now=now) == {
+            job.id for job in jobs
+        }
+    return jobs
 
 
 def claim_one(driver: Driver, now: datetime, **options: Any) -> Job:

@@ -331,3 +331,21 @@ def test_cancel_is_tenant_scoped(driver: Driver) -> None:
 
 def test_cancel_an_unknown_job(driver: Driver) -> None:
     assert driver.job_cancel(uuid7(), reason="x", now=at(1)) is False
+
+
+def test_an_unstarted_expired_claim_is_released_with_its_attempt_back(driver: Driver) -> None:
+    insert(driver, new_job(), new_job())
+    [unstarted] = claim(driver, at(0), limit=1, lease_for=timedelta(seconds=10), started=False)
+    started = claim_one(driver, at(0), lease_for=timedelta(seconds=10))
+    assert driver.job_release_unstarted(now=at(5)) == [], "not expired yet"
+    assert driver.job_release_unstarted(now=at(11)) == [unstarted.id]
+    released = get(driver, unstarted.id)
+    assert (released.state, released.attempt, released.lease_token) == (
+        JobState.AVAILABLE,
+        0,
+        None,
+    )
+    assert [job.id for job in driver.job_list_expired(limit=10, now=at(11))] == [started.id]
+    assert driver.job_mark_started([unstarted.lease], now=at(12)) == set(), "the lease is gone"
+    again = claim_one(driver, at(12))
+    assert (again.id, again.attempt) == (unstarted.id, 1)

@@ -594,6 +594,7 @@ KILLED_WRITER = """
     mode = sys.argv[2]
     if mode == "held":
         [job] = driver.job_claim(ClaimParams(("default",), 1, timedelta(seconds=1), "doomed"))
+        driver.job_mark_started([job.lease])
         print(job.id, flush=True)
         with driver.transaction() as tx:
             jobs = [NewJob(i, "n", "default", "{}", i, 3) for i in (uuid7() for _ in range(3000))]

@@ -180,6 +180,17 @@ class Driver(Protocol):
         """Claim up to ``params.limit`` due jobs from ``params.queues`` (see the module rules)."""
         ...
 
+    def job_mark_started(self, leases: Sequence[Lease], *, now: datetime | None = None) -> set[str]:
+        """Record, before their handlers are called, that held jobs start; return the ids
+        still held. A job whose lease expires before this is released with its attempt back
+        (``job_release_unstarted``); only a started one is rescued as lost."""
+        ...
+
+    def job_release_unstarted(self, *, now: datetime | None = None) -> list[str]:
+        """Put every running job whose lease expired before it was marked started back to
+        ``available``, its attempt refunded; return their ids."""
+        ...
+
     def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:
         """True when an isolated job (rescued after its worker died) is due in ``queues``. A
         read on an index that is empty unless something was rescued."""
@@ -232,8 +243,8 @@ class Driver(Protocol):
         ...
 
     def job_list_expired(self, *, limit: int, now: datetime | None = None) -> list[Job]:
-        """Running jobs whose lease expired before now, oldest expiry first. The caller fails
-        them through their (expired) lease, so a worker that comes back races fairly."""
+        """Started running jobs whose lease expired before now, oldest expiry first. The caller
+        fails them through their (expired) lease, so a worker that comes back races fairly."""
         ...
 
     def job_get(self, job_id: str, *, tenant_id: str | None = None) -> Job | None:

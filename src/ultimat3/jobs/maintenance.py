@@ -14,9 +14,11 @@ Guarantees and limits:
   have been stuck behind the same stall. The rescuer then waits until writes have flowed for
   a full lease (``grace``) before it trusts an expiry, so a lease lapses only after a full
   lease in which its worker could have renewed it and did not.
-- **The rescued attempt counts** (it was counted when the job was claimed), so a job that kills
-  its worker on every attempt ends ``dead`` after ``max_attempts``, with error kind
-  ``worker_lost`` each time. A rescued job is marked *isolated*: it is claimed alone, with
+- **Only a started job loses its attempt.** A worker records that a job starts before it calls
+  the handler (``job_mark_started``); a job whose lease expired unstarted goes back to the
+  queue with its attempt refunded. A started one is rescued as ``worker_lost`` with the attempt
+  counted (it was counted at claim), so a job that kills its worker on every attempt ends
+  ``dead`` after ``max_attempts`` starts. A rescued job is marked *isolated*: it is claimed alone, with
   nothing else running in its worker, until it returns (see ``ultimat3.jobs.worker``).
 - **Pruning keeps up.** Each pass deletes ``completed`` and ``cancelled`` rows finished longer
   ago than ``retention`` (default 1 day) in bounded batches until none is left or the pass's
@@ -171,6 +173,9 @@ class Maintenance:
                 )
             return []
         self._deferred = False
+        released = self.driver.job_release_unstarted(now=self.clock.pinned())
+        for job_id in released:
+            events.warning("jobs.job.released-unstarted", job_id=job_id)
         rescued: list[str] = []
         while True:
             expired = self.driver.job_list_expired(

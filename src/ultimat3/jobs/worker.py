@@ -7,7 +7,8 @@ What runs where, and who owns a job at each step:
    microseconds) and gives each a ``Run`` (``ultimat3.jobs.run``), the one owner of the job
    while this worker holds it. ``def`` jobs go to a queue read by ``concurrency`` handler
    threads, ``async def`` jobs to one event loop thread.
-2. A **handler** calls ``run.start()`` (refused once the run was released), runs the job, turns
+2. A **handler** calls ``run.start()`` (refused once the run was released), waits until the
+   flush loop has recorded the start (``job_mark_started``, one write per batch), runs the job, turns
    what happened into one ``Outcome`` (``outcome_of``, shared by sync and async), and offers it
    with ``run.settle()``: the first settler wins (the handler, a lost lease, shutdown).
 3. The **flush** loop writes settled outcomes in batches (complete, fail, snooze, cancel,
@@ -160,6 +161,7 @@ class _Held:
         "run",
         "started_at",
         "task",
+        "mark",
         "timed_out",
         "written",
     )
@@ -176,11 +178,17 @@ class _Held:
         self.lost = False
         #: The outcome is in the database (or there is nothing left to write).
         self.written = False
+        #: Resolved by the flush loop once the start is recorded (True) or cannot be (False).
+        self.mark: concurrent.futures.Future[bool] | None = None
         self.task: concurrent.futures.Future[None] | None = None
 
     @property
     def lease(self) -> Lease:
         return self.job.lease
+
+
+#: A flush-loop item: record that a job starts (its handler waits), or write its outcome.
+_Item = tuple[Literal["start", "outcome"], "_Held"]
 
 
 class Worker:
@@ -228,7 +236,8 @@ class Worker:
         self._stopped.set()
         self._started = False
         self._tasks: queue.SimpleQueue[_Held | None] = queue.SimpleQueue()
-        self._outcomes: queue.SimpleQueue[_Held | None] = queue.SimpleQueue()
+        #: What the flush loop writes: start marks (handlers wait for them) and outcomes.
+        self._outcomes: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._handlers: list[threading.Thread] = []
         self._loops: dict[str, Loop] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -371,6 +380,7 @@ class Worker:
                 for job in jobs:
                     held = _Held(job, self.handles(job.name), False)
                     held.run.start()
+                    self.driver.job_mark_started([held.lease], now=self.clock.pinned())
                     if held.handle is not None and held.handle.is_async:
                         loop = loop or asyncio.new_event_loop()
                         outcome = loop.run_until_complete(self._run_async(held))
@@ -463,6 +473,9 @@ class Worker:
             try:
                 if not held.run.start():
                     continue  # released at shutdown before it began
+                if not self._started_for_sure(self._mark_request(held)):
+                    self._settle(held, Outcome("release"))
+                    continue
                 timeout = held.handle.timeout if held.handle is not None else None
                 held.started_at = time.monotonic()
                 if timeout is not None:
@@ -481,6 +494,9 @@ class Worker:
         try:
             if not held.run.start():
                 return
+            if not await asyncio.wrap_future(self._mark_request(held)):
+                self._settle(held, Outcome("release"))
+                return
             held.started_at = time.monotonic()
             outcome = await self._run_async(held)
             self._settle(held, outcome)
@@ -492,7 +508,21 @@ class Worker:
 
     def _settle(self, held: _Held, outcome: Outcome | None) -> None:
         if outcome is not None and held.run.settle(outcome):
-            self._outcomes.put(held)
+            self._outcomes.put(("outcome", held))
+
+    def _mark_request(self, held: _Held) -> concurrent.futures.Future[bool]:
+        """Ask the flush loop to record that ``held`` starts; the future says whether the lease
+        was still held when it did."""
+        mark: concurrent.futures.Future[bool] = concurrent.futures.Future()
+        held.mark = mark
+        self._outcomes.put(("start", held))
+        return mark
+
+    def _started_for_sure(self, mark: concurrent.futures.Future[bool]) -> bool:
+        try:
+            return mark.result(timeout=self.config.lease.total_seconds())
+        except concurrent.futures.TimeoutError:
+            return False
 
     def _maybe_free(self, held: _Held) -> None:
         """Free the slot once nothing runs for the job and its outcome is written (or moot)."""
@@ -526,7 +556,7 @@ class Worker:
         if first is None:
             self._halt.set()
             return 0.0
-        batch = [first]
+        items = [first]
         while True:
             try:
                 item = self._outcomes.get_nowait()
@@ -535,12 +565,18 @@ class Worker:
             if item is None:
                 self._outcomes.put(None)  # keep the sentinel for the next step
                 break
-            batch.append(item)
+            items.append(item)
+        starts = [held for kind, held in items if kind == "start"]
+        if starts:
+            self._record_starts(starts)
+        batch = [held for kind, held in items if kind == "outcome"]
+        if not batch:
+            return 0.0
         try:
             self._write(batch)
         except BaseException:
             for held in batch:  # not written: back in line, in order, for the retry
-                self._outcomes.put(held)
+                self._outcomes.put(("outcome", held))
             if self._hard_stop.is_set():
                 return 0.0
             raise
@@ -549,6 +585,19 @@ class Worker:
             if held.run.free:
                 self._free(held)
         return 0.0
+
+    def _record_starts(self, starts: list[_Held]) -> None:
+        """One write for every handler waiting to begin; each begins only once it is in."""
+        try:
+            held = self.driver.job_mark_started([h.lease for h in starts], now=self.clock.pinned())
+        except BaseException:
+            for h in starts:  # not recorded, so not run: released (or lapsing, unstarted)
+                if h.mark is not None:
+                    h.mark.set_result(False)
+            raise
+        for h in starts:
+            if h.mark is not None:
+                h.mark.set_result(h.job.id in held)
 
     def _write(self, batch: list[_Held]) -> None:
         now = self.clock.pinned()
@@ -795,7 +844,7 @@ class Worker:
 
     def _settle_release(self, held: _Held) -> None:
         held.run.outcome = Outcome("release")
-        self._outcomes.put(held)
+        self._outcomes.put(("outcome", held))
 
     # -- running one job -----------------------------------------------------------------------
 

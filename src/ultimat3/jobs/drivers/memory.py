@@ -123,6 +123,7 @@ class MemoryDriver:
         self._monotonic = SystemClock().monotonic
         self._identity = DatabaseId("memory", (id(self),), "memory://")
         self._isolated: set[str] = set()  # ids of jobs rescued after their worker died
+        self._started: set[str] = set()  # running jobs whose worker recorded their start
         self.stalls = StallTracker()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -313,6 +314,41 @@ class MemoryDriver:
                 self._notify()
         return changed
 
+    def job_mark_started(self, leases: Sequence[Lease], *, now: datetime | None = None) -> set[str]:
+        held: set[str] = set()
+        with self._lock:
+            for lease in leases:
+                if self._held(lease) is not None:
+                    self._started.add(lease.id)
+                    held.add(lease.id)
+        return held
+
+    def job_release_unstarted(self, *, now: datetime | None = None) -> list[str]:
+        at = _now(now)
+        released: list[str] = []
+        with self._lock:
+            for job in list(self._jobs.values()):
+                if (
+                    job.state is JobState.RUNNING
+                    and job.id not in self._started
+                    and job.lease_expires_at is not None
+                    and job.lease_expires_at < at
+                ):
+                    self._put(
+                        _unleased(
+                            replace(
+                                job,
+                                state=JobState.AVAILABLE,
+                                run_at=at,
+                                attempt=max(0, job.attempt - 1),
+                            )
+                        )
+                    )
+                    released.append(job.id)
+            if released:
+                self._notify()
+        return sorted(released)
+
     def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:
         at = _now(now)
         wanted = set(queues)
@@ -381,6 +417,7 @@ class MemoryDriver:
                 job
                 for job in self._jobs.values()
                 if job.state is JobState.RUNNING
+                and job.id in self._started
                 and job.lease_expires_at is not None
                 and job.lease_expires_at < at
             ]
@@ -570,11 +607,14 @@ class MemoryDriver:
             self._waiting.add(job.id)
         else:
             self._waiting.discard(job.id)
+        if job.state is not JobState.RUNNING:
+            self._started.discard(job.id)
 
     def _delete(self, job: Job) -> None:
         del self._jobs[job.id]
         self._waiting.discard(job.id)
         self._isolated.discard(job.id)
+        self._started.discard(job.id)
         self._keys.pop((job.tenant_id, job.idempotency_key), None)
 
 

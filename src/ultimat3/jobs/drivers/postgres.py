@@ -405,6 +405,15 @@ class PostgresDriver:
                 self._claim_one[limit] = query
         return query
 
+    def job_mark_started(self, leases: Sequence[Lease], *, now: datetime | None = None) -> set[str]:
+        if not leases:
+            return set()
+        return {row[0] for row in self._fetch("job_mark_started", _lease_arrays(leases))}
+
+    def job_release_unstarted(self, *, now: datetime | None = None) -> list[str]:
+        rows = self._fetch("job_release_unstarted", {"now": now, "channel": self._channel})
+        return sorted(row[0] for row in rows)
+
     def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:
         rows = self._fetch(
             "job_peek_isolated", {"queues": _text_array(sorted(set(queues))), "now": now}

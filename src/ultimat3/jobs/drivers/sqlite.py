@@ -775,6 +775,18 @@ class SqliteDriver:
         jobs.sort(key=_claim_order)
         return jobs
 
+    def job_mark_started(self, leases: Sequence[Lease], *, now: datetime | None = None) -> set[str]:
+        if not leases:
+            return set()
+        rows = [(lease.id, lease.token) for lease in leases]
+        ids_ = [lease.id for lease in leases]
+        return self._write(lambda conn: _apply_each(conn, _Q["job_mark_started"], rows, ids_))
+
+    def job_release_unstarted(self, *, now: datetime | None = None) -> list[str]:
+        args = {"now": _now_us(now)}
+        rows = self._write(lambda conn: conn.execute(_Q["job_release_unstarted"], args).fetchall())
+        return sorted(row[0] for row in rows)
+
     def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:
         args = {"queues": json.dumps(sorted(set(queues))), "now": _now_us(now)}
         row = self._read(lambda conn: conn.execute(_Q["job_peek_isolated"], args).fetchone())

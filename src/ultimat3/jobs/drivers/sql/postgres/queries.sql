@@ -152,7 +152,8 @@ claimed AS (
         attempted_at = coalesce(%(now)s::timestamptz, now()),
         lease_token = gen_random_uuid()::text,
         lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease_for)s::interval,
-        worker_id = %(worker_id)s
+        worker_id = %(worker_id)s,
+        started = false
     WHERE j.id = ANY(ARRAY(SELECT id FROM due))
     RETURNING j.id, j.name, j.queue, j.input::text, j.tenant_id, j.idempotency_key,
               j.priority, j.state, j.attempt, j.max_attempts, j.run_at, j.created_at,
@@ -188,7 +189,8 @@ claimed AS (
         attempted_at = coalesce(%(now)s::timestamptz, now()),
         lease_token = gen_random_uuid()::text,
         lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease_for)s::interval,
-        worker_id = %(worker_id)s
+        worker_id = %(worker_id)s,
+        started = false
     WHERE j.id = ANY(ARRAY(SELECT id FROM due))
     RETURNING j.id, j.name, j.queue, j.input::text, j.tenant_id, j.idempotency_key,
               j.priority, j.state, j.attempt, j.max_attempts, j.run_at, j.created_at,
@@ -218,6 +220,32 @@ WHERE j.id = ANY(%(ids)s::text[])
   AND j.lease_token = ANY(%(tokens)s::text[])
   AND j.state = 'running'
 RETURNING j.id
+
+-- name: job_mark_started
+UPDATE {schema}.x_jobs j
+SET started = true
+WHERE j.id = ANY(%(ids)s::text[])
+  AND j.lease_token = ANY(%(tokens)s::text[])
+  AND j.state = 'running'
+RETURNING j.id
+
+-- name: job_release_unstarted
+-- Expired leases of jobs whose handler never began: back to the queue, attempt refunded.
+WITH released AS (
+    UPDATE {schema}.x_jobs j
+    SET state = 'available',
+        run_at = coalesce(%(now)s::timestamptz, now()),
+        attempt = greatest(j.attempt - 1, 0),
+        lease_token = NULL,
+        lease_expires_at = NULL
+    WHERE j.state = 'running' AND NOT j.started
+      AND j.lease_expires_at < coalesce(%(now)s::timestamptz, now())
+    RETURNING j.id, j.queue
+),
+woken AS (
+    SELECT pg_notify(%(channel)s, q.queue) FROM (SELECT DISTINCT queue FROM released) q
+)
+SELECT r.id, (SELECT count(*) FROM woken) FROM released r
 
 -- name: job_complete
 UPDATE {schema}.x_jobs j
@@ -288,6 +316,7 @@ SELECT id, name, queue, input::text, tenant_id, idempotency_key, priority, state
        lease_expires_at, worker_id, errors::text, cancel_reason
 FROM {schema}.x_jobs
 WHERE state = 'running' AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
+  AND started
 ORDER BY lease_expires_at, id
 LIMIT %(limit)s
 

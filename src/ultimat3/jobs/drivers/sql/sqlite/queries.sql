@@ -35,7 +35,8 @@ SET state = 'running',
     attempted_at = :now,
     lease_token = :token || '.' || id,
     lease_expires_at = :expires_at,
-    worker_id = :worker_id
+    worker_id = :worker_id,
+    started = 0
 WHERE id IN (
     SELECT id FROM x_jobs
     WHERE queue = :queue
@@ -81,7 +82,8 @@ SET state = 'running',
     attempted_at = :now,
     lease_token = :token || '.' || id,
     lease_expires_at = :expires_at,
-    worker_id = :worker_id
+    worker_id = :worker_id,
+    started = 0
 WHERE id IN (SELECT value FROM json_each(:ids))
   AND state IN ('scheduled', 'available')
 RETURNING id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
@@ -93,6 +95,22 @@ RETURNING id, name, queue, input, tenant_id, idempotency_key, priority, state, a
 UPDATE x_jobs
 SET lease_expires_at = ?
 WHERE id = ? AND lease_token = ? AND state = 'running';
+
+-- name: job_mark_started
+UPDATE x_jobs
+SET started = 1
+WHERE id = ? AND lease_token = ? AND state = 'running';
+
+-- name: job_release_unstarted
+-- Expired leases of jobs whose handler never began: back to the queue, attempt refunded.
+UPDATE x_jobs
+SET state = 'available',
+    run_at = :now,
+    attempt = max(attempt - 1, 0),
+    lease_token = NULL,
+    lease_expires_at = NULL
+WHERE state = 'running' AND lease_expires_at < :now AND started = 0
+RETURNING id;
 
 -- name: job_complete
 UPDATE x_jobs
@@ -152,11 +170,12 @@ WHERE id = :id
   AND (:tenant_id IS NULL OR tenant_id = :tenant_id);
 
 -- name: job_list_expired
+-- Started jobs only: an unstarted one is released by job_release_unstarted instead.
 SELECT id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
        max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
        lease_expires_at, worker_id, errors, cancel_reason
 FROM x_jobs
-WHERE state = 'running' AND lease_expires_at < :now
+WHERE state = 'running' AND lease_expires_at < :now AND started = 1
 ORDER BY lease_expires_at, id
 LIMIT :limit;
 

@@ -1,7 +1,9 @@
--- 0003: poison isolation. A job rescued after its worker died is marked isolated: ordinary
--- claims skip it, and a worker runs it alone until it returns (success or an exception clears
--- the mark).
+-- 0003: poison isolation. started: a claimed job's worker recorded, before calling its
+-- handler, that it starts it. A job whose lease expires unstarted gets its attempt back; only
+-- a started one is rescued as worker_lost, and then marked isolated: ordinary claims skip it,
+-- and a worker runs it alone until it returns (success or an exception clears the mark).
 
+ALTER TABLE {schema}.x_jobs ADD COLUMN started boolean NOT NULL DEFAULT false;
 ALTER TABLE {schema}.x_jobs ADD COLUMN isolated boolean NOT NULL DEFAULT false;
 
 -- Empty unless something was rescued, so peeking at it costs nothing.

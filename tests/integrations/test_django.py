@@ -11,10 +11,10 @@ installed: these tests run Django 5.2 with the ``django-tasks`` backport (the ba
 from __future__ import annotations
 
 import atexit
-import time
 import shutil
 import sys
 import tempfile
+import time
 import types
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta

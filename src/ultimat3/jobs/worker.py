@@ -158,10 +158,10 @@ class _Held:
         "isolated",
         "job",
         "lost",
+        "mark",
         "run",
         "started_at",
         "task",
-        "mark",
         "timed_out",
         "written",
     )

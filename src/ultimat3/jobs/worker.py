@@ -473,6 +473,12 @@ class Worker:
             try:
                 if not held.run.start():
                     continue  # released at shutdown before it began
+                # Everything but the call happens before the start is recorded, so that the
+                # recorded start and the handler's first line are as close as threads allow.
+                prepared = self._prepare(held)
+                if isinstance(prepared, Outcome):
+                    self._settle(held, prepared)
+                    continue
                 if not self._started_for_sure(self._mark_request(held)):
                     self._settle(held, Outcome("release"))
                     continue
@@ -480,7 +486,7 @@ class Worker:
                 held.started_at = time.monotonic()
                 if timeout is not None:
                     held.deadline = held.started_at + timeout.total_seconds()
-                outcome = self._run_sync(held)
+                outcome = self._call_sync(held, *prepared)
                 if held.timed_out:
                     outcome = self._timeout_outcome(held)
                 self._settle(held, outcome)
@@ -895,7 +901,9 @@ class Worker:
         prepared = self._prepare(held)
         if isinstance(prepared, Outcome):
             return prepared
-        handle, args = prepared
+        return self._call_sync(held, *prepared)
+
+    def _call_sync(self, held: _Held, handle: JobHandle[Any], args: list[Any]) -> Outcome:
         reset = current_app.set(self.app)
         try:
             handle.fn(*args)

@@ -152,11 +152,11 @@ def prune(url: str, ledger: Path, jobs: int = 100_000) -> None:
         while app.count_jobs(state=["available", "running"]) and time.monotonic() - started < 600:
             peak = max(peak, app.count_jobs(state="completed"))
             time.sleep(0.2)
-        time.sleep(3)
+        time.sleep(12)  # one prune interval (10 s) and the retention
         left = app.count_jobs(state="completed")
     rate = jobs / (time.monotonic() - started)
     print(f"prune: {jobs} jobs drained at ~{rate:,.0f}/s with retention=1s")
-    print(f"  finished rows at most {peak:,} while draining; {left:,} left 3 s after")
+    print(f"  finished rows at most {peak:,} while draining; {left:,} left 12 s after")
     if app.driver.name == "postgres":
         with app.driver._connection() as conn:  # type: ignore[attr-defined]
             row = conn.execute(
@@ -175,12 +175,32 @@ def main() -> None:
     )
     parser.add_argument("what", choices=["poison", "kill-loop", "prune", "all"])
     parser.add_argument("--url", help="a PostgreSQL URL (default: a fresh SQLite file)")
+    parser.add_argument(
+        "--postgres", action="store_true", help="on a throwaway PostgreSQL cluster (initdb)"
+    )
     args = parser.parse_args()
-    for what in ["poison", "kill-loop", "prune"] if args.what == "all" else [args.what]:
-        scratch = Path(tempfile.mkdtemp(prefix=f"u3j-{what}-"))
-        url = args.url or f"sqlite:///{scratch / 'jobs.sqlite3'}"
-        {"poison": poison, "kill-loop": kill_loop, "prune": prune}[what](url, scratch / "ledger")
-        sys.modules.pop("faultjobs", None)
+    cluster = None
+    if args.postgres:
+        sys.path.insert(0, str(HERE.parent / "tests"))
+        import psycopg
+        from pgcluster import Cluster  # type: ignore[import-not-found]
+
+        cluster = Cluster.create()
+        with psycopg.connect(cluster.dsn(), autocommit=True) as admin:
+            admin.execute("CREATE DATABASE faults")
+        from psycopg.conninfo import conninfo_to_dict
+
+        p = conninfo_to_dict(cluster.dsn("faults"))
+        args.url = f"postgresql://{p['user']}@{p['host']}:{p['port']}/{p['dbname']}"
+    try:
+        for what in ["poison", "kill-loop", "prune"] if args.what == "all" else [args.what]:
+            scratch = Path(tempfile.mkdtemp(prefix=f"u3j-{what}-"))
+            url = args.url or f"sqlite:///{scratch / 'jobs.sqlite3'}"
+            {"poison": poison, "kill-loop": kill_loop, "prune": prune}[what](url, scratch / "ledger")
+            sys.modules.pop("faultjobs", None)
+    finally:
+        if cluster is not None:
+            cluster.close()
 
 
 if __name__ == "__main__":

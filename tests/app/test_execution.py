@@ -493,7 +493,7 @@ class _FailsOnce:
     ("loop", "method"),
     [
         ("claim", "job_claim"),
-        ("flush", "job_complete_many"),
+        ("flush", "job_settle_many"),
         ("heartbeat", "lease_extend"),
         ("maintenance", "leader_elect"),
     ],

@@ -348,6 +348,7 @@ class App(Enqueuer):
         poll_interval: DurationInput = "1s",
         shutdown_grace: DurationInput = "10s",
         rescue_interval: DurationInput = "5s",
+        prune_interval: DurationInput = "10s",
         retention: DurationInput = "1d",
         dead_retention: DurationInput | None = None,
         heartbeat: DurationInput | None = None,
@@ -374,6 +375,7 @@ class App(Enqueuer):
             poll_interval=to_timedelta(poll_interval, name="poll_interval"),
             shutdown_grace=to_timedelta(shutdown_grace, name="shutdown_grace"),
             rescue_interval=to_timedelta(rescue_interval, name="rescue_interval"),
+            prune_interval=to_timedelta(prune_interval, name="prune_interval"),
             stuck_limit=maybe(stuck_limit, "stuck_limit"),
             maintenance=MaintenanceConfig(
                 retention=to_timedelta(retention, name="retention"),

@@ -120,7 +120,7 @@ class Maintenance:
         self.leader_ttl = leader_ttl
         self.leading = False
         self._next_rescue = 0.0
-        self._next_prune = time.monotonic() + 5.0
+        self._next_prune = 0.0
         self._backlog = False
         self._deferred = False
 

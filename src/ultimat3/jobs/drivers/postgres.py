@@ -452,27 +452,50 @@ class PostgresDriver:
     ) -> set[str]:
         if not failures:
             return set()
-        ordered = sorted(failures, key=lambda f: f.lease.id)  # lock order, as in _lease_arrays
-        rows = self._fetch(
-            "job_fail",
-            {
-                "failures": _json(
-                    [
-                        {
-                            "id": f.lease.id,
-                            "token": f.lease.token,
-                            "error": f.error.to_json(),
-                            "retry_at": f.retry_at.isoformat() if f.retry_at is not None else None,
-                            "isolate": f.isolate,
-                        }
-                        for f in ordered
-                    ]
-                ),
-                "ids": _text_array([f.lease.id for f in ordered]),
-                "now": now,
-            },
-        )
+        rows = self._fetch("job_fail", self._failure_params(failures, now))
         return {row[0] for row in rows}
+
+    def job_settle_many(
+        self,
+        *,
+        starts: Sequence[Lease] = (),
+        completes: Sequence[Lease] = (),
+        failures: Sequence[Failure] = (),
+        now: datetime | None = None,
+    ) -> tuple[set[str], set[str], set[str]]:
+        if not (starts or completes or failures):
+            return set(), set(), set()
+        if not completes and not failures:
+            return self.job_mark_started(starts, now=now), set(), set()
+        changed: list[set[str]] = []
+        with self._connection() as conn, conn.transaction():
+            for name, params in (
+                ("job_mark_started", _lease_arrays(starts) if starts else None),
+                ("job_complete", {**_lease_arrays(completes), "now": now} if completes else None),
+                ("job_fail", self._failure_params(failures, now) if failures else None),
+            ):
+                rows = conn.execute(self._q[name], params).fetchall() if params else []
+                changed.append({row[0] for row in rows})
+        return changed[0], changed[1], changed[2]
+
+    def _failure_params(self, failures: Sequence[Failure], now: datetime | None) -> dict[str, Any]:
+        ordered = sorted(failures, key=lambda f: f.lease.id)  # lock order, as in _lease_arrays
+        return {
+            "failures": _json(
+                [
+                    {
+                        "id": f.lease.id,
+                        "token": f.lease.token,
+                        "error": f.error.to_json(),
+                        "retry_at": f.retry_at.isoformat() if f.retry_at is not None else None,
+                        "isolate": f.isolate,
+                    }
+                    for f in ordered
+                ]
+            ),
+            "ids": _text_array([f.lease.id for f in ordered]),
+            "now": now,
+        }
 
     def job_snooze(
         self, lease: Lease, run_at: datetime | None, *, now: datetime | None = None

@@ -782,6 +782,36 @@ class SqliteDriver:
         ids_ = [lease.id for lease in leases]
         return self._write(lambda conn: _apply_each(conn, _Q["job_mark_started"], rows, ids_))
 
+    def job_settle_many(
+        self,
+        *,
+        starts: Sequence[Lease] = (),
+        completes: Sequence[Lease] = (),
+        failures: Sequence[Failure] = (),
+        now: datetime | None = None,
+    ) -> tuple[set[str], set[str], set[str]]:
+        if not (starts or completes or failures):
+            return set(), set(), set()
+        now_us = _now_us(now)
+        start_rows = [(lease.id, lease.token) for lease in starts]
+        done_rows = [(now_us, lease.id, lease.token) for lease in completes]
+        fail_rows = _failure_rows(failures, now_us)
+
+        def body(conn: sqlite3.Connection) -> tuple[set[str], set[str], set[str]]:
+            return (
+                _apply_each(conn, _Q["job_mark_started"], start_rows, [x.id for x in starts])
+                if starts
+                else set(),
+                _apply_each(conn, _COMPLETE, done_rows, [x.id for x in completes])
+                if completes
+                else set(),
+                _apply_each(conn, _Q["job_fail"], fail_rows, [f.lease.id for f in failures])
+                if failures
+                else set(),
+            )
+
+        return self._write(body)
+
     def job_release_unstarted(self, *, now: datetime | None = None) -> list[str]:
         args = {"now": _now_us(now)}
         rows = self._write(lambda conn: conn.execute(_Q["job_release_unstarted"], args).fetchall())
@@ -827,18 +857,7 @@ class SqliteDriver:
     ) -> set[str]:
         if not failures:
             return set()
-        now_us = _now_us(now)
-        rows = [
-            {
-                "retry_at": None if failure.retry_at is None else _us(failure.retry_at),
-                "now": now_us,
-                "error": json.dumps(failure.error.to_json()),
-                "id": failure.lease.id,
-                "token": failure.lease.token,
-                "isolated": int(failure.isolate),
-            }
-            for failure in failures
-        ]
+        rows = _failure_rows(failures, _now_us(now))
         ids_ = [failure.lease.id for failure in failures]
         return self._write(lambda conn: _apply_each(conn, _Q["job_fail"], rows, ids_))
 
@@ -1092,6 +1111,20 @@ def _insert_one(conn: sqlite3.Connection, job: NewJob, row: tuple[Any, ...]) -> 
         return InsertResult(job.id, False)
     found = conn.execute(_Q["job_id_by_key"], {"tenant_id": row[1], "key": row[5]}).fetchone()
     return InsertResult(found[0], True)
+
+
+def _failure_rows(failures: Sequence[Failure], now_us: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "retry_at": None if failure.retry_at is None else _us(failure.retry_at),
+            "now": now_us,
+            "error": json.dumps(failure.error.to_json()),
+            "id": failure.lease.id,
+            "token": failure.lease.token,
+            "isolated": int(failure.isolate),
+        }
+        for failure in failures
+    ]
 
 
 def _apply_each(

@@ -183,6 +183,7 @@ def main() -> None:
     if args.postgres:
         sys.path.insert(0, str(HERE.parent / "tests"))
         import psycopg
+
         from pgcluster import Cluster  # type: ignore[import-not-found]
 
         cluster = Cluster.create()
@@ -196,7 +197,9 @@ def main() -> None:
         for what in ["poison", "kill-loop", "prune"] if args.what == "all" else [args.what]:
             scratch = Path(tempfile.mkdtemp(prefix=f"u3j-{what}-"))
             url = args.url or f"sqlite:///{scratch / 'jobs.sqlite3'}"
-            {"poison": poison, "kill-loop": kill_loop, "prune": prune}[what](url, scratch / "ledger")
+            {"poison": poison, "kill-loop": kill_loop, "prune": prune}[what](
+                url, scratch / "ledger"
+            )
             sys.modules.pop("faultjobs", None)
     finally:
         if cluster is not None:

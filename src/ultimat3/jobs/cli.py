@@ -136,7 +136,15 @@ def cli(ctx: click.Context, app_ref: str | None, url: str | None, verbose: int) 
     help="How often expired leases are looked for.",
 )
 @click.option(
-    "--heartbeat", default=None, help="Lease renewal interval (default: a third of the lease)."
+    "--heartbeat",
+    default=None,
+    help="Lease renewal interval, at most half the lease (default: a third of the lease).",
+)
+@click.option(
+    "--stuck-limit",
+    default="5m",
+    show_default=True,
+    help="Exit (code 70) when jobs past their timeout hold every slot for this long.",
 )
 @pass_ctx
 def worker(
@@ -148,6 +156,7 @@ def worker(
     poll_interval: str,
     rescue_interval: str,
     heartbeat: str | None,
+    stuck_limit: str,
 ) -> None:
     """Run jobs until SIGTERM/SIGINT (a second signal stops at once)."""
     with explained():
@@ -160,6 +169,7 @@ def worker(
             poll_interval=poll_interval,
             rescue_interval=rescue_interval,
             heartbeat=heartbeat,
+            stuck_limit=stuck_limit,
         )
         click.echo(
             f"worker {w.worker_id} on {app.driver.display_url}, queues {', '.join(w.queues)}, "

@@ -137,7 +137,9 @@ class JobContext:
     _cancelled: Callable[[], bool] = field(repr=False, default=lambda: False)
 
     def heartbeat(self) -> bool:
-        """Extend the lease now (the worker also does it on its own); False if it was lost."""
+        """Ask the worker to renew the lease now (it also does on its own schedule) and say
+        whether it is still held as far as the worker knows. Never blocks: safe on the event
+        loop of an ``async def`` job."""
         return self._heartbeat()
 
     @property

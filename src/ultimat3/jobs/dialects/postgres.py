@@ -22,7 +22,15 @@ from urllib.parse import urlsplit, urlunsplit
 from ultimat3.jobs.driver import DatabaseId
 from ultimat3.jobs.errors import ConfigurationError
 
-__all__ = ["CONNECT_DEFAULTS", "check_joinable", "first_line", "identify", "masked_dsn"]
+__all__ = [
+    "CONNECT_DEFAULTS",
+    "applied_versions",
+    "apply_migrations",
+    "check_joinable",
+    "first_line",
+    "identify",
+    "masked_dsn",
+]
 
 #: libpq settings applied unless the DSN sets them: detect dead peers within about 30 s.
 CONNECT_DEFAULTS = {
@@ -41,6 +49,35 @@ SELECT current_database(),
        pg_postmaster_start_time(),
        to_regclass(%(table)s) IS NOT NULL
 """
+
+
+def applied_versions(conn: Any, queries: dict[str, bytes], schema: str) -> set[int]:
+    """The migration versions recorded in ``schema``'s ledger (none when it has no ledger yet),
+    read with the ``migrate_has_ledger`` and ``migrate_applied`` queries of the caller."""
+    row = conn.execute(queries["migrate_has_ledger"], {"schema": schema}, prepare=False).fetchone()
+    if not (row and row[0]):
+        return set()
+    return {r[0] for r in conn.execute(queries["migrate_applied"], prepare=False)}
+
+
+def apply_migrations(
+    conn: Any,
+    queries: dict[str, bytes],
+    schema: str,
+    lock_key: int,
+    known: list[tuple[int, str]],
+) -> list[int]:
+    """Apply the migrations of ``known`` not yet recorded, inside the caller's transaction on
+    ``conn``, under ``pg_advisory_xact_lock(lock_key)``: processes that race to migrate queue
+    on the lock, and all but the first find the work done. Returns the versions applied."""
+    conn.execute(queries["migrate_lock"], {"key": lock_key}, prepare=False)
+    done = applied_versions(conn, queries, schema)
+    applied = []
+    for version, text in known:
+        if version not in done:
+            conn.execute(text.encode(), prepare=False)
+            applied.append(version)
+    return applied
 
 
 def first_line(exc: BaseException) -> str:

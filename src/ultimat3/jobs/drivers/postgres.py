@@ -69,6 +69,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from ultimat3.jobs import sql as sql_files
 from ultimat3.jobs.dialects.postgres import (
     CONNECT_DEFAULTS,
+    applied_versions,
+    apply_migrations,
     check_joinable,
     identify,
     masked_dsn,
@@ -259,12 +261,7 @@ class PostgresDriver:
 
     def schema_current(self) -> bool:
         with self._connection() as conn:
-            row = conn.execute(
-                self._q["migrate_has_ledger"], {"schema": self._schema}, prepare=False
-            ).fetchone()
-            if not (row and row[0]):
-                return False
-            done = {r[0] for r in conn.execute(self._q["migrate_applied"], prepare=False)}
+            done = applied_versions(conn, self._q, self._schema)
         return all(version in done for version, _ in self._migrations)
 
     def identity(self, *, refresh: bool = False) -> DatabaseId:
@@ -274,20 +271,10 @@ class PostgresDriver:
     def migrate(self) -> list[int]:
         if self.schema_current():
             return []  # a read: no advisory lock, no wait for anyone
-        applied: list[int] = []
         with self._connection() as conn, conn.transaction():
-            conn.execute(self._q["migrate_lock"], {"key": self._migrate_key}, prepare=False)
-            row = conn.execute(
-                self._q["migrate_has_ledger"], {"schema": self._schema}, prepare=False
-            ).fetchone()
-            done: set[int] = set()
-            if row and row[0]:
-                done = {r[0] for r in conn.execute(self._q["migrate_applied"], prepare=False)}
-            for version, text in self._migrations:
-                if version not in done:
-                    conn.execute(text.encode(), prepare=False)
-                    applied.append(version)
-        return applied
+            return apply_migrations(
+                conn, self._q, self._schema, self._migrate_key, self._migrations
+            )
 
     def migration_sql(self) -> list[tuple[int, str]]:
         return list(self._migrations)

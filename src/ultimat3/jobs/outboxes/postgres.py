@@ -35,7 +35,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ultimat3.jobs.dialects.postgres import CONNECT_DEFAULTS, check_joinable, identify, masked_dsn
+from ultimat3.jobs.dialects.postgres import (
+    CONNECT_DEFAULTS,
+    applied_versions,
+    apply_migrations,
+    check_joinable,
+    identify,
+    masked_dsn,
+)
 from ultimat3.jobs.driver import DatabaseId, Joined
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
 from ultimat3.jobs.outbox_store import OutboxRecord, OutboxStore
@@ -209,20 +216,12 @@ class PostgresOutboxStore:
     # -- schema ------------------------------------------------------------------------------
 
     def migrate(self) -> list[int]:
-        applied: list[int] = []
+        if self.schema_current():
+            return []  # a read: no advisory lock, no wait for anyone
         with self._transaction() as conn:
-            conn.execute(self._q["migrate_lock"], {"key": self._migrate_key}, prepare=False)
-            row = conn.execute(
-                self._q["migrate_has_ledger"], {"schema": self._schema}, prepare=False
-            ).fetchone()
-            done: set[int] = set()
-            if row and row[0]:
-                done = {r[0] for r in conn.execute(self._q["migrate_applied"], prepare=False)}
-            for version, text in self._migrations:
-                if version not in done:
-                    conn.execute(text.encode(), prepare=False)
-                    applied.append(version)
-        return applied
+            return apply_migrations(
+                conn, self._q, self._schema, self._migrate_key, self._migrations
+            )
 
     def migration_sql(self) -> list[tuple[int, str]]:
         return list(self._migrations)
@@ -237,12 +236,7 @@ class PostgresOutboxStore:
 
     def schema_current(self) -> bool:
         with self._transaction() as conn:
-            row = conn.execute(
-                self._q["migrate_has_ledger"], {"schema": self._schema}, prepare=False
-            ).fetchone()
-            if not (row and row[0]):
-                return False
-            done = {r[0] for r in conn.execute(self._q["migrate_applied"], prepare=False)}
+            done = applied_versions(conn, self._q, self._schema)
         return all(version in done for version, _ in self._migrations)
 
     def adopt(self, connection: Any) -> Joined:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).parent
 
@@ -27,3 +30,48 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
+
+
+def poison_hurts_only_itself(
+    fault_app: Any, env: dict[str, str], spawn: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    """One poison job of each kind (os._exit, os.abort, a segfault) among 200 normal jobs, on
+    two workers that are restarted when they die: every normal job completes and starts at
+    most twice, and each poison job ends dead after exactly max_attempts starts, each a
+    worker_lost (it is rescued, then run alone until it proves itself)."""
+    import faultjobs
+
+    poison = [h.enqueue({}).id for h in (faultjobs.suicide, faultjobs.aborts, faultjobs.segfaults)]
+    normal = [r.id for r in fault_app.enqueue_many(faultjobs.ledger, [{"sleep": 0.01}] * 200)]
+    args = (
+        "--concurrency",
+        "4",
+        "--lease",
+        "1s",
+        "--heartbeat",
+        "300ms",
+        "--rescue-interval",
+        "200ms",
+        "--poll-interval",
+        "100ms",
+    )
+    procs = [spawn(*args), spawn(*args)]
+    deadline = time.monotonic() + 120
+
+    def finished() -> bool:
+        dead = all(fault_app.get_job(i).state.value == "dead" for i in poison)
+        return dead and fault_app.count_jobs(state="completed") == len(normal)
+
+    while not finished():
+        assert time.monotonic() < deadline, "the queue did not settle"
+        for n, proc in enumerate(procs):
+            if proc.poll() is not None:
+                procs[n] = spawn(*args)
+        time.sleep(0.05)
+    for job_id in poison:
+        found = fault_app.get_job(job_id)
+        assert found.attempt == 3, found
+        assert [e.kind for e in found.errors] == ["worker_lost"] * 3
+    starts = Counter(job_id for job_id, _, _, what in ledger(env) if what == "start")
+    assert max(starts[i] for i in normal) <= 2, starts.most_common(3)
+    assert all(fault_app.get_job(i).state.value == "completed" for i in normal)

@@ -551,3 +551,30 @@ def _new(handle: Any) -> Any:
     return NewJob(
         id=job_id, name="noop", queue="default", input="{}", idempotency_key=job_id, max_attempts=3
     )
+
+
+def test_the_scheduler_thread_survives_an_unexpected_error(
+    make_app: Callable[..., App], make_module: Callable[..., types.ModuleType]
+) -> None:
+    app = make_app(make_module("exec_sched_loop", b_healthy=healthy, noop=noop))
+    scheduler = app.scheduler(tick_interval="20ms")
+    real = scheduler.tick
+    calls: list[int] = []
+
+    def flaky() -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a surprise in the scheduler")
+        return real()
+
+    scheduler.tick = flaky  # type: ignore[method-assign]
+    import ultimat3.jobs.supervise as supervise
+
+    first = supervise._BACKOFF_FIRST
+    supervise._BACKOFF_FIRST = 0.01
+    try:
+        scheduler.start()
+        _wait(lambda: len(calls) >= 3, what="ticks after the error")
+        scheduler.stop()
+    finally:
+        supervise._BACKOFF_FIRST = first

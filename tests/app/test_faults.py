@@ -18,7 +18,7 @@ import pytest
 
 from ultimat3.jobs import App, JobState
 
-from .processes import HERE, ledger, wait_until
+from .processes import HERE, ledger, poison_hurts_only_itself, wait_until
 
 
 @pytest.fixture
@@ -181,43 +181,4 @@ def test_four_workers_never_run_a_job_twice(
 def test_a_poison_job_hurts_only_itself(
     fault_app: App, env: dict[str, str], spawn: Callable[..., subprocess.Popen[bytes]]
 ) -> None:
-    """One poison job of each kind (os._exit, os.abort, a segfault) among 200 normal jobs, on
-    two workers that are restarted when they die: every normal job completes and starts at
-    most twice, and each poison job ends dead after exactly max_attempts starts, each a
-    worker_lost (it is rescued, then run alone until it proves itself)."""
-    import faultjobs
-
-    poison = [h.enqueue({}).id for h in (faultjobs.suicide, faultjobs.aborts, faultjobs.segfaults)]
-    normal = [r.id for r in fault_app.enqueue_many(faultjobs.ledger, [{"sleep": 0.01}] * 200)]
-    args = (
-        "--concurrency",
-        "4",
-        "--lease",
-        "1s",
-        "--heartbeat",
-        "300ms",
-        "--rescue-interval",
-        "200ms",
-        "--poll-interval",
-        "100ms",
-    )
-    procs = [spawn(*args), spawn(*args)]
-    deadline = time.monotonic() + 120
-
-    def finished() -> bool:
-        dead = all(fault_app.get_job(i).state is JobState.DEAD for i in poison)
-        return dead and fault_app.count_jobs(state="completed") == len(normal)
-
-    while not finished():
-        assert time.monotonic() < deadline, "the queue did not settle"
-        for n, proc in enumerate(procs):
-            if proc.poll() is not None:
-                procs[n] = spawn(*args)
-        time.sleep(0.05)
-    for job_id in poison:
-        found = fault_app.get_job(job_id)
-        assert found.attempt == 3, found
-        assert [e.kind for e in found.errors] == ["worker_lost"] * 3
-    starts = Counter(job_id for job_id, _, _, what in ledger(env) if what == "start")
-    assert max(starts[i] for i in normal) <= 2, starts.most_common(3)
-    assert all(fault_app.get_job(i).state is JobState.COMPLETED for i in normal)
+    poison_hurts_only_itself(fault_app, env, spawn)

@@ -19,7 +19,7 @@ import pytest
 
 from ultimat3.jobs import App, JobState
 
-from .processes import HERE, ledger, wait_until
+from .processes import HERE, ledger, poison_hurts_only_itself, wait_until
 
 pytestmark = pytest.mark.postgres
 
@@ -134,3 +134,10 @@ def test_two_workers_never_run_a_job_twice(
     assert set(starts) == set(ids)
     assert max(starts.values()) == 1
     assert len({r[2] for r in ledger(env)}) == 2, "both processes took work"
+
+
+def test_a_poison_job_hurts_only_itself(
+    fault_app: App, env: dict[str, str], spawn: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    """As on SQLite (tests/app/test_faults.py), against PostgreSQL."""
+    poison_hurts_only_itself(fault_app, env, spawn)

@@ -343,3 +343,40 @@ def test_a_url_password_with_special_characters_reaches_libpq(pg_dsn: str) -> No
         driver.migrate()
     finally:
         driver.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("query", "listen"),
+    [
+        ("", True),
+        ("?pooler=transaction", False),
+        ("?listen=false", False),
+        ("?pooler=session", True),
+    ],
+)
+def test_the_pooler_mode_and_pool_size_come_from_the_url(
+    pg_dsn: str, query: str, listen: bool
+) -> None:
+    joiner = "&" if "?" in query else "?"
+    driver = open_driver(_pg_url(pg_dsn) + query + joiner + "pool_max=3")
+    try:
+        assert driver._listen is listen  # type: ignore[attr-defined]
+        assert driver._pool_max == 3  # type: ignore[attr-defined]
+    finally:
+        driver.close()
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("?pooler=bouncy", "not a pooler mode"),
+        ("?pooler=transaction&listen=true", "cannot work"),
+        ("?listen=maybe", "not true or false"),
+        ("?pool_max=lots", "not a whole number"),
+    ],
+)
+def test_bad_postgres_url_options_are_explained(query: str, message: str) -> None:
+    pytest.importorskip("psycopg")
+    with pytest.raises(ConfigurationError, match=message):
+        open_driver("postgresql://nobody@127.0.0.1:1/none" + query)

@@ -151,3 +151,31 @@ def test_published_rows_are_pruned_after_the_retention(app: App, spec: StoreSpec
     assert relay.prune() == 2
     assert relay.pending() == 0
     assert app.count_jobs() == 2, "pruning the outbox never touches the jobs"
+
+
+def test_the_relay_thread_survives_an_unexpected_error(app: App, spec: StoreSpec) -> None:
+    relay = app.relay(interval="20ms")
+    real = relay.tick
+    calls: list[int] = []
+
+    def flaky() -> int:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a surprise in the relay")
+        return real()
+
+    relay.tick = flaky  # type: ignore[method-assign]
+    import ultimat3.jobs.supervise as supervise
+
+    first = supervise._BACKOFF_FIRST
+    supervise._BACKOFF_FIRST = 0.01
+    try:
+        with relay:
+            with spec.begin() as conn, app.using(conn):
+                app.enqueue(job_a, 1)
+            deadline = time.monotonic() + 5
+            while app.count_jobs() == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+    finally:
+        supervise._BACKOFF_FIRST = first
+    assert len(calls) > 1 and app.count_jobs() == 1

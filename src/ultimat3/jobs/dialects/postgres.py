@@ -149,7 +149,7 @@ def identify(conn: Any, table: str, label: str) -> tuple[DatabaseId, bool]:
 
 
 #: Options of ours that a PostgreSQL URL may carry; every other query parameter goes to libpq.
-URL_OPTIONS = ("schema", "listen", "pool_min", "pool_max")
+URL_OPTIONS = ("schema", "listen", "pooler", "pool_min", "pool_max")
 
 
 def split_url(url: str, *, allowed: tuple[str, ...] = URL_OPTIONS) -> tuple[str, dict[str, str]]:
@@ -180,6 +180,27 @@ def flag(options: dict[str, str], name: str, default: bool) -> bool:
     raise ConfigurationError(
         f"?{name}={value} is not true or false", fix=f"write ?{name}=true or ?{name}=false"
     )
+
+
+def listens(options: dict[str, str]) -> bool:
+    """Whether the driver may LISTEN and prepare statements: not behind a transaction-mode
+    pooler (``?pooler=transaction``, PgBouncer's ``pool_mode = transaction``), whose server
+    connections change between transactions, nor with ``?listen=false``."""
+    pooler = options.get("pooler", "none").lower()
+    if pooler not in ("none", "session", "transaction"):
+        raise ConfigurationError(
+            f"?pooler={options['pooler']} is not a pooler mode",
+            fix="write ?pooler=transaction behind PgBouncer in transaction mode (or a managed "
+            "service's transaction pooler), ?pooler=session or leave it out otherwise",
+        )
+    default = pooler != "transaction"
+    if pooler == "transaction" and flag(options, "listen", False):
+        raise ConfigurationError(
+            "?pooler=transaction with ?listen=true cannot work: a transaction-mode pooler "
+            "delivers no notifications",
+            fix="drop ?listen=true; the worker polls",
+        )
+    return flag(options, "listen", default)
 
 
 def whole(options: dict[str, str], name: str, default: int) -> int:

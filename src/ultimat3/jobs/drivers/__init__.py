@@ -4,8 +4,9 @@
 - ``sqlite:///relative/path.sqlite3``, ``sqlite:////absolute/path.sqlite3`` (the default
   backend; ``?synchronous=NORMAL`` trades power-loss durability for speed, explicitly)
 - ``postgresql://user:password@host:5432/dbname`` (``postgres://`` too). Options of ours:
-  ``?schema=name``, ``?listen=false`` (poll only: for transaction-mode poolers such as
-  PgBouncer), ``?pool_min=N``, ``?pool_max=N``; every other parameter goes to libpq,
+  ``?schema=name``, ``?pooler=transaction`` (behind PgBouncer in transaction mode: no
+  LISTEN, no prepared statements; the worker polls), ``?listen=false`` (the same, without a
+  pooler), ``?pool_min=N``, ``?pool_max=N``; every other parameter goes to libpq,
   re-encoded, so a percent-encoded password arrives as written.
 - ``memory://`` (one process, nothing persisted: tests and demos)
 """
@@ -63,14 +64,14 @@ def open_driver(url: str) -> Driver:
             busy_timeout=busy_timeout,
         )
     if scheme in ("postgresql", "postgres"):
-        from ultimat3.jobs.dialects.postgres import flag, split_url, whole
+        from ultimat3.jobs.dialects.postgres import listens, split_url, whole
         from ultimat3.jobs.drivers.postgres import PostgresDriver
 
         dsn, ours = split_url(url)
         return PostgresDriver(
             dsn,
             schema=ours.get("schema", "ultimat3_jobs"),
-            listen=flag(ours, "listen", True),
+            listen=listens(ours),
             pool_min=whole(ours, "pool_min", 1),
             pool_max=whole(ours, "pool_max", 10),
         )

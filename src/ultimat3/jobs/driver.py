@@ -189,13 +189,12 @@ class Driver(Protocol):
     def job_settle_many(
         self,
         *,
-        starts: Sequence[Lease] = (),
         completes: Sequence[Lease] = (),
         failures: Sequence[Failure] = (),
         now: datetime | None = None,
-    ) -> tuple[set[str], set[str], set[str]]:
-        """``job_mark_started``, ``job_complete_many`` and ``job_fail_many`` in one
-        transaction (the worker's flush: one commit per batch); returns the ids each changed."""
+    ) -> tuple[set[str], set[str]]:
+        """``job_complete_many`` and ``job_fail_many`` in one transaction (the worker's flush:
+        one commit per batch); returns the ids each changed."""
         ...
 
     def job_release_unstarted(self, *, now: datetime | None = None) -> list[str]:

@@ -4,7 +4,7 @@
    gives each job a ``Run`` (``ultimat3.jobs.run``), its one owner in this worker; ``def``
    jobs queue for ``concurrency`` handler threads, ``async def`` jobs go to one event loop.
 2. **handler**: ``run.start()`` (refused once released), prepares the input, waits until the
-   flush loop has *recorded the start* (``job_mark_started``), calls the function, turns what
+   start loop has *recorded the start* (``job_mark_started``), calls the function, turns what
    happened into one ``Outcome`` (``outcome_of``, shared by sync and async) and offers it with
    ``run.settle()``: the first settler wins (the handler, a lost lease, shutdown).
 3. **flush** loop: one transaction per batch writes start marks, completions and failures
@@ -33,7 +33,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import FrameType
@@ -182,8 +182,8 @@ class _Held:
         return self.job.lease
 
 
-#: A flush-loop item: record that a job starts (its handler waits), or write its outcome.
-_Item = tuple[Literal["start", "outcome"], "_Held"]
+#: A flush-loop item: write a job's outcome.
+_Item = tuple[Literal["outcome"], "_Held"]
 
 
 class Worker:
@@ -231,8 +231,9 @@ class Worker:
         self._stopped.set()
         self._started = False
         self._tasks: queue.SimpleQueue[_Held | None] = queue.SimpleQueue()
-        #: What the flush loop writes: start marks (handlers wait for them) and outcomes.
+        #: What the flush loop writes: outcomes; and what the start loop records: starts.
         self._outcomes: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._starts: queue.SimpleQueue[_Held | None] = queue.SimpleQueue()
         self._handlers: list[threading.Thread] = []
         self._loops: dict[str, Loop] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -273,6 +274,7 @@ class Worker:
                 "claim", self._claim_step, on_fatal=self._fatal, stop=self._stop_claiming
             ),
             "flush": Loop("flush", self._flush_step, on_fatal=self._fatal, stop=halt),
+            "start": Loop("start", self._start_step, on_fatal=self._fatal, stop=halt),
             "heartbeat": Loop("heartbeat", self._heartbeat_step, on_fatal=self._fatal, stop=halt),
             "maintenance": Loop("maintenance", self._maintenance_step, stop=self._stop_claiming),
         }
@@ -437,7 +439,13 @@ class Worker:
         for job in jobs:
             self._dispatch(job, isolated=False)
         if len(jobs) == free:
-            return 0.0  # busy: come back when slots free (the wait below returns at once)
+            # Busy: claim again once half the threads' worth of slots is free, so claims (and
+            # their start marks) come in batches rather than one job per freed slot.
+            refill = max(1, self.config.concurrency // 2)
+            while self._capacity() - self.inflight < refill and not self._stop_claiming.is_set():
+                self._wake.wait(poll)
+                self._wake.clear()
+            return 0.0
         if jobs:
             return 0.0
         self.driver.wait_for_jobs(poll, self._wake)
@@ -527,12 +535,41 @@ class Worker:
             self._outcomes.put(("outcome", held))
 
     def _mark_request(self, held: _Held) -> concurrent.futures.Future[bool]:
-        """Ask the flush loop to record that ``held`` starts; the future says whether the lease
+        """Ask the start loop to record that ``held`` starts; the future says whether the lease
         was still held when it did."""
         mark: concurrent.futures.Future[bool] = concurrent.futures.Future()
         held.mark = mark
-        self._outcomes.put(("start", held))
+        self._starts.put(held)
         return mark
+
+    def _start_step(self) -> float:
+        """Record every waiting start in one write (``job_mark_started``, which need not wait
+        for a disk flush: a mark lost to a power cut only gives the attempt back)."""
+        first = self._starts.get()
+        if first is None:
+            self._starts.put(None)  # stopping: keep returning until the loop sees the halt
+            return 0.05
+        batch = [first]
+        while True:
+            try:
+                item = self._starts.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                self._starts.put(None)
+                break
+            batch.append(item)
+        try:
+            held = self.driver.job_mark_started([h.lease for h in batch], now=self.clock.pinned())
+        except BaseException:
+            for h in batch:  # not recorded, so not run: released (or lapsing, unstarted)
+                if h.mark is not None and not h.mark.done():
+                    h.mark.set_result(False)
+            raise
+        for h in batch:
+            if h.mark is not None:
+                h.mark.set_result(h.job.id in held)
+        return 0.0
 
     def _started_for_sure(self, mark: concurrent.futures.Future[bool]) -> bool:
         try:
@@ -582,14 +619,12 @@ class Worker:
                 self._outcomes.put(None)  # keep the sentinel for the next step
                 break
             items.append(item)
-        starts = [held for kind, held in items if kind == "start"]
-        batch = [held for kind, held in items if kind == "outcome"]
+        batch = [held for _, held in items]
+        if not batch:
+            return 0.0
         try:
-            self._write(batch, starts)
+            self._write(batch)
         except BaseException:
-            for h in starts:  # not recorded, so not run: released (or lapsing, unstarted)
-                if h.mark is not None and not h.mark.done():
-                    h.mark.set_result(False)
             for held in batch:  # not written: back in line, in order, for the retry
                 self._outcomes.put(("outcome", held))
             if self._hard_stop.is_set():
@@ -601,10 +636,9 @@ class Worker:
                 self._free(held)
         return 0.0
 
-    def _write(self, batch: list[_Held], starts: Sequence[_Held] = ()) -> None:
-        """Write a batch: start marks, completions and failures in one transaction (one
-        commit), then the rarer snoozes, releases and cancels. A handler waiting for its start
-        mark begins only once the mark is in."""
+    def _write(self, batch: list[_Held]) -> None:
+        """Write a batch: completions and failures in one transaction (one commit), then the
+        rarer snoozes, releases and cancels."""
         now = self.clock.pinned()
         kinds: dict[OutcomeKind, list[_Held]] = {}
         for held in batch:
@@ -613,15 +647,9 @@ class Worker:
         done = kinds.get("complete", [])
         fails = kinds.get("fail", [])
         failures = [h.run.outcome.failure for h in fails if h.run.outcome and h.run.outcome.failure]
-        started, completed, failed = self.driver.job_settle_many(
-            starts=[h.lease for h in starts],
-            completes=[h.lease for h in done],
-            failures=failures,
-            now=now,
+        completed, failed = self.driver.job_settle_many(
+            completes=[h.lease for h in done], failures=failures, now=now
         )
-        for h in starts:
-            if h.mark is not None:
-                h.mark.set_result(h.job.id in started)
         if done:
             self.stats.completed += len(completed)
             self._note_lost([h for h in done if h.job.id not in completed])
@@ -827,11 +855,15 @@ class Worker:
         # Handlers still running past the grace period keep running on daemon threads; their
         # outcomes are fenced because their jobs were released.
         self._outcomes.put(None)
+        self._starts.put(None)
         for _ in self._handlers:
             self._tasks.put(None)
         flush = self._loops.get("flush")
         if flush is not None:
             flush.join(None if not self._hard_stop.is_set() else 5.0)
+        starter = self._loops.get("start")
+        if starter is not None:
+            starter.join(5.0)
         if maintenance is not None:
             maintenance.join(30.0)
         self.maintenance.resign()
@@ -853,6 +885,7 @@ class Worker:
             self._held = {}
             self._tasks = queue.SimpleQueue()
             self._outcomes = queue.SimpleQueue()
+            self._starts = queue.SimpleQueue()
         self._stopped.set()
 
     def _settle_release(self, held: _Held) -> None:

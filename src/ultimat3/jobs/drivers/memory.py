@@ -326,17 +326,12 @@ class MemoryDriver:
     def job_settle_many(
         self,
         *,
-        starts: Sequence[Lease] = (),
         completes: Sequence[Lease] = (),
         failures: Sequence[Failure] = (),
         now: datetime | None = None,
-    ) -> tuple[set[str], set[str], set[str]]:
-        # Each part is atomic under the lock; no reader can tell the three apart from one.
-        return (
-            self.job_mark_started(starts, now=now),
-            self.job_complete_many(completes, now=now),
-            self.job_fail_many(failures, now=now),
-        )
+    ) -> tuple[set[str], set[str]]:
+        # Each part is atomic under the lock; no reader can tell the two apart from one.
+        return self.job_complete_many(completes, now=now), self.job_fail_many(failures, now=now)
 
     def job_release_unstarted(self, *, now: datetime | None = None) -> list[str]:
         at = _now(now)

@@ -445,25 +445,22 @@ class PostgresDriver:
     def job_settle_many(
         self,
         *,
-        starts: Sequence[Lease] = (),
         completes: Sequence[Lease] = (),
         failures: Sequence[Failure] = (),
         now: datetime | None = None,
-    ) -> tuple[set[str], set[str], set[str]]:
-        if not (starts or completes or failures):
-            return set(), set(), set()
-        if not completes and not failures:
-            return self.job_mark_started(starts, now=now), set(), set()
-        changed: list[set[str]] = []
+    ) -> tuple[set[str], set[str]]:
+        if not failures:
+            return self.job_complete_many(completes, now=now), set()
+        if not completes:
+            return set(), self.job_fail_many(failures, now=now)
         with self._connection() as conn, conn.transaction():
-            for name, params in (
-                ("job_mark_started", _lease_arrays(starts) if starts else None),
-                ("job_complete", {**_lease_arrays(completes), "now": now} if completes else None),
-                ("job_fail", self._failure_params(failures, now) if failures else None),
-            ):
-                rows = conn.execute(self._q[name], params).fetchall() if params else []
-                changed.append({row[0] for row in rows})
-        return changed[0], changed[1], changed[2]
+            done = conn.execute(
+                self._q["job_complete"], {**_lease_arrays(completes), "now": now}
+            ).fetchall()
+            failed = conn.execute(
+                self._q["job_fail"], self._failure_params(failures, now)
+            ).fetchall()
+        return {row[0] for row in done}, {row[0] for row in failed}
 
     def _failure_params(self, failures: Sequence[Failure], now: datetime | None) -> dict[str, Any]:
         ordered = sorted(failures, key=lambda f: f.lease.id)  # lock order, as in _lease_arrays

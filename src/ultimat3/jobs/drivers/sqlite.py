@@ -780,35 +780,40 @@ class SqliteDriver:
             return set()
         rows = [(lease.id, lease.token) for lease in leases]
         ids_ = [lease.id for lease in leases]
-        return self._write(lambda conn: _apply_each(conn, _Q["job_mark_started"], rows, ids_))
+
+        def body(conn: sqlite3.Connection) -> set[str]:
+            return _apply_each(conn, _Q["job_mark_started"], rows, ids_)
+
+        if self._synchronous not in ("FULL", "EXTRA"):
+            return self._write(body)
+        # A start mark need not survive a power cut (losing one only gives the attempt back),
+        # so it skips the fsync; WAL still makes it survive a killed process.
+        conn = self._slot().conn
+        conn.execute("PRAGMA synchronous=NORMAL")
+        try:
+            return self._write(body)
+        finally:
+            conn.execute(f"PRAGMA synchronous={self._synchronous}")
 
     def job_settle_many(
         self,
         *,
-        starts: Sequence[Lease] = (),
         completes: Sequence[Lease] = (),
         failures: Sequence[Failure] = (),
         now: datetime | None = None,
-    ) -> tuple[set[str], set[str], set[str]]:
-        if not (starts or completes or failures):
-            return set(), set(), set()
+    ) -> tuple[set[str], set[str]]:
+        if not (completes or failures):
+            return set(), set()
         now_us = _now_us(now)
-        start_rows = [(lease.id, lease.token) for lease in starts]
         done_rows = [(now_us, lease.id, lease.token) for lease in completes]
         fail_rows = _failure_rows(failures, now_us)
+        done_ids = [lease.id for lease in completes]
+        fail_ids = [failure.lease.id for failure in failures]
 
-        def body(conn: sqlite3.Connection) -> tuple[set[str], set[str], set[str]]:
-            return (
-                _apply_each(conn, _Q["job_mark_started"], start_rows, [x.id for x in starts])
-                if starts
-                else set(),
-                _apply_each(conn, _COMPLETE, done_rows, [x.id for x in completes])
-                if completes
-                else set(),
-                _apply_each(conn, _Q["job_fail"], fail_rows, [f.lease.id for f in failures])
-                if failures
-                else set(),
-            )
+        def body(conn: sqlite3.Connection) -> tuple[set[str], set[str]]:
+            completed = _apply_each(conn, _COMPLETE, done_rows, done_ids) if completes else set()
+            failed = _apply_each(conn, _Q["job_fail"], fail_rows, fail_ids) if failures else set()
+            return completed, failed
 
         return self._write(body)
 

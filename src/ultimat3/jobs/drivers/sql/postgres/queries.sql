@@ -222,11 +222,16 @@ WHERE j.id = ANY(%(ids)s::text[])
 RETURNING j.id
 
 -- name: job_mark_started
+-- A start mark need not wait for the WAL flush (losing one to a server crash only gives the
+-- attempt back): set_config(..., true) makes this one statement's transaction commit
+-- asynchronously.
+WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true))
 UPDATE {schema}.x_jobs j
 SET started = true
 WHERE j.id = ANY(%(ids)s::text[])
   AND j.lease_token = ANY(%(tokens)s::text[])
   AND j.state = 'running'
+  AND (SELECT count(*) FROM relaxed) = 1
 RETURNING j.id
 
 -- name: job_release_unstarted

@@ -46,9 +46,11 @@ def _env(url: str, ledger: Path) -> dict[str, str]:
     }
 
 
-def _spawn(env: dict[str, str], *extra: str) -> subprocess.Popen[bytes]:
+def _spawn(
+    env: dict[str, str], *extra: str, args: tuple[str, ...] = ARGS
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "ultimat3.jobs", "--app", "faultjobs:app", "worker", *ARGS, *extra],
+        [sys.executable, "-m", "ultimat3.jobs", "--app", "faultjobs:app", "worker", *args, *extra],
         env=env,
         cwd=FAULTS,
         stdout=subprocess.DEVNULL,
@@ -112,7 +114,19 @@ def kill_loop(url: str, ledger: Path, jobs: int = 2000) -> None:
     ids = [r.id for r in app.enqueue_many(fj.ledger, [{"sleep": 0.02}] * jobs, max_attempts=50)]
     env = _env(url, ledger)
     rng = random.Random(7)
-    procs = [_spawn(env, "-c", "8"), _spawn(env, "-c", "8")]
+    # A 3 s lease: with the 1 s one of the other runs, a worker starved of CPU for a second
+    # (imports of restarting workers, the server, on 2 cores) loses live leases to the rescuer.
+    slow = (
+        "--lease",
+        "3s",
+        "--heartbeat",
+        "1s",
+        "--rescue-interval",
+        "500ms",
+        "--poll-interval",
+        "100ms",
+    )
+    procs = [_spawn(env, "-c", "8", args=slow), _spawn(env, "-c", "8", args=slow)]
     kills, started = 0, time.monotonic()
     while app.count_jobs(state="completed") < jobs and time.monotonic() - started < 600:
         time.sleep(rng.uniform(0.3, 1.2))
@@ -121,7 +135,7 @@ def kill_loop(url: str, ledger: Path, jobs: int = 2000) -> None:
             procs[victim].kill()
             kills += 1
         procs[victim].wait()
-        procs[victim] = _spawn(env, "-c", "8")
+        procs[victim] = _spawn(env, "-c", "8", args=slow)
     for proc in procs:
         proc.send_signal(signal.SIGTERM)
         proc.wait()
@@ -133,7 +147,8 @@ def kill_loop(url: str, ledger: Path, jobs: int = 2000) -> None:
     print(f"  completed: {app.count_jobs(state='completed')}/{jobs}")
     print(f"  jobs whose attempts exceed their starts (an attempt lost unstarted): {len(lost)}")
     for job_id, attempts, ran in lost[:10]:
-        print(f"    {job_id}: {attempts} attempts, {ran} starts")
+        kinds = [e.kind for e in app.get_job(job_id).errors]
+        print(f"    {job_id}: {attempts} attempts, {ran} starts, errors {kinds}")
 
 
 def prune(url: str, ledger: Path, jobs: int = 100_000) -> None:

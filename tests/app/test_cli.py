@@ -138,7 +138,8 @@ def test_migrate_covers_the_outbox(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     code, out, _ = run("--app", "outboxapp_cli:app", "migrate")
     assert code == 0 and "migrated the outbox" in out
     import sqlite3
+    from contextlib import closing
 
-    with sqlite3.connect(tmp_path / "business.sqlite3") as conn:
+    with closing(sqlite3.connect(tmp_path / "business.sqlite3")) as conn:
         assert conn.execute("select count(*) from x_outbox").fetchone()[0] == 0
     sys.modules.pop("outboxapp_cli", None)

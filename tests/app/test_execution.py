@@ -382,9 +382,13 @@ def test_a_long_business_transaction_does_not_cost_live_jobs_their_lease(
     finally:
         business.close()
         app.close()
-    for job_id in ids:
-        found = App(f"sqlite:///{path}").get_job(job_id)
-        assert (found.attempt, found.errors) == (1, ())
+    reader = App(f"sqlite:///{path}")
+    try:
+        for job_id in ids:
+            found = reader.get_job(job_id)
+            assert (found.attempt, found.errors) == (1, ())
+    finally:
+        reader.close()
     assert [e[0] for e in EVENTS].count("run 1") == 3
     assert not any(e[0] == "run 2" for e in EVENTS)
 

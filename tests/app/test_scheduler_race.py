@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ def race(
         url = f"sqlite:///{db}"
 
         def query(sql: str) -> list[Any]:
-            with sqlite3.connect(db) as conn:
+            with closing(sqlite3.connect(db)) as conn:
                 return conn.execute(sql).fetchall()
     else:
         import psycopg

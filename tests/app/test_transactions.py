@@ -20,6 +20,7 @@ import threading
 import time
 import types
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -143,7 +144,9 @@ def test_a_fresh_app_opens_inside_the_callers_write_transaction_without_waiting(
     """Django's shape: the App is built at import time, the first request writes inside
     ``atomic()`` (holding SQLite's write lock) and then enqueues."""
     path = tmp_path / "jobs.sqlite3"
-    App(f"sqlite:///{path}").open()  # migrated once, as `ultimat3-jobs migrate` would
+    migrated = App(f"sqlite:///{path}")
+    migrated.open()  # migrated once, as `ultimat3-jobs migrate` would
+    migrated.close()
     fresh = App(f"sqlite:///{path}", modules=[make_module("tx_fresh", in_a=in_a)])
     conn = sqlite3.connect(path, isolation_level=None)
     try:
@@ -167,8 +170,10 @@ def test_a_stale_schema_inside_the_callers_write_transaction_raises_at_once(
 ) -> None:
     path = tmp_path / "jobs.sqlite3"
     if file == "an older schema":  # as after an upgrade that added migration 2
-        App(f"sqlite:///{path}").open()
-        with sqlite3.connect(path, isolation_level=None) as old:
+        older = App(f"sqlite:///{path}")
+        older.open()
+        older.close()
+        with closing(sqlite3.connect(path, isolation_level=None)) as old:
             old.execute("DROP TABLE x_schedules")
             old.execute("DROP TABLE x_leaders")
             old.execute("DELETE FROM x_migrations WHERE version = 2")

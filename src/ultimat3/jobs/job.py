@@ -56,7 +56,6 @@ __all__ = [
     "Snooze",
     "check_queue_name",
     "current_app",
-    "delay_to_run_at",
     "is_job_handle",
     "job",
 ]
@@ -431,9 +430,3 @@ def _wants_context(fn: Callable[..., Any]) -> bool:
             fix="give it one parameter for its JSON input, e.g. `def send(input: dict) -> None`",
         )
     return len(positional) >= 2
-
-
-def delay_to_run_at(now: datetime, delay: DurationInput | None) -> datetime | None:
-    if delay is None:
-        return None
-    return now + to_timedelta(delay)

@@ -150,7 +150,6 @@ class _Held:
         "cancelled",
         "deadline",
         "handle",
-        "isolated",
         "job",
         "lost",
         "mark",
@@ -161,10 +160,9 @@ class _Held:
         "written",
     )
 
-    def __init__(self, job: Job, handle: JobHandle[Any] | None, isolated: bool) -> None:
+    def __init__(self, job: Job, handle: JobHandle[Any] | None) -> None:
         self.job = job
         self.handle = handle
-        self.isolated = isolated
         self.run: Run[Outcome] = Run()
         self.cancelled = threading.Event()
         self.deadline: float | None = None
@@ -180,10 +178,6 @@ class _Held:
     @property
     def lease(self) -> Lease:
         return self.job.lease
-
-
-#: A flush-loop item: write a job's outcome.
-_Item = tuple[Literal["outcome"], "_Held"]
 
 
 class Worker:
@@ -232,7 +226,7 @@ class Worker:
         self._started = False
         self._tasks: queue.SimpleQueue[_Held | None] = queue.SimpleQueue()
         #: What the flush loop writes: outcomes; and what the start loop records: starts.
-        self._outcomes: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._outcomes: queue.SimpleQueue[_Held | None] = queue.SimpleQueue()
         self._starts: queue.SimpleQueue[_Held | None] = queue.SimpleQueue()
         self._handlers: list[threading.Thread] = []
         self._loops: dict[str, Loop] = {}
@@ -376,7 +370,7 @@ class Worker:
                 if not jobs:
                     break
                 for job in jobs:
-                    held = _Held(job, self.handles(job.name), False)
+                    held = _Held(job, self.handles(job.name))
                     held.run.start()
                     self.driver.job_mark_started([held.lease], now=self.clock.pinned())
                     if held.handle is not None and held.handle.is_async:
@@ -428,7 +422,7 @@ class Worker:
                 events.warning(
                     "jobs.job.isolated", job_id=job.id, job=job.name, attempt=job.attempt
                 )
-                self._dispatch(job, isolated=True)
+                self._dispatch(job)
                 self._wait_until_idle(poll)
             return 0.0
         free = self._capacity() - self.inflight
@@ -437,7 +431,7 @@ class Worker:
             return 0.0
         jobs = self._claim(free, isolated=False)
         for job in jobs:
-            self._dispatch(job, isolated=False)
+            self._dispatch(job)
         if len(jobs) == free:
             # Busy: claim again once half the threads' worth of slots is free, so claims (and
             # their start marks) come in batches rather than one job per freed slot.
@@ -468,9 +462,9 @@ class Worker:
             self._wake.wait(poll)
             self._wake.clear()
 
-    def _dispatch(self, job: Job, *, isolated: bool) -> None:
+    def _dispatch(self, job: Job) -> None:
         handle = self.handles(job.name)
-        held = _Held(job, handle, isolated)
+        held = _Held(job, handle)
         with self._lock:
             self._held[held.lease] = held
         if handle is not None and handle.is_async:
@@ -532,7 +526,7 @@ class Worker:
 
     def _settle(self, held: _Held, outcome: Outcome | None) -> None:
         if outcome is not None and held.run.settle(outcome):
-            self._outcomes.put(("outcome", held))
+            self._outcomes.put(held)
 
     def _mark_request(self, held: _Held) -> concurrent.futures.Future[bool]:
         """Ask the start loop to record that ``held`` starts; the future says whether the lease
@@ -609,7 +603,7 @@ class Worker:
         if first is None:
             self._halt.set()
             return 0.0
-        items = [first]
+        batch = [first]
         while True:
             try:
                 item = self._outcomes.get_nowait()
@@ -618,15 +612,12 @@ class Worker:
             if item is None:
                 self._outcomes.put(None)  # keep the sentinel for the next step
                 break
-            items.append(item)
-        batch = [held for _, held in items]
-        if not batch:
-            return 0.0
+            batch.append(item)
         try:
             self._write(batch)
         except BaseException:
             for held in batch:  # not written: back in line, in order, for the retry
-                self._outcomes.put(("outcome", held))
+                self._outcomes.put(held)
             if self._hard_stop.is_set():
                 return 0.0
             raise
@@ -890,7 +881,7 @@ class Worker:
 
     def _settle_release(self, held: _Held) -> None:
         held.run.outcome = Outcome("release")
-        self._outcomes.put(("outcome", held))
+        self._outcomes.put(held)
 
     # -- running one job -----------------------------------------------------------------------
 

@@ -74,7 +74,7 @@ def test_a_handler_whose_outcome_cannot_be_built_fails_its_job_not_its_thread(
     ("options", "message"),
     [
         ({"lease": "99999999d"}, "lease='99999999d' is longer than 10 years"),
-        ({"lease": "3s", "heartbeat": "10s"}, "heartbeat=0:00:10 is more than half the lease"),
+        ({"lease": "3s", "heartbeat": "10s"}, "heartbeat=10s is more than half the lease (3s)"),
         ({"concurrency": 0}, "concurrency=0 is not valid"),
         ({"stuck_limit": "11y"}, "stuck_limit"),
     ],
@@ -90,6 +90,25 @@ def test_settings_that_cannot_work_are_refused_naming_the_option(
         app.worker(**options)
     assert message in raised.value.cause
     assert raised.value.fix
+
+
+def test_a_signal_before_the_worker_started_still_stops_it(
+    make_app: Callable[..., App], make_module: Callable[..., types.ModuleType]
+) -> None:
+    """A SIGTERM that lands after run() installed its handler but before start() ran found
+    nothing to stop; run() must honour it rather than run on for ever."""
+    import signal
+
+    app = make_app(make_module("exec_early_signal", noop=noop))
+    worker = app.worker(poll_interval="50ms")
+    worker._on_signal(signal.SIGTERM, None)
+    returned = threading.Event()
+    thread = threading.Thread(
+        target=lambda: (worker.run(install_signals=False), returned.set()), daemon=True
+    )
+    thread.start()
+    assert returned.wait(15), "the worker ignored a SIGTERM that came before it started"
+    assert worker.exit_code == 0
 
 
 def test_the_cli_names_the_option_of_a_bad_lease(tmp_path: Path) -> None:
@@ -234,7 +253,7 @@ def test_a_critical_loop_that_keeps_crashing_stops_the_worker_non_zero(
         def __getattr__(self, name: str) -> Any:
             return getattr(driver, name)
 
-        def job_claim(self, params: Any) -> Any:
+        def job_cycle(self, cycle: Any, **kwargs: Any) -> Any:
             raise KeyError("a bug in the claim")
 
     worker.driver = Broken()  # type: ignore[assignment]
@@ -472,11 +491,13 @@ def test_duration_errors_are_configuration_errors() -> None:
 
 
 class _FailsOnce:
-    """The worker's driver, whose ``method`` raises an unexpected error on its first call."""
+    """The worker's driver, whose ``method`` raises an unexpected error on its first call (for
+    which ``when``, given the call's first argument, is true)."""
 
-    def __init__(self, driver: Any, method: str) -> None:
+    def __init__(self, driver: Any, method: str, when: Callable[[Any], Any] | None = None) -> None:
         self._driver = driver
         self._method = method
+        self._when = when
         self.raised = 0
 
     def __getattr__(self, name: str) -> Any:
@@ -485,7 +506,7 @@ class _FailsOnce:
             return real
 
         def once(*args: Any, **kwargs: Any) -> Any:
-            if not self.raised:
+            if not self.raised and (self._when is None or self._when(args[0])):
                 self.raised += 1
                 raise RuntimeError(f"an unexpected error in {name}")
             return real(*args, **kwargs)
@@ -494,12 +515,12 @@ class _FailsOnce:
 
 
 @pytest.mark.parametrize(
-    ("loop", "method"),
+    ("loop", "method", "when"),
     [
-        ("claim", "job_claim"),
-        ("flush", "job_settle_many"),
-        ("heartbeat", "lease_extend"),
-        ("maintenance", "leader_elect"),
+        pytest.param("cycle", "job_cycle", None, id="cycle-claiming"),
+        pytest.param("cycle", "job_cycle", lambda cycle: cycle.completes, id="cycle-settling"),
+        pytest.param("heartbeat", "lease_extend", None, id="heartbeat"),
+        pytest.param("maintenance", "leader_elect", None, id="maintenance"),
     ],
 )
 def test_each_loop_survives_an_unexpected_error(
@@ -508,15 +529,16 @@ def test_each_loop_survives_an_unexpected_error(
     caplog: pytest.LogCaptureFixture,
     loop: str,
     method: str,
+    when: Callable[[Any], Any] | None,
 ) -> None:
     @job
     def slow(value: Any) -> None:
         time.sleep(0.3)  # long enough for a heartbeat
 
-    app = make_app(make_module(f"exec_loop_{loop}", slow=slow))
+    app = make_app(make_module(f"exec_loop_{method}_{when is None}", slow=slow))
     ids = [slow.enqueue({}).id for _ in range(3)]
     worker = app.worker(poll_interval="20ms", lease="600ms", heartbeat="100ms")
-    faulty = _FailsOnce(worker.driver, method)
+    faulty = _FailsOnce(worker.driver, method, when)
     worker.driver = faulty  # type: ignore[assignment]
     worker.maintenance.driver = faulty  # type: ignore[assignment]
     with caplog.at_level(logging.ERROR, logger="ultimat3.jobs"), worker:

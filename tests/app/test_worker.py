@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from ultimat3.jobs import App, Cancel, JobContext, JobState, Retry, Snooze, job
-from ultimat3.jobs.records import ClaimParams
+from ultimat3.jobs.records import ClaimParams, Cycle
 from ultimat3.jobs.testing import FakeClock, drain
 
 calls: list[Any] = []
@@ -347,16 +347,16 @@ def test_heartbeats_keep_a_long_job_from_being_rescued(
 
 def test_expired_leases_are_rescued_and_the_attempt_counts(app: App, clock: FakeClock) -> None:
     result = record.enqueue({"n": 1})
-    [claimed] = app.driver.job_claim(
-        ClaimParams(
-            queues=("default",),
-            limit=1,
-            lease_for=timedelta(seconds=30),
-            worker_id="gone",
-            now=clock.now(),
-        )
+    params = ClaimParams(
+        queues=("default",),
+        limit=1,
+        lease_for=timedelta(seconds=30),
+        worker_id="gone",
+        now=clock.now(),
     )
-    app.driver.job_mark_started([claimed.lease], now=clock.now())  # its handler began
+    # Claimed as a worker claims, for a free handler: marked started.
+    [claimed] = app.driver.job_cycle(Cycle(claim=params), now=clock.now()).claimed
+    assert claimed.id == result.id
     clock.advance("31s")
     worker = app.worker()
     assert worker.maintenance.rescue() == [result.id]

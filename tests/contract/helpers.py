@@ -28,6 +28,7 @@ from ultimat3.jobs.ids import uuid7
 from ultimat3.jobs.records import (
     AttemptError,
     ClaimParams,
+    Cycle,
     Failure,
     InsertResult,
     Job,
@@ -122,18 +123,16 @@ def claim(
     worker_id: str = "worker-1",
     started: bool = True,
 ) -> list[Job]:
-    """Claim due jobs and, with ``started`` (as a worker does before calling the handlers),
-    record that they start."""
-    jobs = driver.job_claim(
-        ClaimParams(
-            queues=tuple(queues), limit=limit, lease_for=lease_for, worker_id=worker_id, now=now
-        )
+    """Claim due jobs: with ``started``, as a worker does (in a cycle, for free handlers, which
+    marks them started); without, by ``job_claim`` (held unstarted)."""
+    params = ClaimParams(
+        queues=tuple(queues), limit=limit, lease_for=lease_for, worker_id=worker_id, now=now
     )
-    if started and jobs:
-        assert driver.job_mark_started([job.lease for job in jobs], now=now) == {
-            job.id for job in jobs
-        }
-    return jobs
+    if not started:
+        return driver.job_claim(params)
+    result = driver.job_cycle(Cycle(claim=params), now=now)
+    assert (result.completed, result.failed) == (set(), set())
+    return result.claimed
 
 
 def claim_one(driver: Driver, now: datetime, **options: Any) -> Job:

@@ -9,7 +9,7 @@ import pytest
 
 from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.ids import token, uuid7
-from ultimat3.jobs.records import Failure, Job, JobState, Lease
+from ultimat3.jobs.records import Cycle, Failure, Job, JobState, Lease
 
 from .helpers import (
     T0,
@@ -346,6 +346,7 @@ def test_an_unstarted_expired_claim_is_released_with_its_attempt_back(driver: Dr
         None,
     )
     assert [job.id for job in driver.job_list_expired(limit=10, now=at(11))] == [started.id]
-    assert driver.job_mark_started([unstarted.lease], now=at(12)) == set(), "the lease is gone"
+    late = driver.job_cycle(Cycle(completes=[unstarted.lease]), now=at(12))
+    assert late.completed == set(), "the lease is gone"
     again = claim_one(driver, at(12))
     assert (again.id, again.attempt) == (unstarted.id, 1)

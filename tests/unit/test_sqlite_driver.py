@@ -316,6 +316,7 @@ def test_claims_walk_the_partial_index_without_sorting(driver: SqliteDriver) -> 
                     "worker_id": "w",
                     "queue": "q",
                     "limit": 10,
+                    "started": 1,
                 },
             )
         ]
@@ -588,13 +589,13 @@ KILLED_WRITER = """
     from datetime import timedelta
     from ultimat3.jobs.drivers.sqlite import SqliteDriver
     from ultimat3.jobs.ids import uuid7
-    from ultimat3.jobs.records import ClaimParams, NewJob
+    from ultimat3.jobs.records import ClaimParams, Cycle, NewJob
 
     driver = SqliteDriver(sys.argv[1])
     mode = sys.argv[2]
     if mode == "held":
-        [job] = driver.job_claim(ClaimParams(("default",), 1, timedelta(seconds=1), "doomed"))
-        driver.job_mark_started([job.lease])
+        params = ClaimParams(("default",), 1, timedelta(seconds=1), "doomed")
+        [job] = driver.job_cycle(Cycle(claim=params)).claimed
         print(job.id, flush=True)
         with driver.transaction() as tx:
             jobs = [NewJob(i, "n", "default", "{}", i, 3) for i in (uuid7() for _ in range(3000))]

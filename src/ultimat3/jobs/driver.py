@@ -46,6 +46,8 @@ from typing import Any, Protocol
 
 from ultimat3.jobs.records import (
     ClaimParams,
+    Cycle,
+    CycleResult,
     Failure,
     InsertResult,
     Job,
@@ -180,21 +182,13 @@ class Driver(Protocol):
         """Claim up to ``params.limit`` due jobs from ``params.queues`` (see the module rules)."""
         ...
 
-    def job_mark_started(self, leases: Sequence[Lease], *, now: datetime | None = None) -> set[str]:
-        """Record, before their handlers are called, that held jobs start; return the ids
-        still held. A job whose lease expires before this is released with its attempt back
-        (``job_release_unstarted``); only a started one is rescued as lost."""
-        ...
-
-    def job_settle_many(
-        self,
-        *,
-        completes: Sequence[Lease] = (),
-        failures: Sequence[Failure] = (),
-        now: datetime | None = None,
-    ) -> tuple[set[str], set[str]]:
-        """``job_complete_many`` and ``job_fail_many`` in one transaction (the worker's flush:
-        one commit per batch); returns the ids each changed."""
+    def job_cycle(self, cycle: Cycle, *, now: datetime | None = None) -> CycleResult:
+        """A worker's turn in one transaction (one commit): complete and fail what finished
+        (each write fenced by its lease), and claim for the handlers that are free now
+        (``cycle.claim``), marking the claimed jobs started: their handlers are called at once,
+        and a job whose worker dies after this is rescued as lost, not released unstarted. A
+        turn that only claims may commit without waiting for the disk (losing it to a crash
+        only gives the attempt back)."""
         ...
 
     def job_release_unstarted(self, *, now: datetime | None = None) -> list[str]:

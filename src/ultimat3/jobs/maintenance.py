@@ -14,9 +14,9 @@ Guarantees and limits:
   have been stuck behind the same stall. The rescuer then waits until writes have flowed for
   a full lease (``grace``) before it trusts an expiry, so a lease lapses only after a full
   lease in which its worker could have renewed it and did not.
-- **Only a started job loses its attempt.** A worker records that a job starts before it calls
-  the handler (``job_mark_started``); a job whose lease expired unstarted goes back to the
-  queue with its attempt refunded. A started one is rescued as ``worker_lost`` with the attempt
+- **Only a started job loses its attempt.** A worker claims only for handlers that are free,
+  and its claim records that the jobs start (``job_cycle``); a job claimed without that
+  (``job_claim``) whose lease expired goes back to the queue with its attempt refunded. A started one is rescued as ``worker_lost`` with the attempt
   counted (it was counted at claim), so a job that kills its worker on every attempt ends
   ``dead`` after ``max_attempts`` starts. A rescued job is marked *isolated*: it is claimed alone, with
   nothing else running in its worker, until it returns (see ``ultimat3.jobs.worker``).

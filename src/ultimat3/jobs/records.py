@@ -243,3 +243,24 @@ class ClaimParams:
     now: datetime | None = None
     #: False: claim ordinary jobs only; True: claim isolated ones only (see ``Failure``).
     isolated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Cycle:
+    """One turn of a worker, written in one transaction: the outcomes that finished and a claim
+    for the handlers that are free (see ``Driver.job_cycle``)."""
+
+    completes: Sequence[Lease] = ()
+    failures: Sequence[Failure] = ()
+    #: Claimed for handlers free now, so the claim marks its jobs started.
+    claim: ClaimParams | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CycleResult:
+    """What a ``Cycle`` changed: the ids each fenced write matched, and the claimed jobs in
+    claim order."""
+
+    completed: set[str] = field(default_factory=set)
+    failed: set[str] = field(default_factory=set)
+    claimed: list[Job] = field(default_factory=list)

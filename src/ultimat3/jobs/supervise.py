@@ -47,6 +47,8 @@ class Loop:
         self.on_fatal = on_fatal
         self.fatal_after = fatal_after
         self.failures = 0  # consecutive
+        self._unexpected = 0  # consecutive, of the unexpected kind
+        self._backoff = 0.0
         self.stopping = stop or threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -73,46 +75,49 @@ class Loop:
 
     def run(self) -> None:
         """The loop itself (``start()`` runs it on a thread; call it to run it here)."""
-        backoff = 0.0
-        unexpected = 0
-        pause = 0.0
-        while not self.stopping.wait(pause):
-            try:
-                pause = max(0.0, self.step())
-            except JobsError as exc:
-                backoff = min(_BACKOFF_MAX, backoff * 2 or _BACKOFF_FIRST)
-                self.failures += 1
-                unexpected = 0
-                events.warning(
-                    "jobs.loop.failed",
-                    loop=self.name,
-                    error=type(exc).__name__,
-                    cause=exc.cause,
-                    retry_in=backoff,
-                )
-                pause = backoff
-                continue
-            except BaseException as exc:  # the point of a supervisor: nothing kills the loop
-                if isinstance(exc, KeyboardInterrupt | SystemExit):
-                    raise
-                backoff = min(_BACKOFF_MAX, backoff * 2 or _BACKOFF_FIRST)
-                self.failures += 1
-                unexpected += 1
-                events.error(
-                    "jobs.loop.crashed",
-                    exc=exc,
-                    loop=self.name,
-                    error=type(exc).__name__,
-                    cause=str(exc) or repr(exc),
-                    retry_in=backoff,
-                    in_a_row=unexpected,
-                )
-                if self.on_fatal is not None and unexpected >= self.fatal_after:
-                    events.error("jobs.loop.fatal", loop=self.name, error=type(exc).__name__)
-                    self.on_fatal(self.name, exc)
-                    return
-                pause = backoff
-                continue
-            backoff = 0.0
-            unexpected = 0
-            self.failures = 0
+        pause: float | None = 0.0
+        while pause is not None and not self.stopping.wait(pause):
+            pause = self.once()
+
+    def once(self) -> float | None:
+        """One step under the loop's policy, on the caller's thread: the pause before the next
+        step (a backoff after a failure), or None once ``on_fatal`` was called. A service whose
+        steps run on threads of their own (the worker's cycle) uses this instead of ``run``."""
+        try:
+            pause = max(0.0, self.step())
+        except JobsError as exc:
+            self._backoff = min(_BACKOFF_MAX, self._backoff * 2 or _BACKOFF_FIRST)
+            self.failures += 1
+            self._unexpected = 0
+            events.warning(
+                "jobs.loop.failed",
+                loop=self.name,
+                error=type(exc).__name__,
+                cause=exc.cause,
+                retry_in=self._backoff,
+            )
+            return self._backoff
+        except BaseException as exc:  # the point of a supervisor: nothing kills the loop
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                raise
+            self._backoff = min(_BACKOFF_MAX, self._backoff * 2 or _BACKOFF_FIRST)
+            self.failures += 1
+            self._unexpected += 1
+            events.error(
+                "jobs.loop.crashed",
+                exc=exc,
+                loop=self.name,
+                error=type(exc).__name__,
+                cause=str(exc) or repr(exc),
+                retry_in=self._backoff,
+                in_a_row=self._unexpected,
+            )
+            if self.on_fatal is not None and self._unexpected >= self.fatal_after:
+                events.error("jobs.loop.fatal", loop=self.name, error=type(exc).__name__)
+                self.on_fatal(self.name, exc)
+                return None
+            return self._backoff
+        self._backoff = 0.0
+        self._unexpected = 0
+        self.failures = 0
+        return pause

@@ -1,38 +1,42 @@
 """The worker: claims due jobs, runs them, records what happened. Who owns a job, step by step:
 
-1. **claim** loop: claims up to the free slots (plus a look-ahead while jobs are short) and
-   gives each job a ``Run`` (``ultimat3.jobs.run``), its one owner in this worker; ``def``
-   jobs queue for ``concurrency`` handler threads, ``async def`` jobs go to one event loop.
-2. **handler**: ``run.start()`` (refused once released), prepares the input, waits until the
-   start loop has *recorded the start* (``job_mark_started``), calls the function, turns what
-   happened into one ``Outcome`` (``outcome_of``, shared by sync and async) and offers it with
-   ``run.settle()``: the first settler wins (the handler, a lost lease, shutdown).
-3. **flush** loop: one transaction per batch writes start marks, completions and failures
-   (``job_settle_many``), fenced by each lease; a refused late write is counted in ``lost``.
-   A slot frees once its run is settled and its handler has returned, so a sync job past its
-   timeout keeps its lease until its thread ends.
-4. **heartbeat** loop: renews held leases, tells handlers of lost ones (``ctx.cancelled``),
+1. **cycle**: one transaction (``job_cycle``) writes the outcomes that finished (completions
+   and failures, each fenced by its lease; a refused late write is counted in ``lost``) and
+   claims one job per free handler, each marked *started* by the claim. The rarer outcomes
+   (snoozes, releases, cancels) follow it, one write each. Each claimed job gets a ``Run``
+   (``ultimat3.jobs.run``), its one owner in this worker.
+2. **handlers**: ``concurrency`` threads. Each takes the next ready job, calls its function
+   and turns what happened into one ``Outcome`` (``outcome_of``, shared with ``async def``
+   jobs, which run on one event loop), offered with ``run.settle()``: the first settler wins
+   (the handler, a lost lease, shutdown). A thread with no ready job *leads*: it runs the
+   next cycle itself, so a short job's thread writes its outcome, claims the next job and
+   runs it with no hand-off between threads; while jobs are long, each ready job wakes a
+   thread of its own. A slot frees once its run is settled and its handler has returned, so
+   a sync job past its timeout keeps its lease until its thread ends.
+3. **heartbeat** loop: renews held leases, tells handlers of lost ones (``ctx.cancelled``),
    marks timeouts, logs ``jobs.worker.stuck`` (and exits past ``stuck_limit``) and an event
    loop blocked by an async job.
-5. **maintenance** loop: rescue and prune, on the one node elected for it.
+4. **maintenance** loop: rescue and prune, on the one node elected for it.
 
-A job whose worker dies before its start is recorded goes back with its attempt; one that had
-started is rescued as ``worker_lost`` and *isolated*: a worker runs it alone (nothing else in
-flight) until it returns. Every loop is a ``supervise.Loop``; a critical one (claim, flush,
-heartbeat) that keeps failing unexpectedly stops the worker with ``exit_code`` 70, releasing
-what it holds, for its supervisor to restart it.
+A job whose worker dies while it holds it (started, by its claim) is rescued as
+``worker_lost`` and *isolated*: a worker runs it alone (nothing else in flight) until it
+returns; one a shutdown gives back before a thread took it goes back with its attempt. The
+cycle runs under the policy of a ``supervise.Loop`` (``Loop.once``), the heartbeat and
+maintenance as loops of their own; a critical one that keeps failing unexpectedly stops the
+worker with ``exit_code`` 70, releasing what it holds, for its supervisor to restart it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import os
-import queue
 import signal
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -42,6 +46,7 @@ from typing import Any, Literal
 from ultimat3.jobs import events
 from ultimat3.jobs.clock import Clock
 from ultimat3.jobs.driver import Driver
+from ultimat3.jobs.duration import format_duration
 from ultimat3.jobs.errors import ConfigurationError, DeserializationError, JobsError
 from ultimat3.jobs.ids import token
 from ultimat3.jobs.job import Cancel, Enqueuer, JobContext, JobHandle, Snooze, current_app
@@ -52,13 +57,16 @@ from ultimat3.jobs.maintenance import (
     decide_failure,
     error_from_exception,
 )
-from ultimat3.jobs.records import ClaimParams, Failure, Job, Lease
+from ultimat3.jobs.records import ClaimParams, Cycle, Failure, Job, Lease
 from ultimat3.jobs.run import Run
 from ultimat3.jobs.serialization import Serializer
 from ultimat3.jobs.supervise import Loop
 
 #: The exit code of a worker that stopped because a loop could not go on (EX_SOFTWARE).
 FATAL_EXIT = 70
+#: A job shorter than this on average runs on the thread that took it without waking another
+#: for the next one (see ``Worker._handler_thread``).
+_SHORT_JOB = 0.002
 #: An event loop that has not run a callback for this long is reported as blocked.
 _LOOP_BLOCKED_AFTER = 1.0
 
@@ -95,14 +103,17 @@ class WorkerConfig:
             )
         if self.lease < timedelta(milliseconds=200):
             raise ConfigurationError(
-                f"lease={self.lease} is too short", fix="use a lease of at least 200ms"
+                f"lease={format_duration(self.lease)} is too short",
+                fix="use a lease of at least 200ms",
             )
         beat = self.heartbeat_interval
         if beat * 2 > self.lease:
             raise ConfigurationError(
-                f"heartbeat={beat} is more than half the lease ({self.lease}): one late "
+                f"heartbeat={format_duration(beat)} is more than half the lease "
+                f"({format_duration(self.lease)}): one late "
                 "heartbeat would let the lease expire under a live job",
-                fix=f"use heartbeat of at most {self.lease / 2} (the default is a third of "
+                fix=f"use heartbeat of at most {format_duration(self.lease / 2)} (the default "
+                "is a third of "
                 "the lease), or a longer lease",
             )
         for name in ("poll_interval", "rescue_interval", "prune_interval"):
@@ -143,6 +154,22 @@ class Outcome:
     reason: str = ""
 
 
+class _Flag:
+    """A flag that is set once and read often (``ctx.cancelled``): a bool, without the lock
+    and condition of a ``threading.Event``, since nothing waits on it."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
 class _Held:
     """A job this worker holds: its ``Run`` state machine plus what the threads share."""
 
@@ -151,8 +178,8 @@ class _Held:
         "deadline",
         "handle",
         "job",
+        "lease",
         "lost",
-        "mark",
         "run",
         "started_at",
         "task",
@@ -162,22 +189,17 @@ class _Held:
 
     def __init__(self, job: Job, handle: JobHandle[Any] | None) -> None:
         self.job = job
+        self.lease = job.lease
         self.handle = handle
         self.run: Run[Outcome] = Run()
-        self.cancelled = threading.Event()
+        self.cancelled = _Flag()
         self.deadline: float | None = None
         self.started_at: float | None = None
         self.timed_out = False
         self.lost = False
         #: The outcome is in the database (or there is nothing left to write).
         self.written = False
-        #: Resolved by the flush loop once the start is recorded (True) or cannot be (False).
-        self.mark: concurrent.futures.Future[bool] | None = None
         self.task: concurrent.futures.Future[None] | None = None
-
-    @property
-    def lease(self) -> Lease:
-        return self.job.lease
 
 
 class Worker:
@@ -217,6 +239,8 @@ class Worker:
         self.exit_code = 0
 
         self._lock = threading.Lock()
+        #: Handler threads wait on it for ready jobs, or for the lead of the cycle.
+        self._cond = threading.Condition(self._lock)
         self._held: dict[Lease, _Held] = {}  # by lease: a job can have a zombie run and a new one
         self._wake = threading.Event()  # a slot freed, or a stop was asked for
         self._stop_claiming = threading.Event()
@@ -224,10 +248,8 @@ class Worker:
         self._stopped = threading.Event()
         self._stopped.set()
         self._started = False
-        self._tasks: queue.SimpleQueue[_Held | None] = queue.SimpleQueue()
-        #: What the flush loop writes: outcomes; and what the start loop records: starts.
-        self._outcomes: queue.SimpleQueue[_Held | None] = queue.SimpleQueue()
-        self._starts: queue.SimpleQueue[_Held | None] = queue.SimpleQueue()
+        self._halt = threading.Event()
+        self._reset_cycle()
         self._handlers: list[threading.Thread] = []
         self._loops: dict[str, Loop] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -235,11 +257,24 @@ class Worker:
         self._loop_seen = time.monotonic()
         self._loop_blocked = False
         self._signals_seen = 0
-        self._isolating = False
         self._next_isolation_check = 0.0
         self._stuck_since: float | None = None
         self._next_beat = 0.0
-        self._avg_run = 1.0  # seconds; starts "long", so look-ahead is earned by short jobs
+
+    def _reset_cycle(self) -> None:
+        """The cycle's state. Under ``_lock``: ``_ready``, ``_pending``, ``_busy``,
+        ``_leading``; the rest is the leader's alone."""
+        self._ready: deque[_Held] = deque()  # claimed, started, waiting for a handler thread
+        self._pending: list[_Held] = []  # settled, to be written by the next cycle
+        self._busy = 0  # claimed and not returned by its handler
+        self._leading = False  # a thread runs the cycle (or the shutdown holds it)
+        self._exiting = threading.Event()  # this start's handler threads return
+        self._leader_waiting = False  # the leader waits for jobs: wake it for outcomes
+        self._alone: _Held | None = None  # an isolated job running alone
+        self._isolating = False
+        self._maybe_due = True  # claim at once: the last claim filled up, or a wake-up came
+        self._avg_run = 1.0  # seconds; starts long, so that threads wake for each job at first
+        self._cycle_loop = Loop("cycle", self._cycle_step, on_fatal=self._fatal)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -253,26 +288,21 @@ class Worker:
             self._stop_claiming.clear()
             self._hard_stop.clear()
             self.exit_code = 0
+        self._halt = halt = threading.Event()
+        exiting = self._exiting
         for n in range(self.config.concurrency):
             thread = threading.Thread(
                 target=self._handler_thread,
-                args=(self._tasks,),
+                args=(exiting,),
                 name=f"ultimat3-jobs-handler-{n}",
                 daemon=True,
             )
             self._handlers.append(thread)
             thread.start()
-        halt = threading.Event()
         self._loops = {
-            "claim": Loop(
-                "claim", self._claim_step, on_fatal=self._fatal, stop=self._stop_claiming
-            ),
-            "flush": Loop("flush", self._flush_step, on_fatal=self._fatal, stop=halt),
-            "start": Loop("start", self._start_step, on_fatal=self._fatal, stop=halt),
             "heartbeat": Loop("heartbeat", self._heartbeat_step, on_fatal=self._fatal, stop=halt),
             "maintenance": Loop("maintenance", self._maintenance_step, stop=self._stop_claiming),
         }
-        self._halt = halt
         for loop in self._loops.values():
             loop.start()
         events.info(
@@ -318,6 +348,8 @@ class Worker:
                 previous[sig] = signal.signal(sig, self._on_signal)
         try:
             self.start()
+            if self._signals_seen:  # a signal came before start(): it found nothing to stop
+                self.stop_now() if self._signals_seen > 1 else self.stop(wait=False)
             while not self._stopped.wait(0.2):
                 pass
         finally:
@@ -358,39 +390,66 @@ class Worker:
 
         Meant for tests and scripts: no threads, no heartbeats (each job runs within its
         lease), handlers run one at a time, async ones on a private event loop. Isolated jobs
-        are run too (one at a time is isolation enough)."""
+        are run too (one at a time is isolation enough). Each batch's outcomes are written in
+        the transaction that claims the next batch, as the threaded worker does."""
         done = 0
         loop: asyncio.AbstractEventLoop | None = None
+        finished: list[_Held] = []
         try:
-            while max_jobs is None or done < max_jobs:
+            while True:
                 limit = self.config.concurrency
                 if max_jobs is not None:
                     limit = min(limit, max_jobs - done)
-                jobs = self._claim(limit, isolated=False) or self._claim(1, isolated=True)
+                if limit <= 0 and not finished:
+                    break
+                jobs = self._cycle(finished, limit)
+                finished = []
+                if not jobs and limit > 0:
+                    jobs = self._cycle([], 1, isolated=True)
                 if not jobs:
                     break
                 for job in jobs:
                     held = _Held(job, self.handles(job.name))
                     held.run.start()
-                    self.driver.job_mark_started([held.lease], now=self.clock.pinned())
                     if held.handle is not None and held.handle.is_async:
                         loop = loop or asyncio.new_event_loop()
                         outcome = loop.run_until_complete(self._run_async(held))
                     else:
                         outcome = self._run_sync(held)
                     if outcome is not None and held.run.settle(outcome):
-                        self._write([held])
+                        finished.append(held)
                     done += 1
         finally:
+            if finished:
+                self._cycle(finished, 0)
             if loop is not None:
                 loop.close()
         return self.stats
 
-    # -- claiming ------------------------------------------------------------------------------
+    # -- the cycle: settle and claim -----------------------------------------------------------
 
-    def _claim(self, limit: int, *, isolated: bool) -> list[Job]:
-        jobs = self.driver.job_claim(
-            ClaimParams(
+    def _cycle(self, finished: list[_Held], limit: int, *, isolated: bool = False) -> list[Job]:
+        """One turn in one transaction (``job_cycle``): write the completions and failures of
+        ``finished`` and claim up to ``limit`` jobs for handlers free now (marked started).
+        The rarer outcomes (snoozes, releases, cancels) are written after it, one by one."""
+        done: list[_Held] = []
+        fails: list[_Held] = []
+        failures: list[Failure] = []
+        rare: list[_Held] = []
+        for held in finished:
+            outcome = held.run.outcome
+            assert outcome is not None
+            if outcome.kind == "complete":
+                done.append(held)
+            elif outcome.kind == "fail":
+                assert outcome.failure is not None
+                fails.append(held)
+                failures.append(outcome.failure)
+            else:
+                rare.append(held)
+        claim = None
+        if limit > 0:
+            claim = ClaimParams(
                 queues=self.queues,
                 limit=limit,
                 lease_for=self.config.lease,
@@ -398,191 +457,246 @@ class Worker:
                 now=self.clock.pinned(),
                 isolated=isolated,
             )
+        result = self.driver.job_cycle(
+            Cycle(completes=[h.lease for h in done], failures=failures, claim=claim),
+            now=self.clock.pinned(),
         )
-        self.stats.claimed += len(jobs)
-        return jobs
+        self.stats.claimed += len(result.claimed)
+        if done:
+            self.stats.completed += len(result.completed)
+            self._note_lost([h for h in done if h.job.id not in result.completed])
+            if events.logger.isEnabledFor(logging.DEBUG):
+                for h in done:
+                    if h.job.id in result.completed:
+                        events.debug("jobs.job.completed", job_id=h.job.id, job=h.job.name)
+        if fails:
+            self._failed_written(fails, result.failed)
+        self._write_rare(rare)
+        return result.claimed
 
-    def _claim_step(self) -> float:
+    def _cycle_step(self) -> float:
+        """One turn of the leader (the handler thread that runs the cycle): write the outcomes
+        that arrived and claim for the free handlers, in one transaction, then queue the
+        claimed jobs for the handlers (the leader among them). With nothing to write and
+        nothing due, wait for a commit or a wake-up instead."""
         poll = self.config.poll_interval.total_seconds()
         self._wake.clear()
-        if self._stop_claiming.is_set():
+        limit, isolated = (0, False) if self._stop_claiming.is_set() else self._claim_limit()
+        with self._lock:
+            finished, self._pending = self._pending, []
+        if not (finished or (limit and self._maybe_due)):
+            self._leader_waiting = True
+            try:
+                if limit:
+                    self.driver.wait_for_jobs(poll, self._wake)  # a commit, or a wake-up
+                else:
+                    self._wake.wait(poll)  # an outcome (an isolated job runs, say)
+            finally:
+                self._leader_waiting = False
+            self._maybe_due = True
             return 0.0
+        try:
+            jobs = self._cycle(finished, limit, isolated=isolated)
+        except BaseException:
+            with self._lock:  # written next turn, in order
+                self._pending[:0] = finished
+            raise
+        # Full: more may be due at once. Short: the queue is drained for now; wait.
+        self._maybe_due = limit > 0 and len(jobs) == limit
+        for held in finished:
+            held.written = True
+        with self._lock:
+            for held in finished:
+                if held.run.free:
+                    self._held.pop(held.lease, None)
+        if jobs:
+            self._hand([_Held(job, self.handles(job.name)) for job in jobs], isolated)
+        return 0.0
+
+    def _claim_limit(self) -> tuple[int, bool]:
+        """How many jobs to claim (one per free handler), and whether they are isolated ones:
+        none while an isolated job runs, and one isolated job alone once nothing else runs."""
+        alone = self._alone
+        if alone is not None:
+            if not alone.run.free:
+                return 0, False
+            self._alone = None
+        with self._lock:
+            busy = self._busy
         now = time.monotonic()
         if not self._isolating and now >= self._next_isolation_check:
+            poll = self.config.poll_interval.total_seconds()
             self._next_isolation_check = now + min(poll, 1.0)
             self._isolating = self.driver.job_peek_isolated(self.queues, now=self.clock.pinned())
         if self._isolating:
-            # Run one isolated job alone: wait until nothing else runs, then claim it.
-            if self.inflight:
-                self._wake.wait(poll)
-                return 0.0
-            jobs = self._claim(1, isolated=True)
+            if busy:
+                return 0, False  # let what runs finish first
             self._isolating = False
-            for job in jobs:
+            return 1, True
+        return self.config.concurrency - busy, False
+
+    def _hand(self, batch: list[_Held], isolated: bool) -> None:
+        """Queue claimed jobs (their starts recorded by the claim) for the handlers; async ones
+        go to the event loop."""
+        sync: list[_Held] = []
+        for held in batch:
+            if isolated:
                 events.warning(
-                    "jobs.job.isolated", job_id=job.id, job=job.name, attempt=job.attempt
+                    "jobs.job.isolated",
+                    job_id=held.job.id,
+                    job=held.job.name,
+                    attempt=held.job.attempt,
                 )
-                self._dispatch(job)
-                self._wait_until_idle(poll)
-            return 0.0
-        free = self._capacity() - self.inflight
-        if free <= 0:
-            self._wake.wait(poll)
-            return 0.0
-        jobs = self._claim(free, isolated=False)
-        for job in jobs:
-            self._dispatch(job)
-        if len(jobs) == free:
-            # Busy: claim again once half the threads' worth of slots is free, so claims (and
-            # their start marks) come in batches rather than one job per freed slot.
-            refill = max(1, self.config.concurrency // 2)
-            while self._capacity() - self.inflight < refill and not self._stop_claiming.is_set():
-                self._wake.wait(poll)
-                self._wake.clear()
-            return 0.0
-        if jobs:
-            return 0.0
-        self.driver.wait_for_jobs(poll, self._wake)
-        return 0.0
-
-    def _capacity(self) -> int:
-        """How many jobs this worker holds at most: its concurrency, plus twice as many queued
-        locally while jobs are short (under 50 ms on average), so claims and their start marks
-        come in batches. A queued job has not started: if the worker dies, it goes back with
-        its attempt. Long jobs get no look-ahead (a job queued behind one would wait)."""
-        concurrency = self.config.concurrency
-        return concurrency + (2 * concurrency if self._avg_run < 0.05 else 0)
-
-    def _note_duration(self, seconds: float) -> None:
-        # Unsynchronised on purpose: an average that loses an update now and then is fine.
-        self._avg_run = self._avg_run * 0.9 + seconds * 0.1
-
-    def _wait_until_idle(self, poll: float) -> None:
-        while self.inflight and not self._stop_claiming.is_set():
-            self._wake.wait(poll)
-            self._wake.clear()
-
-    def _dispatch(self, job: Job) -> None:
-        handle = self.handles(job.name)
-        held = _Held(job, handle)
-        with self._lock:
-            self._held[held.lease] = held
-        if handle is not None and handle.is_async:
-            loop = self._event_loop()
-            held.task = asyncio.run_coroutine_threadsafe(self._async_handler(held), loop)
-        else:
-            self._tasks.put(held)
+                self._alone = held
+            if held.handle is None or not held.handle.is_async:
+                sync.append(held)
+        with self._cond:
+            for held in batch:
+                self._held[held.lease] = held
+            self._busy += len(batch)
+            self._ready.extend(sync)
+        for held in batch:
+            if held.handle is not None and held.handle.is_async:
+                held.run.start()
+                loop = self._event_loop()
+                held.task = asyncio.run_coroutine_threadsafe(self._async_handler(held), loop)
 
     # -- handlers ------------------------------------------------------------------------------
 
-    def _handler_thread(self, tasks: queue.SimpleQueue[_Held | None]) -> None:
+    def _handler_thread(self, exiting: threading.Event) -> None:
+        """A handler: runs the next ready job, or, when none is ready and no other thread
+        leads, leads the cycle. A thread that ran a job queues its outcome, takes the next job
+        and wakes no other thread while jobs are short: short jobs run on the threads that are
+        awake, without a hand-off between threads for each one. ``exiting`` is this start's:
+        a thread that outlives its worker's stop (a job past the shutdown grace) leaves the
+        state of a restarted worker alone."""
+        ran: _Held | None = None  # the job this thread just ran
+        queued = False  # and its outcome is for the cycle to write
         while True:
-            held = tasks.get()
+            with self._cond:
+                if exiting.is_set():
+                    return
+                wake = False
+                if ran is not None:
+                    self._busy -= 1
+                    if queued:
+                        self._pending.append(ran)
+                    wake = self._leader_waiting
+                held = None
+                while True:
+                    if self._ready:
+                        held = self._ready.popleft()
+                        if self._ready and self._avg_run >= _SHORT_JOB:
+                            self._cond.notify()  # long jobs: the next thread takes the next one
+                        break
+                    if exiting.is_set():
+                        return
+                    if not self._leading and self._leader_wanted():
+                        self._leading = True
+                        break
+                    self._cond.wait()
+            if ran is not None and not queued:
+                self._maybe_free(ran)  # its lease was lost, say: nothing to write
+            if wake:
+                self._wake.set()  # the leader waits for jobs; an outcome is waiting too
+            ran = None
             if held is None:
-                return
-            try:
-                if not held.run.start():
-                    continue  # released at shutdown before it began
-                # Everything but the call happens before the start is recorded, so that the
-                # recorded start and the handler's first line are as close as threads allow.
-                prepared = self._prepare(held)
-                if isinstance(prepared, Outcome):
-                    self._settle(held, prepared)
-                    continue
-                if not self._started_for_sure(self._mark_request(held)):
-                    self._settle(held, Outcome("release"))
-                    continue
+                self._lead()
+            else:
+                queued = self._run_held(held)
+                ran = held
+
+    def _leader_wanted(self) -> bool:
+        """Under ``_lock``: is there a cycle to run (outcomes to write, or handlers to claim
+        for)?"""
+        if self._halt.is_set():
+            return False
+        if self._pending:
+            return True
+        return not self._stop_claiming.is_set() and self._busy < self.config.concurrency
+
+    def _lead(self) -> None:
+        pause: float | None = 0.0
+        try:
+            pause = self._cycle_loop.once()
+            if pause:  # a backoff: keep the lead meanwhile, so no other thread retries sooner
+                self._halt.wait(pause)
+        finally:
+            with self._cond:
+                self._leading = False
+                if self._ready and self._avg_run >= _SHORT_JOB:
+                    self._cond.notify()
+
+    def _run_held(self, held: _Held) -> bool:
+        """Run a ready job on this thread; True when its outcome is this thread's to queue."""
+        held.run.start()  # the shutdown releases only what is still in ``_ready``
+        outcome: Outcome | None
+        try:
+            prepared = self._prepare(held)
+            if isinstance(prepared, Outcome):
+                outcome = prepared
+            else:
                 timeout = held.handle.timeout if held.handle is not None else None
-                held.started_at = time.monotonic()
+                held.started_at = started = time.monotonic()
                 if timeout is not None:
-                    held.deadline = held.started_at + timeout.total_seconds()
+                    held.deadline = started + timeout.total_seconds()
                 outcome = self._call_sync(held, *prepared)
-                self._note_duration(time.monotonic() - held.started_at)
+                # Unsynchronised on purpose: an average that loses an update now and then is
+                # fine.
+                self._avg_run = self._avg_run * 0.9 + (time.monotonic() - started) * 0.1
                 if held.timed_out:
                     outcome = self._timeout_outcome(held)
-                self._settle(held, outcome)
-            except BaseException as exc:  # outcome_of catches all; this is the last resort
-                self._settle(held, self._failed(held, exc))
-            finally:
-                held.run.returned()
-                self._maybe_free(held)
+        except BaseException as exc:  # outcome_of catches all; this is the last resort
+            outcome = self._failed(held, exc)
+        won = held.run.settle(outcome)
+        held.run.returned()
+        return won
 
     async def _async_handler(self, held: _Held) -> None:
         try:
-            if not held.run.start():
-                return
-            if not await asyncio.wrap_future(self._mark_request(held)):
-                self._settle(held, Outcome("release"))
-                return
             held.started_at = time.monotonic()
             outcome = await self._run_async(held)
-            self._note_duration(time.monotonic() - held.started_at)
             self._settle(held, outcome)
         except BaseException as exc:
             self._settle(held, self._failed(held, exc))
         finally:
-            held.run.returned()
-            self._maybe_free(held)
+            self._returned(held)
 
-    def _settle(self, held: _Held, outcome: Outcome | None) -> None:
+    def _returned(self, held: _Held) -> None:
+        """An async job is done: its slot (and outcome, if any) is the cycle's, and a handler
+        thread is woken to write it (handler threads do this themselves)."""
+        held.run.returned()
+        with self._cond:
+            self._busy -= 1
+            self._cond.notify()
+        self._maybe_free(held, wake=False)
+        if self._leader_waiting:
+            self._wake.set()
+
+    def _settle(self, held: _Held, outcome: Outcome | None, *, wake: bool = False) -> None:
+        """Offer the run's outcome; the first settler's is queued for the next cycle. ``wake``
+        (from outside the handlers: a lost lease, a shutdown) gets a thread to write it."""
         if outcome is not None and held.run.settle(outcome):
-            self._outcomes.put(held)
+            with self._cond:
+                self._pending.append(held)
+                if wake:
+                    self._cond.notify()
+            if wake:
+                self._wake.set()
 
-    def _mark_request(self, held: _Held) -> concurrent.futures.Future[bool]:
-        """Ask the start loop to record that ``held`` starts; the future says whether the lease
-        was still held when it did."""
-        mark: concurrent.futures.Future[bool] = concurrent.futures.Future()
-        held.mark = mark
-        self._starts.put(held)
-        return mark
-
-    def _start_step(self) -> float:
-        """Record every waiting start in one write (``job_mark_started``, which need not wait
-        for a disk flush: a mark lost to a power cut only gives the attempt back)."""
-        first = self._starts.get()
-        if first is None:
-            self._starts.put(None)  # stopping: keep returning until the loop sees the halt
-            return 0.05
-        batch = [first]
-        while True:
-            try:
-                item = self._starts.get_nowait()
-            except queue.Empty:
-                break
-            if item is None:
-                self._starts.put(None)
-                break
-            batch.append(item)
-        try:
-            held = self.driver.job_mark_started([h.lease for h in batch], now=self.clock.pinned())
-        except BaseException:
-            for h in batch:  # not recorded, so not run: released (or lapsing, unstarted)
-                if h.mark is not None and not h.mark.done():
-                    h.mark.set_result(False)
-            raise
-        for h in batch:
-            if h.mark is not None:
-                h.mark.set_result(h.job.id in held)
-        return 0.0
-
-    def _started_for_sure(self, mark: concurrent.futures.Future[bool]) -> bool:
-        try:
-            return mark.result(timeout=self.config.lease.total_seconds())
-        except concurrent.futures.TimeoutError:
-            return False
-
-    def _maybe_free(self, held: _Held) -> None:
+    def _maybe_free(self, held: _Held, *, wake: bool = True) -> None:
         """Free the slot once nothing runs for the job and its outcome is written (or moot)."""
         if not held.run.free:
             return
         if held.run.outcome is not None and not held.written:
-            return  # the flush loop frees it after writing
-        self._free(held)
+            return  # the cycle frees it after writing
+        self._free(held, wake=wake)
 
-    def _free(self, held: _Held) -> None:
+    def _free(self, held: _Held, *, wake: bool = True) -> None:
         with self._lock:
             self._held.pop(held.lease, None)
-        self._wake.set()
+        if wake:
+            self._wake.set()
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -598,74 +712,25 @@ class Worker:
 
     # -- writing outcomes ----------------------------------------------------------------------
 
-    def _flush_step(self) -> float:
-        first = self._outcomes.get()
-        if first is None:
-            self._halt.set()
-            return 0.0
-        batch = [first]
-        while True:
-            try:
-                item = self._outcomes.get_nowait()
-            except queue.Empty:
-                break
-            if item is None:
-                self._outcomes.put(None)  # keep the sentinel for the next step
-                break
-            batch.append(item)
-        try:
-            self._write(batch)
-        except BaseException:
-            for held in batch:  # not written: back in line, in order, for the retry
-                self._outcomes.put(held)
-            if self._hard_stop.is_set():
-                return 0.0
-            raise
-        for held in batch:
-            held.written = True
-            if held.run.free:
-                self._free(held)
-        return 0.0
-
-    def _write(self, batch: list[_Held]) -> None:
-        """Write a batch: completions and failures in one transaction (one commit), then the
-        rarer snoozes, releases and cancels."""
+    def _write_rare(self, batch: list[_Held]) -> None:
+        """Snoozes, releases and cancels: one write each, after the cycle's transaction."""
         now = self.clock.pinned()
-        kinds: dict[OutcomeKind, list[_Held]] = {}
-        for held in batch:
-            assert held.run.outcome is not None
-            kinds.setdefault(held.run.outcome.kind, []).append(held)
-        done = kinds.get("complete", [])
-        fails = kinds.get("fail", [])
-        failures = [h.run.outcome.failure for h in fails if h.run.outcome and h.run.outcome.failure]
-        completed, failed = self.driver.job_settle_many(
-            completes=[h.lease for h in done], failures=failures, now=now
-        )
-        if done:
-            self.stats.completed += len(completed)
-            self._note_lost([h for h in done if h.job.id not in completed])
-            for h in done:
-                if h.job.id in completed:
-                    events.debug("jobs.job.completed", job_id=h.job.id, job=h.job.name)
-        if fails:
-            self._failed_written(fails, failed)
-        for h in kinds.get("snooze", []) + kinds.get("release", []):
+        for h in batch:
             outcome = h.run.outcome
             assert outcome is not None
-            if self.driver.job_snooze(h.lease, outcome.run_at, now=now):
-                if outcome.kind == "snooze":
-                    self.stats.snoozed += 1
+            if outcome.kind in ("snooze", "release"):
+                if self.driver.job_snooze(h.lease, outcome.run_at, now=now):
+                    if outcome.kind == "snooze":
+                        self.stats.snoozed += 1
+                    else:
+                        self.stats.released += 1
                 else:
-                    self.stats.released += 1
+                    self._note_lost([h])
             else:
-                self._note_lost([h])
-        for h in kinds.get("cancel", []):
-            outcome = h.run.outcome
-            assert outcome is not None
-            if self.driver.job_cancel(h.job.id, reason=outcome.reason, lease=h.lease, now=now):
-                self.stats.cancelled += 1
-            else:
-                self._note_lost([h])
+                if self.driver.job_cancel(h.job.id, reason=outcome.reason, lease=h.lease, now=now):
+                    self.stats.cancelled += 1
+                else:
+                    self._note_lost([h])
 
     def _failed_written(self, fails: list[_Held], failed: set[str]) -> None:
         self._note_lost([h for h in fails if h.job.id not in failed])
@@ -729,6 +794,9 @@ class Worker:
                     job=h.job.name,
                     timeout=str(h.handle.timeout if h.handle else None),
                 )
+        with self._cond:
+            if self._ready:  # a job waits behind a long one on an awake thread: wake the rest
+                self._cond.notify_all()
         self._check_stuck(held, now)
         self._check_event_loop(held, now)
         if now >= self._next_beat:
@@ -750,7 +818,7 @@ class Worker:
             self._next_beat = time.monotonic() + min(1.0, self.config.heartbeat_every())
             raise
         for h in held:
-            if h.job.id not in kept and not h.lost:
+            if h.job.id not in kept and not h.lost and not h.run.settled:
                 # Rescued elsewhere or cancelled by an operator: whatever the handler does next
                 # is fenced; tell it to stop.
                 h.lost = True
@@ -820,16 +888,19 @@ class Worker:
 
     def _shutdown(self, grace: float) -> None:
         deadline = time.monotonic() + grace
-        # No claim may land after the release below: wait for a claim in flight to finish.
-        claim = self._loops.get("claim")
-        if claim is not None:
-            claim.join(None if not self._hard_stop.is_set() else 5.0)
+        # Hold the lead: no cycle runs, so no claim lands after the release below.
+        self._take_lead()
         maintenance = self._loops.get("maintenance")
-        with self._lock:
-            held = list(self._held.values())
-        for h in held:  # dispatched, never started: back to the queue at once
-            if h.run.release():
-                self._settle_release(h)
+        with self._cond:
+            waiting = [h for h in self._ready if h.run.release()]  # never began: back at once
+            self._ready.clear()
+            self._busy -= len(waiting)
+        for h in waiting:
+            h.run.outcome = Outcome("release")
+        with self._cond:
+            self._pending.extend(waiting)
+            self._leading = False  # handlers may write outcomes meanwhile (claims are over)
+            self._cond.notify_all()
         while self.inflight and time.monotonic() < deadline and not self._hard_stop.is_set():
             self._wake.wait(0.05)
             self._wake.clear()
@@ -845,16 +916,11 @@ class Worker:
                 self._settle(h, Outcome("release"))
         # Handlers still running past the grace period keep running on daemon threads; their
         # outcomes are fenced because their jobs were released.
-        self._outcomes.put(None)
-        self._starts.put(None)
-        for _ in self._handlers:
-            self._tasks.put(None)
-        flush = self._loops.get("flush")
-        if flush is not None:
-            flush.join(None if not self._hard_stop.is_set() else 5.0)
-        starter = self._loops.get("start")
-        if starter is not None:
-            starter.join(5.0)
+        self._take_lead()
+        self._final_writes()
+        with self._cond:
+            self._exiting.set()
+            self._cond.notify_all()
         if maintenance is not None:
             maintenance.join(30.0)
         self.maintenance.resign()
@@ -874,14 +940,38 @@ class Worker:
             self._handlers = []
             self._loop = None
             self._held = {}
-            self._tasks = queue.SimpleQueue()
-            self._outcomes = queue.SimpleQueue()
-            self._starts = queue.SimpleQueue()
+            self._reset_cycle()
         self._stopped.set()
 
-    def _settle_release(self, held: _Held) -> None:
-        held.run.outcome = Outcome("release")
-        self._outcomes.put(held)
+    def _take_lead(self) -> None:
+        """Wait for the cycle in flight (5 s at most after a hard stop: a leader stuck in a
+        database call is not waited for), then hold the lead."""
+        with self._cond:
+            end = time.monotonic() + 5.0
+            while self._leading:
+                if self._hard_stop.is_set() and time.monotonic() >= end:
+                    break
+                self._cond.wait(0.05)
+            self._leading = True
+
+    def _final_writes(self) -> None:
+        """Write what is left: retried while the database is away, until a hard stop."""
+        backoff = 0.1
+        while True:
+            with self._lock:
+                batch, self._pending = self._pending, []
+            if not batch:
+                return
+            try:
+                self._cycle(batch, 0)
+            except JobsError as exc:
+                if self._hard_stop.is_set():
+                    return
+                events.warning("jobs.loop.failed", loop="shutdown", error=type(exc).__name__)
+                with self._lock:
+                    self._pending[:0] = batch
+                self._hard_stop.wait(backoff)
+                backoff = min(5.0, backoff * 2)
 
     # -- running one job -----------------------------------------------------------------------
 

@@ -61,6 +61,8 @@ from ultimat3.jobs.records import (
     ACTIVE_STATES,
     FINAL_STATES,
     ClaimParams,
+    Cycle,
+    CycleResult,
     Failure,
     InsertResult,
     Job,
@@ -225,34 +227,39 @@ class MemoryDriver:
             return results
 
     def job_claim(self, params: ClaimParams) -> list[Job]:
+        with self._lock:
+            return self._claim(params, started=False)
+
+    def _claim(self, params: ClaimParams, *, started: bool) -> list[Job]:
         at = _now(params.now)
         queues = set(params.queues)
-        with self._lock:
-            due = (
-                job
-                for job in map(self._jobs.__getitem__, self._waiting)
-                if job.run_at <= at
-                and job.queue in queues
-                and not self._paused.get(job.queue, False)
-                and (job.id in self._isolated) is params.isolated
+        due = (
+            job
+            for job in map(self._jobs.__getitem__, self._waiting)
+            if job.run_at <= at
+            and job.queue in queues
+            and not self._paused.get(job.queue, False)
+            and (job.id in self._isolated) is params.isolated
+        )
+        best = heapq.nsmallest(
+            max(0, params.limit), due, key=lambda job: (-job.priority, job.run_at, job.id)
+        )
+        claimed: list[Job] = []
+        for job in best:
+            running = replace(
+                job,
+                state=JobState.RUNNING,
+                attempt=job.attempt + 1,
+                attempted_at=at,
+                lease_token=token(),
+                lease_expires_at=at + params.lease_for,
+                worker_id=params.worker_id,
             )
-            best = heapq.nsmallest(
-                max(0, params.limit), due, key=lambda job: (-job.priority, job.run_at, job.id)
-            )
-            claimed: list[Job] = []
-            for job in best:
-                running = replace(
-                    job,
-                    state=JobState.RUNNING,
-                    attempt=job.attempt + 1,
-                    attempted_at=at,
-                    lease_token=token(),
-                    lease_expires_at=at + params.lease_for,
-                    worker_id=params.worker_id,
-                )
-                self._put(running)
-                claimed.append(running)
-            return claimed
+            self._put(running)
+            if started:
+                self._started.add(running.id)
+            claimed.append(running)
+        return claimed
 
     def lease_extend(
         self, leases: Sequence[Lease], lease_for: timedelta, *, now: datetime | None = None
@@ -291,47 +298,40 @@ class MemoryDriver:
     def job_fail_many(
         self, failures: Sequence[Failure], *, now: datetime | None = None
     ) -> set[str]:
-        at = _now(now)
-        changed: set[str] = set()
         with self._lock:
-            for failure in failures:
-                job = self._held(failure.lease)
-                if job is None:
-                    continue
-                errors = (*job.errors, failure.error)
-                if failure.retry_at is None:
-                    job = replace(job, state=JobState.DEAD, finished_at=at, errors=errors)
-                else:
-                    retry_at = _utc(failure.retry_at)
-                    job = replace(job, state=_waiting(retry_at, at), run_at=retry_at, errors=errors)
-                self._put(_unleased(job))
-                if failure.isolate:
-                    self._isolated.add(job.id)
-                else:
-                    self._isolated.discard(job.id)
-                changed.add(job.id)
-            if changed:
-                self._notify()
+            return self._fail(failures, _now(now))
+
+    def _fail(self, failures: Sequence[Failure], at: datetime) -> set[str]:
+        changed: set[str] = set()
+        for failure in failures:
+            job = self._held(failure.lease)
+            if job is None:
+                continue
+            errors = (*job.errors, failure.error)
+            if failure.retry_at is None:
+                job = replace(job, state=JobState.DEAD, finished_at=at, errors=errors)
+            else:
+                retry_at = _utc(failure.retry_at)
+                job = replace(job, state=_waiting(retry_at, at), run_at=retry_at, errors=errors)
+            self._put(_unleased(job))
+            if failure.isolate:
+                self._isolated.add(job.id)
+            else:
+                self._isolated.discard(job.id)
+            changed.add(job.id)
+        if changed:
+            self._notify()
         return changed
 
-    def job_mark_started(self, leases: Sequence[Lease], *, now: datetime | None = None) -> set[str]:
-        held: set[str] = set()
-        with self._lock:
-            for lease in leases:
-                if self._held(lease) is not None:
-                    self._started.add(lease.id)
-                    held.add(lease.id)
-        return held
-
-    def job_settle_many(
-        self,
-        *,
-        completes: Sequence[Lease] = (),
-        failures: Sequence[Failure] = (),
-        now: datetime | None = None,
-    ) -> tuple[set[str], set[str]]:
-        # Each part is atomic under the lock; no reader can tell the two apart from one.
-        return self.job_complete_many(completes, now=now), self.job_fail_many(failures, now=now)
+    def job_cycle(self, cycle: Cycle, *, now: datetime | None = None) -> CycleResult:
+        at = _now(now)
+        with self._lock:  # one lock: no reader can tell the parts apart from one transaction
+            completed = {lease.id for lease in cycle.completes if self._complete(lease, at)}
+            failed = self._fail(cycle.failures, at)
+            claimed = []
+            if cycle.claim is not None and cycle.claim.queues:
+                claimed = self._claim(cycle.claim, started=True)
+        return CycleResult(completed, failed, claimed)
 
     def job_release_unstarted(self, *, now: datetime | None = None) -> list[str]:
         at = _now(now)

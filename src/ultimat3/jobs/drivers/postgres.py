@@ -82,6 +82,8 @@ from ultimat3.jobs.records import (
     FINAL_STATES,
     AttemptError,
     ClaimParams,
+    Cycle,
+    CycleResult,
     Failure,
     InsertResult,
     Job,
@@ -370,18 +372,24 @@ class PostgresDriver:
     def job_claim(self, params: ClaimParams) -> list[Job]:
         if params.limit <= 0 or not params.queues:
             return []
+        query, values = self._claim_query(params, started=False)
+        return [_job(row) for row in self._fetch(query, values)]
+
+    def _claim_query(self, params: ClaimParams, *, started: bool) -> tuple[bytes, dict[str, Any]]:
+        """The claim statement for ``params`` and its parameters: one queue has its own,
+        cheaper statement (``job_claim_queue``)."""
         values: dict[str, Any] = {
             "lease_for": params.lease_for,
             "worker_id": params.worker_id,
             "now": params.now,
+            "started": started,
         }
         queues = sorted(set(params.queues))
         if len(queues) == 1 and not params.isolated:
-            rows = self._fetch(self._claim_one_query(params.limit), {**values, "queue": queues[0]})
-        else:
-            values.update(queues=_text_array(queues), limit=params.limit)
-            rows = self._fetch("job_claim_isolated" if params.isolated else "job_claim", values)
-        return [_job(row) for row in rows]
+            values["queue"] = queues[0]
+            return self._claim_one_query(params.limit), values
+        values.update(queues=_text_array(queues), limit=params.limit)
+        return self._q["job_claim_isolated" if params.isolated else "job_claim"], values
 
     def _claim_one_query(self, limit: int) -> bytes:
         query = self._claim_one.get(limit)
@@ -392,10 +400,37 @@ class PostgresDriver:
                 self._claim_one[limit] = query
         return query
 
-    def job_mark_started(self, leases: Sequence[Lease], *, now: datetime | None = None) -> set[str]:
-        if not leases:
-            return set()
-        return {row[0] for row in self._fetch("job_mark_started", _lease_arrays(leases))}
+    def job_cycle(self, cycle: Cycle, *, now: datetime | None = None) -> CycleResult:
+        claim = cycle.claim
+        if claim is not None and (claim.limit <= 0 or not claim.queues):
+            claim = None
+        if not (cycle.completes or cycle.failures or claim is not None):
+            return CycleResult()
+        # One transaction, its statements pipelined: one round trip, each statement with its
+        # own (generic, prepared) plan. A turn that only claims skips the WAL flush.
+        steps: list[tuple[bytes, dict[str, Any]]] = []
+        relaxed = not (cycle.completes or cycle.failures)
+        if relaxed:
+            steps.append((b"SET LOCAL synchronous_commit = off", {}))
+        if cycle.completes:
+            steps.append((self._q["job_complete"], {**_lease_arrays(cycle.completes), "now": now}))
+        if cycle.failures:
+            steps.append((self._q["job_fail"], self._failure_params(cycle.failures, now)))
+        if claim is not None:
+            steps.append(self._claim_query(claim, started=True))
+        rows = self._pipelined(steps)
+        result = CycleResult()
+        at = 1 if relaxed else 0
+        for ids, present in (
+            (result.completed, cycle.completes),
+            (result.failed, cycle.failures),
+        ):
+            if present:
+                ids.update(row[0] for row in rows[at])
+                at += 1
+        if claim is not None:
+            result.claimed.extend(_job(row) for row in rows[at])
+        return result
 
     def job_release_unstarted(self, *, now: datetime | None = None) -> list[str]:
         rows = self._fetch("job_release_unstarted", {"now": now, "channel": self._channel})
@@ -441,26 +476,6 @@ class PostgresDriver:
             return set()
         rows = self._fetch("job_fail", self._failure_params(failures, now))
         return {row[0] for row in rows}
-
-    def job_settle_many(
-        self,
-        *,
-        completes: Sequence[Lease] = (),
-        failures: Sequence[Failure] = (),
-        now: datetime | None = None,
-    ) -> tuple[set[str], set[str]]:
-        if not failures:
-            return self.job_complete_many(completes, now=now), set()
-        if not completes:
-            return set(), self.job_fail_many(failures, now=now)
-        with self._connection() as conn, conn.transaction():
-            done = conn.execute(
-                self._q["job_complete"], {**_lease_arrays(completes), "now": now}
-            ).fetchall()
-            failed = conn.execute(
-                self._q["job_fail"], self._failure_params(failures, now)
-            ).fetchall()
-        return {row[0] for row in done}, {row[0] for row in failed}
 
     def _failure_params(self, failures: Sequence[Failure], now: datetime | None) -> dict[str, Any]:
         ordered = sorted(failures, key=lambda f: f.lease.id)  # lock order, as in _lease_arrays
@@ -903,6 +918,29 @@ class PostgresDriver:
             conn = self._checkout()
             try:
                 rows = conn.execute(query, params, prepare=prepare).fetchall()
+                self.stalls.note_wait(time.monotonic() - started)
+                return rows
+            except psycopg.Error as exc:
+                if attempt < 2 and isinstance(exc, pg_errors.DeadlockDetected):
+                    continue
+                self._reraise(exc, conn)
+            finally:
+                self._pool.putconn(conn)
+        raise AssertionError("unreachable")
+
+    def _pipelined(self, steps: list[tuple[bytes, dict[str, Any]]]) -> list[list[Row]]:
+        """Run ``steps`` in one transaction, pipelined (one round trip), and return each one's
+        rows; retried whole after a deadlock, like ``_fetch``."""
+        for attempt in range(3):
+            started = time.monotonic()
+            conn = self._checkout()
+            try:
+                with conn.pipeline(), conn.transaction():
+                    cursors = [
+                        conn.execute(query, params) if params else conn.execute(query)
+                        for query, params in steps
+                    ]
+                rows = [cur.fetchall() if cur.description else [] for cur in cursors]
                 self.stalls.note_wait(time.monotonic() - started)
                 return rows
             except psycopg.Error as exc:

@@ -97,6 +97,8 @@ from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
 from ultimat3.jobs.records import (
     AttemptError,
     ClaimParams,
+    Cycle,
+    CycleResult,
     Failure,
     InsertResult,
     Job,
@@ -756,37 +758,33 @@ class SqliteDriver:
     def job_claim(self, params: ClaimParams) -> list[Job]:
         if params.limit <= 0 or not params.queues:
             return []
-        now_us = _now_us(params.now)
-        args: dict[str, Any] = {
-            "now": now_us,
-            "token": ids.token(),
-            "expires_at": now_us + params.lease_for // MICROSECOND,
-            "worker_id": params.worker_id,
-            "limit": params.limit,
-        }
-        queues = sorted(set(params.queues))
-        if len(queues) == 1 and not params.isolated:
-            args["queue"] = queues[0]
-            rows = self._write(lambda conn: conn.execute(_CLAIM_QUEUE, args).fetchall())
-        else:
-            args["isolated"] = int(params.isolated)
-            rows = self._write(lambda conn: _claim_queues(conn, queues, args))
-        jobs = [_job(row) for row in rows]
-        jobs.sort(key=_claim_order)
-        return jobs
+        return self._write(lambda conn: _claim(conn, params, started=False))
 
-    def job_mark_started(self, leases: Sequence[Lease], *, now: datetime | None = None) -> set[str]:
-        if not leases:
-            return set()
-        rows = [(lease.id, lease.token) for lease in leases]
-        ids_ = [lease.id for lease in leases]
+    def job_cycle(self, cycle: Cycle, *, now: datetime | None = None) -> CycleResult:
+        now_us = _now_us(now)
+        done_rows = [(now_us, lease.id, lease.token) for lease in cycle.completes]
+        done_ids = [lease.id for lease in cycle.completes]
+        fail_rows = _failure_rows(cycle.failures, now_us)
+        fail_ids = [failure.lease.id for failure in cycle.failures]
+        claim = cycle.claim
+        if claim is not None and (claim.limit <= 0 or not claim.queues):
+            claim = None
 
-        def body(conn: sqlite3.Connection) -> set[str]:
-            return _apply_each(conn, _Q["job_mark_started"], rows, ids_)
+        def body(conn: sqlite3.Connection) -> CycleResult:
+            result = CycleResult()
+            if done_rows:
+                result.completed.update(_apply_each(conn, _COMPLETE, done_rows, done_ids))
+            if fail_rows:
+                result.failed.update(_apply_each(conn, _Q["job_fail"], fail_rows, fail_ids))
+            if claim is not None:
+                result.claimed.extend(_claim(conn, claim, started=True))
+            return result
 
-        if self._synchronous not in ("FULL", "EXTRA"):
+        if not (done_rows or fail_rows or claim is not None):
+            return CycleResult()
+        if done_rows or fail_rows or self._synchronous not in ("FULL", "EXTRA"):
             return self._write(body)
-        # A start mark need not survive a power cut (losing one only gives the attempt back),
+        # A claim alone need not survive a power cut (losing it only gives the attempts back),
         # so it skips the fsync; WAL still makes it survive a killed process.
         conn = self._slot().conn
         conn.execute("PRAGMA synchronous=NORMAL")
@@ -794,28 +792,6 @@ class SqliteDriver:
             return self._write(body)
         finally:
             conn.execute(f"PRAGMA synchronous={self._synchronous}")
-
-    def job_settle_many(
-        self,
-        *,
-        completes: Sequence[Lease] = (),
-        failures: Sequence[Failure] = (),
-        now: datetime | None = None,
-    ) -> tuple[set[str], set[str]]:
-        if not (completes or failures):
-            return set(), set()
-        now_us = _now_us(now)
-        done_rows = [(now_us, lease.id, lease.token) for lease in completes]
-        fail_rows = _failure_rows(failures, now_us)
-        done_ids = [lease.id for lease in completes]
-        fail_ids = [failure.lease.id for failure in failures]
-
-        def body(conn: sqlite3.Connection) -> tuple[set[str], set[str]]:
-            completed = _apply_each(conn, _COMPLETE, done_rows, done_ids) if completes else set()
-            failed = _apply_each(conn, _Q["job_fail"], fail_rows, fail_ids) if failures else set()
-            return completed, failed
-
-        return self._write(body)
 
     def job_release_unstarted(self, *, now: datetime | None = None) -> list[str]:
         args = {"now": _now_us(now)}
@@ -1150,6 +1126,29 @@ def _apply_each(
     }
     conn.execute(f"RELEASE {_SAVEPOINT}_each")
     return changed
+
+
+def _claim(conn: sqlite3.Connection, params: ClaimParams, *, started: bool) -> list[Job]:
+    """Claim for ``params`` in the open transaction, marking the jobs ``started`` or not."""
+    now_us = _now_us(params.now)
+    args: dict[str, Any] = {
+        "now": now_us,
+        "token": ids.token(),
+        "expires_at": now_us + params.lease_for // MICROSECOND,
+        "worker_id": params.worker_id,
+        "limit": params.limit,
+        "started": int(started),
+    }
+    queues = sorted(set(params.queues))
+    if len(queues) == 1 and not params.isolated:
+        args["queue"] = queues[0]
+        rows = conn.execute(_CLAIM_QUEUE, args).fetchall()
+    else:
+        args["isolated"] = int(params.isolated)
+        rows = _claim_queues(conn, queues, args)
+    jobs = [_job(row) for row in rows]
+    jobs.sort(key=_claim_order)
+    return jobs
 
 
 def _claim_queues(conn: sqlite3.Connection, queues: list[str], args: dict[str, Any]) -> list[Any]:

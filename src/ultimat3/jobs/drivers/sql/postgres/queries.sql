@@ -153,7 +153,7 @@ claimed AS (
         lease_token = gen_random_uuid()::text,
         lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease_for)s::interval,
         worker_id = %(worker_id)s,
-        started = false
+        started = %(started)s  -- true in a worker's cycle: its handlers are free now
     WHERE j.id = ANY(ARRAY(SELECT id FROM due))
     RETURNING j.id, j.name, j.queue, j.input::text, j.tenant_id, j.idempotency_key,
               j.priority, j.state, j.attempt, j.max_attempts, j.run_at, j.created_at,
@@ -190,7 +190,7 @@ claimed AS (
         lease_token = gen_random_uuid()::text,
         lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease_for)s::interval,
         worker_id = %(worker_id)s,
-        started = false
+        started = %(started)s  -- true in a worker's cycle: its handlers are free now
     WHERE j.id = ANY(ARRAY(SELECT id FROM due))
     RETURNING j.id, j.name, j.queue, j.input::text, j.tenant_id, j.idempotency_key,
               j.priority, j.state, j.attempt, j.max_attempts, j.run_at, j.created_at,
@@ -219,19 +219,6 @@ SET lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease_for)s::in
 WHERE j.id = ANY(%(ids)s::text[])
   AND j.lease_token = ANY(%(tokens)s::text[])
   AND j.state = 'running'
-RETURNING j.id
-
--- name: job_mark_started
--- A start mark need not wait for the WAL flush (losing one to a server crash only gives the
--- attempt back): set_config(..., true) makes this one statement's transaction commit
--- asynchronously.
-WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true))
-UPDATE {schema}.x_jobs j
-SET started = true
-WHERE j.id = ANY(%(ids)s::text[])
-  AND j.lease_token = ANY(%(tokens)s::text[])
-  AND j.state = 'running'
-  AND (SELECT count(*) FROM relaxed) = 1
 RETURNING j.id
 
 -- name: job_release_unstarted

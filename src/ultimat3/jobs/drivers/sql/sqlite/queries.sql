@@ -36,7 +36,7 @@ SET state = 'running',
     lease_token = :token || '.' || id,
     lease_expires_at = :expires_at,
     worker_id = :worker_id,
-    started = 0
+    started = :started
 WHERE id IN (
     SELECT id FROM x_jobs
     WHERE queue = :queue
@@ -83,7 +83,7 @@ SET state = 'running',
     lease_token = :token || '.' || id,
     lease_expires_at = :expires_at,
     worker_id = :worker_id,
-    started = 0
+    started = :started
 WHERE id IN (SELECT value FROM json_each(:ids))
   AND state IN ('scheduled', 'available')
 RETURNING id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
@@ -94,11 +94,6 @@ RETURNING id, name, queue, input, tenant_id, idempotency_key, priority, state, a
 -- The fenced writes below are run once per lease (executemany).
 UPDATE x_jobs
 SET lease_expires_at = ?
-WHERE id = ? AND lease_token = ? AND state = 'running';
-
--- name: job_mark_started
-UPDATE x_jobs
-SET started = 1
 WHERE id = ? AND lease_token = ? AND state = 'running';
 
 -- name: job_release_unstarted

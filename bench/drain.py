@@ -1,0 +1,145 @@
+"""The drain alone: worker processes against a backlog of no-op jobs, beside the bare
+claim-10/ack-10 loop measured in the same run.
+
+    python bench/drain.py                          # SQLite and PostgreSQL, 1 process
+    python bench/drain.py --driver postgres --processes 1,2,4
+    python bench/drain.py --jobs 100000
+
+Each figure is jobs per second from the first claim to the last completion; read it as the
+ratio beside it. Not a test: nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from run import cpu_seconds, load_app, spawn_worker, sqlite_bare_claim_loop
+
+
+def drain(url: str, tmp: Path, jobs: int, processes: int, span: Any) -> tuple[float, float]:
+    """Jobs per second from the first claim to the last completion, as the database recorded
+    them (``span`` reads both), and the worker's CPU share meanwhile. Progress is polled
+    rarely: a count every few milliseconds would load the database it measures."""
+    bj = load_app(url, tmp)
+    app = bj.app
+    for chunk in range(0, jobs, 10_000):
+        app.enqueue_many(bj.noop, [{"i": i} for i in range(chunk, min(jobs, chunk + 10_000))])
+    args = ["--queue", "default", "--poll-interval", "100ms"]
+    if processes > 1:
+        args += ["--processes", str(processes)]
+    worker = spawn_worker(url, tmp, *args)
+    cpu = 0.0
+    deadline = time.monotonic() + 600
+    while app.count_jobs(state="completed") < jobs and time.monotonic() < deadline:
+        if not cpu:
+            cpu = cpu_seconds(worker.pid)  # once the app is loaded, about when claims begin
+        time.sleep(0.5)
+    cpu = cpu_seconds(worker.pid) - cpu
+    worker.terminate()
+    worker.wait()
+    app.close()
+    first, last = span(url)
+    return jobs / (last - first), cpu / (last - first)
+
+
+def sqlite_span(url: str) -> tuple[float, float]:
+    conn = sqlite3.connect(url.removeprefix("sqlite:///"))
+    try:
+        first, last = conn.execute(
+            "SELECT min(attempted_at), max(finished_at) FROM x_jobs"
+        ).fetchone()
+    finally:
+        conn.close()
+    return first / 1e6, last / 1e6
+
+
+def postgres_span(url: str) -> tuple[float, float]:
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        first, last = conn.execute(
+            "SELECT extract(epoch FROM min(attempted_at)), extract(epoch FROM max(finished_at))"
+            " FROM ultimat3_jobs.x_jobs WHERE name <> 'bench.bare'"
+        ).fetchone()
+    return float(first), float(last)
+
+
+def report(label: str, measured: tuple[float, float], bare: float) -> None:
+    ours, cpu = measured
+    print(
+        f"  {label:<44} {ours:>10,.0f}/s   bare {bare:>9,.0f}/s   ratio {ours / bare:.2f}"
+        f"   (worker CPU {cpu:.0%} of a core)"
+    )
+
+
+def bench_sqlite(jobs: int, sweep: list[int]) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="u3drain-sqlite-"))
+    try:
+        bare = jobs / sqlite_bare_claim_loop(tmp / "bare.sqlite3", jobs)
+        print("== SQLite (WAL, synchronous=FULL)")
+        for n in sweep:
+            url = f"sqlite:///{tmp / f'jobs{n}.sqlite3'}"
+            measured = drain(url, tmp, jobs, n, sqlite_span)
+            report(f"drain {jobs:,} no-op jobs, {n} process(es)", measured, bare)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def bench_postgres(jobs: int, sweep: list[int]) -> None:
+    import psycopg
+    from bench_pg import _url, bare_claim_loop, bare_copy
+
+    from pgcluster import Cluster
+    from ultimat3.jobs.drivers.postgres import PostgresDriver
+
+    tmp = Path(tempfile.mkdtemp(prefix="u3drain-pg-"))
+    cluster = Cluster.create()
+    try:
+        with psycopg.connect(cluster.dsn(), autocommit=True) as admin:
+            admin.execute("CREATE DATABASE bench")
+        dsn = cluster.dsn("bench")
+        driver = PostgresDriver(dsn)
+        driver.migrate()
+        driver.close()
+        table = '"ultimat3_jobs".x_jobs'
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            bare_copy(conn, table, jobs)
+            bare = bare_claim_loop(conn, table)
+            conn.execute(f"DELETE FROM {table} WHERE name = 'bench.bare'")
+        print("== PostgreSQL (throwaway cluster, fsync on)")
+        for n in sweep:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("TRUNCATE ultimat3_jobs.x_jobs")
+            measured = drain(_url(dsn), tmp, jobs, n, postgres_span)
+            report(f"drain {jobs:,} no-op jobs, {n} process(es)", measured, bare)
+    finally:
+        cluster.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--driver", choices=["sqlite", "postgres", "all"], default="all")
+    parser.add_argument("--jobs", type=int, default=50_000)
+    parser.add_argument(
+        "--processes", default="1", help="comma-separated worker process counts, e.g. 1,2,4"
+    )
+    args = parser.parse_args(argv)
+    sweep = [int(p) for p in args.processes.split(",")]
+    if args.driver in ("sqlite", "all"):
+        bench_sqlite(args.jobs, sweep)
+    if args.driver in ("postgres", "all"):
+        bench_postgres(args.jobs, sweep)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

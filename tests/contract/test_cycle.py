@@ -1,0 +1,93 @@
+"""``job_cycle``: a worker's turn in one transaction (complete, fail, claim for free handlers),
+each part fenced like its stand-alone counterpart, the claimed jobs marked started."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from ultimat3.jobs.driver import Driver
+from ultimat3.jobs.records import ClaimParams, Cycle, Failure, JobState
+
+from .helpers import LEASE, at, claim, error, expire_and_reclaim, get, insert, new_job
+
+
+def _params(limit: int, now: datetime | None = None, *, isolated: bool = False) -> ClaimParams:
+    return ClaimParams(
+        queues=("default",),
+        limit=limit,
+        lease_for=LEASE,
+        worker_id="cycle",
+        now=now,
+        isolated=isolated,
+    )
+
+
+def test_a_cycle_settles_and_claims_in_one_turn(driver: Driver) -> None:
+    first = insert(driver, new_job(), new_job())
+    later = insert(driver, new_job(), new_job(), new_job())
+    done, failing = claim(driver, at(1), limit=2)
+    assert {done.id, failing.id} == set(first)
+    result = driver.job_cycle(
+        Cycle(
+            completes=[done.lease],
+            failures=[Failure(failing.lease, error(1, at(2)), retry_at=at(60))],
+            claim=_params(2, now=at(2)),
+        ),
+        now=at(2),
+    )
+    assert (result.completed, result.failed) == ({done.id}, {failing.id})
+    assert [job.id for job in result.claimed] == later[:2], "in claim order"
+    assert get(driver, done.id).state is JobState.COMPLETED
+    assert get(driver, failing.id).state is JobState.SCHEDULED
+    for job in result.claimed:
+        assert (job.state, job.attempt, job.worker_id) == (JobState.RUNNING, 1, "cycle")
+        assert job.lease_token and job.lease_expires_at == at(2) + LEASE
+    assert get(driver, later[2]).state is JobState.AVAILABLE
+
+
+def test_jobs_claimed_by_a_cycle_are_started(driver: Driver) -> None:
+    """A cycle claims for handlers that are free now: its jobs count as started, so a worker
+    that dies under them has them rescued as lost, never released unstarted."""
+    [by_cycle, by_claim] = insert(driver, new_job(), new_job())
+    [cycled] = driver.job_cycle(Cycle(claim=_params(1, now=at(1))), now=at(1)).claimed
+    [plain] = claim(driver, at(1), limit=1, started=False)
+    assert (cycled.id, plain.id) == (by_cycle, by_claim)
+    after = at(1) + LEASE + timedelta(seconds=1)
+    assert driver.job_release_unstarted(now=after) == [by_claim]
+    assert [job.id for job in driver.job_list_expired(limit=10, now=after)] == [by_cycle]
+
+
+def test_each_write_of_a_cycle_is_fenced(driver: Driver) -> None:
+    insert(driver, new_job(), new_job())
+    [a] = claim(driver, at(1), limit=1)
+    [b] = claim(driver, at(30), limit=1)
+    stale_a, again_a = expire_and_reclaim(driver, a, at(1) + LEASE + timedelta(seconds=1))
+    now = at(1) + LEASE + timedelta(seconds=2)
+    result = driver.job_cycle(
+        Cycle(
+            completes=[stale_a, b.lease],
+            failures=[Failure(stale_a, error(1, now), retry_at=None)],
+        ),
+        now=now,
+    )
+    assert (result.completed, result.failed, result.claimed) == ({b.id}, set(), [])
+    assert get(driver, a.id).lease_token == again_a.lease_token, "the new holder keeps it"
+
+
+def test_a_cycle_with_nothing_to_do_changes_nothing(driver: Driver) -> None:
+    [waiting] = insert(driver, new_job())
+    for cycle in (Cycle(), Cycle(claim=_params(0)), Cycle(claim=None)):
+        result = driver.job_cycle(cycle, now=at(1))
+        assert (result.completed, result.failed, result.claimed) == (set(), set(), [])
+    assert get(driver, waiting).state is JobState.AVAILABLE
+
+
+def test_a_cycle_claims_isolated_jobs_only_when_asked(driver: Driver) -> None:
+    [job_id] = insert(driver, new_job())
+    [job] = claim(driver, at(1), limit=1)
+    isolate = Failure(job.lease, error(1, at(2)), retry_at=at(2), isolate=True)
+    result = driver.job_cycle(Cycle(failures=[isolate], claim=_params(5, now=at(3))), now=at(2))
+    assert (result.failed, result.claimed) == ({job_id}, []), "not claimed with the others"
+    alone = driver.job_cycle(Cycle(claim=_params(1, now=at(3), isolated=True)), now=at(3))
+    assert [j.id for j in alone.claimed] == [job_id]
+    assert alone.claimed[0].attempt == 2

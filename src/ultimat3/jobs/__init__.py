@@ -27,13 +27,17 @@ from ultimat3.jobs.errors import (
 from ultimat3.jobs.job import Cancel, EnqueueResult, JobContext, JobHandle, Snooze, job
 from ultimat3.jobs.records import DEFAULT_QUEUE, AttemptError, Job, JobState, QueueInfo
 from ultimat3.jobs.retry import DEFAULT_RETRY, Retry, next_retry, retry_schedule
-from ultimat3.jobs.serialization import Codec
+from ultimat3.jobs.serialization import DATE, DATETIME, DECIMAL, UUID, Codec
 from ultimat3.jobs.tasks import TaskHandle, task
 from ultimat3.jobs.worker import Worker
 
 __all__ = [
+    "DATE",
+    "DATETIME",
+    "DECIMAL",
     "DEFAULT_QUEUE",
     "DEFAULT_RETRY",
+    "UUID",
     "App",
     "AttemptError",
     "Cancel",

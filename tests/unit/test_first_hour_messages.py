@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import inspect
+import sys
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
 import ultimat3.jobs
 import ultimat3.jobs.testing
-from ultimat3.jobs import App, CronError, DurationError, Retry, SerializationError, job, task
+from ultimat3.jobs import (
+    DATETIME,
+    App,
+    CronError,
+    DurationError,
+    Retry,
+    SerializationError,
+    job,
+    task,
+)
 from ultimat3.jobs.duration import suggest, to_timedelta
 
 
@@ -127,35 +138,32 @@ def test_utc_and_regions_are_accepted(tz: str) -> None:
     assert task("30 2 * * *", tz=tz, enqueue=list).tz == tz
 
 
-def test_the_datetime_fix_names_the_public_codec() -> None:
-    @job
-    def remind(input: dict[str, object]) -> None: ...
+@job
+def remind(input: dict[str, object]) -> None: ...
 
-    module = type(ultimat3.jobs)("first_hour_jobs")
-    module.remind = remind  # type: ignore[attr-defined]
-    app = App("memory://", modules=[module])
+
+def memory_app(**options: Any) -> App:
+    """An App on the memory driver that knows this module's jobs."""
+    return App("memory://", modules=[sys.modules[__name__]], **options)
+
+
+def test_the_datetime_fix_names_the_public_codec() -> None:
+    app = memory_app()
     with pytest.raises(SerializationError) as raised:
         app.enqueue(remind, {"at": datetime(2030, 1, 1, tzinfo=UTC)})
     assert raised.value.fix == (
         "pass App(..., codecs=[DATETIME]) (from ultimat3.jobs import DATETIME), or pass "
         "value.isoformat()"
     )
-    from ultimat3.jobs import DATETIME
-
-    fixed = App("memory://", modules=[module], codecs=[DATETIME])
-    assert fixed.enqueue(remind, {"at": datetime(2030, 1, 1, tzinfo=UTC)}).deduped is False
     app.close()
+    fixed = memory_app(codecs=[DATETIME])
+    assert fixed.enqueue(remind, {"at": datetime(2030, 1, 1, tzinfo=UTC)}).deduped is False
     fixed.close()
 
 
 def test_an_enqueue_result_shows_its_public_name() -> None:
-    @job
-    def ping(input: dict[str, object]) -> None: ...
-
-    module = type(ultimat3.jobs)("first_hour_ping")
-    module.ping = ping  # type: ignore[attr-defined]
-    app = App("memory://", modules=[module])
-    result = app.enqueue(ping, {})
+    app = memory_app()
+    result = app.enqueue(remind, {})
     assert repr(result) == f"EnqueueResult(id={result.id!r}, deduped=False)"
     assert type(result) is ultimat3.jobs.EnqueueResult
     app.close()

@@ -204,7 +204,7 @@ def _where(exc: BaseException) -> str:
     frames = [
         f
         for f in traceback.extract_tb(exc.__traceback__)
-        if "importlib" not in f.filename and _PACKAGE_DIR not in f.filename
+        if not f.filename.startswith("<frozen importlib") and _PACKAGE_DIR not in f.filename
     ]
     if not frames:
         return "no frame of yours"

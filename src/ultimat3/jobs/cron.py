@@ -417,7 +417,8 @@ _UTC_ALIASES = frozenset(
 )
 # The region a legacy or abbreviated name most often stands for, for the fix of a refusal.
 _REGION_FOR = {
-    **dict.fromkeys(("EST", "EST5EDT", "US/Eastern", "US/East-Indiana"), "America/New_York"),
+    **dict.fromkeys(("EST", "EST5EDT", "US/Eastern"), "America/New_York"),
+    "US/East-Indiana": "America/Indiana/Indianapolis",
     **dict.fromkeys(("CST6CDT", "US/Central"), "America/Chicago"),
     **dict.fromkeys(("MST7MDT", "US/Mountain", "Navajo"), "America/Denver"),
     **dict.fromkeys(("MST", "US/Arizona"), "America/Phoenix"),

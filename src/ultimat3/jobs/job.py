@@ -63,7 +63,6 @@ __all__ = [
 InputT = TypeVar("InputT")
 F = TypeVar("F", bound=Callable[..., Any])
 
-
 _NAME_RE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-:")
 
 

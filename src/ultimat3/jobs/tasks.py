@@ -3,8 +3,9 @@
 Guarantees:
 
 - A handle is valid when it exists: the expression (cronsim: five fields, or six with seconds
-  first), the zone (``"UTC"`` or a Region/City name), the catch-up policy and ``max_catch_up`` are checked by ``task()``,
-  which raises ``CronError`` or ``ConfigurationError`` with a fix. ``tz`` has no default: a
+  first), the zone (``"UTC"`` or a Region/City name), the catch-up policy and
+  ``max_catch_up`` are checked by ``task()``, which raises ``CronError`` or
+  ``ConfigurationError`` with a fix. ``tz`` has no default: a
   schedule without a zone is a ``TypeError`` at the call, never a silent UTC.
 - A handle's name is bound once: given to ``task(name=...)`` or taken from its export name when
   an app registers the module. Binding it to a second, different name raises

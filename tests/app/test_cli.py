@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -84,6 +86,7 @@ def test_jobs_commands(app_ref: str) -> None:
 
 
 def test_queue_commands(app_ref: str) -> None:
+    assert run("--app", app_ref, "migrate")[0] == 0
     assert run("--app", app_ref, "queues", "pause", "mail")[0] == 0
     code, out, _ = run("--app", app_ref, "queues", "list", "--json")
     assert code == 0
@@ -105,8 +108,10 @@ def test_library_errors_print_cause_and_fix(tmp_path: Path) -> None:
     assert "error:" in err and "fix:" in err and "Traceback" not in err
     code, _, err = run("--app", "no_such_module_xyz:app", "worker")
     assert code == 1 and "fix:" in err
-    code, _, err = run("--url", f"sqlite:///{tmp_path / 'x.sqlite3'}", "jobs", "show", "nope")
-    assert code == 1 and "no job" in err
+    url = f"sqlite:///{tmp_path / 'x.sqlite3'}"
+    assert run("--url", url, "migrate")[0] == 0
+    code, _, err = run("--url", url, "jobs", "show", "nope")
+    assert code == 1 and "error: no job has the id 'nope'\n" in err
 
 
 def test_usage_errors_exit_2() -> None:
@@ -143,3 +148,399 @@ def test_migrate_covers_the_outbox(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     with closing(sqlite3.connect(tmp_path / "business.sqlite3")) as conn:
         assert conn.execute("select count(*) from x_outbox").fetchone()[0] == 0
     sys.modules.pop("outboxapp_cli", None)
+
+
+# -- the first hour: every mistake a newcomer made is explained, exactly -----------------------
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """An empty project folder as the working directory, importable as a user's is."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("ULTIMAT3_JOBS_URL", raising=False)
+    monkeypatch.delenv("ULTIMAT3_JOBS_APP", raising=False)
+    before = set(sys.modules)
+    yield tmp_path
+    for name in set(sys.modules) - before:
+        if name.startswith("newcomer"):
+            sys.modules.pop(name)
+
+
+NEWCOMER = """\
+import sys
+
+from ultimat3.jobs import App, job
+
+
+@job
+def flaky(order):
+    pass
+
+
+app = App("sqlite:///jobs.sqlite3", modules=[sys.modules[__name__]])
+"""
+
+
+def lines(err: str) -> list[str]:
+    return err.rstrip("\n").split("\n")
+
+
+@pytest.mark.parametrize(
+    ("source", "ref", "expected"),
+    [
+        (
+            "x = (\n",
+            "newcomer_syntax:app",
+            [
+                "error: --app 'newcomer_syntax:app': '(' was never closed "
+                "({dir}/newcomer_syntax.py, line 1)",
+                "  fix: fix the syntax error; `python -c 'import newcomer_syntax'` shows it in full",
+            ],
+        ),
+        (
+            NEWCOMER,
+            "./newcomer_path.py:app",
+            [
+                "error: --app './newcomer_path.py:app' is a file path; --app takes a module "
+                "name and an attribute",
+                "  fix: write --app newcomer_path:app (a module importable from the current folder)",
+            ],
+        ),
+        (
+            NEWCOMER,
+            "newcomer_job:flaky",
+            [
+                "error: --app 'newcomer_job:flaky' is a job (@job), not an App",
+                "  fix: the module's App: --app newcomer_job:app",
+            ],
+        ),
+        (
+            NEWCOMER,
+            "newcomer_class:App",
+            [
+                "error: --app 'newcomer_class:App' is the class App itself, not an App",
+                "  fix: the module's App: --app newcomer_class:app",
+            ],
+        ),
+        (
+            NEWCOMER,
+            "newcomer_nope:nope",
+            [
+                "error: --app 'newcomer_nope:nope': module 'newcomer_nope' has no attribute 'nope'",
+                "  fix: the module's App: --app newcomer_nope:app",
+            ],
+        ),
+        (
+            "from ultimat3.jobs import App\n\ndef make():\n    return App()\n",
+            "newcomer_factory:make",
+            [
+                "error: --app 'newcomer_factory:make' is a function, not an App",
+                "  fix: to build the App by calling make(), write --app 'newcomer_factory:make()'",
+            ],
+        ),
+        (
+            "x = 1\nraise ValueError('boom')\n",
+            "newcomer_raises:app",
+            [
+                "error: --app 'newcomer_raises:app': importing 'newcomer_raises' raised "
+                "ValueError: boom ({dir}/newcomer_raises.py, line 2)",
+                "  fix: fix the error in your module; `python -c 'import newcomer_raises'` shows "
+                "the whole traceback",
+            ],
+        ),
+        (
+            "from ultimat3.jobs import task\n\nnightly = task('0 3 * * *', tz='utc', enqueue=list)\n",
+            "newcomer_zone:app",
+            [
+                "error: --app 'newcomer_zone:app': importing 'newcomer_zone' raised CronError at "
+                "{dir}/newcomer_zone.py, line 3: unknown time zone 'utc'; zone names are "
+                'case-sensitive: "UTC"',
+                '  fix: write tz="UTC"',
+            ],
+        ),
+        (
+            "import sys\nfrom ultimat3.jobs import App\n\napp = App(modules=[sys.modules[__name__]])\n",
+            "newcomer_empty:app",
+            [
+                "error: the app 'newcomer_empty:app' has no job or task registered",
+                "  fix: register the module that defines them: App(modules=[...]), or "
+                "App(modules=[sys.modules[__name__]]) in the module itself",
+            ],
+        ),
+    ],
+)
+def test_app_mistakes_say_what_and_where(
+    project: Path, source: str, ref: str, expected: list[str]
+) -> None:
+    module = ref.split(":")[0].removeprefix("./").removesuffix(".py")
+    (project / f"{module}.py").write_text(source)
+    code, out, err = run("--app", ref, "schedule")
+    assert (code, out) == (1, "")
+    assert lines(err) == [line.format(dir=project) for line in expected]
+
+
+def test_an_unknown_module_says_where_it_was_looked_for(project: Path) -> None:
+    code, _, err = run("--app", "newcomer_missing:app", "worker")
+    assert code == 1
+    assert lines(err) == [
+        f"error: --app 'newcomer_missing:app': no module named 'newcomer_missing' in {project} "
+        "or on sys.path",
+        "  fix: run from the folder that holds your module or package, or fix --app "
+        "module:attribute",
+    ]
+
+
+def test_a_factory_is_called_when_asked(project: Path) -> None:
+    (project / "newcomer_made.py").write_text(
+        NEWCOMER.replace("app = App(", "def make():\n    return App(")
+    )
+    code, out, _ = run("--app", "newcomer_made:make()", "schedule", "--json")
+    assert code == 0 and [j["job"] for j in json.loads(out)["jobs"]] == ["flaky"]
+
+
+def test_url_points_the_app_at_another_database(project: Path) -> None:
+    (project / "newcomer_url.py").write_text(NEWCOMER)
+    other = project / "other.sqlite3"
+    code, out, _ = run("--app", "newcomer_url:app", "--url", f"sqlite:///{other}", "migrate")
+    assert (code, out) == (0, f"migrated sqlite:///{other}\n")
+    assert other.exists() and not (project / "jobs.sqlite3").exists()
+    code, out, _ = run("--app", "newcomer_url", "--url", f"sqlite:///{other}", "jobs", "list")
+    assert (code, out) == (0, "no jobs\n")
+
+
+def test_url_cannot_move_an_app_opened_at_import(project: Path) -> None:
+    (project / "newcomer_opened.py").write_text(NEWCOMER + "app.open()\n")
+    code, _, err = run(
+        "--app", "newcomer_opened:app", "--url", "sqlite:///other.sqlite3", "jobs", "list"
+    )
+    assert code == 1
+    assert lines(err) == [
+        "error: --url cannot point --app 'newcomer_opened:app' at another database: the app "
+        f"already opened sqlite:///{project}/jobs.sqlite3 (when its module was imported)",
+        "  fix: drop --url, or build the App without opening it at import time (no app.open() "
+        "or enqueue at module level), so that --url can choose its database",
+    ]
+
+
+def test_help_says_where_the_database_comes_from() -> None:
+    code, out, _ = run("--help")
+    assert code == 0
+    flat = " ".join(out.split())
+    assert "With --app: the app's jobs on this database instead of its own." in flat
+    assert "without --app, $ULTIMAT3_JOBS_URL, else ./ultimat3-jobs.sqlite3" in flat
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("jobs", "list"),
+        ("jobs", "show", "x"),
+        ("jobs", "retry", "x"),
+        ("jobs", "discard", "x"),
+        ("jobs", "cancel", "x"),
+        ("queues", "list"),
+        ("queues", "pause", "mail"),
+        ("queues", "resume", "mail"),
+    ],
+)
+def test_commands_on_jobs_never_create_a_database(project: Path, args: tuple[str, ...]) -> None:
+    code, out, err = run(*args)
+    assert (code, out) == (1, "")
+    assert lines(err) == [
+        f"error: no job database at {project}/ultimat3-jobs.sqlite3: with no --app, --url or "
+        "$ULTIMAT3_JOBS_URL this is the default file, and it does not exist in this folder",
+        "  fix: run from your project's folder, or pass --app module:attribute (or --url "
+        "sqlite:///path/to/jobs.sqlite3); `ultimat3-jobs migrate` creates a database",
+    ]
+    assert list(project.iterdir()) == []
+
+
+def test_a_missing_database_names_the_option_that_chose_it(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, _, err = run("--url", "sqlite:///gone.sqlite3", "jobs", "list")
+    assert code == 1 and f"error: no job database at {project}/gone.sqlite3: --url names it," in err
+    monkeypatch.setenv("ULTIMAT3_JOBS_URL", "sqlite:///env.sqlite3")
+    code, _, err = run("jobs", "list")
+    assert (
+        code == 1
+        and f"error: no job database at {project}/env.sqlite3: $ULTIMAT3_JOBS_URL names it," in err
+    )
+    (project / "newcomer_where.py").write_text(NEWCOMER)
+    code, _, err = run("--app", "newcomer_where:app", "queues", "list")
+    assert code == 1
+    assert (
+        f"error: no job database at {project}/jobs.sqlite3: the app 'newcomer_where:app' uses it,"
+        in err
+    )
+    assert list(project.iterdir()) == [project / "newcomer_where.py"]
+
+
+def test_schedule_without_an_app_is_an_error(project: Path) -> None:
+    code, out, err = run("schedule")
+    assert (code, out) == (1, "")
+    assert lines(err) == [
+        "error: no --app given: no job or task is known",
+        "  fix: pass --app module:attribute",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("worker", "--lease", "30"),
+            """Error: Invalid value for '--lease': '30' has a number without a unit: "30"; write "30s\"""",
+        ),
+        (
+            ("run", "--poll-interval", "5 minutes"),
+            "Error: Invalid value for '--poll-interval': '5 minutes' has an unknown part: "
+            '"minutes" (units are d, h, m, s, ms); write "5m"',
+        ),
+        (
+            ("worker", "--heartbeat", "5M"),
+            "Error: Invalid value for '--heartbeat': '5M' has an unknown part: \"M\" (units are "
+            'd, h, m, s, ms); write text such as "250ms", "30s", "1h30m" or "2d"',
+        ),
+        (
+            ("worker", "--lease", "99999999d"),
+            "Error: Invalid value for '--lease': '99999999d' is longer than 10 years; write at "
+            'most "3653d"',
+        ),
+        (
+            ("scheduler", "--tick", "1.5 seconds"),
+            "Error: Invalid value for '--tick': '1.5 seconds' has an unknown part: \"seconds\" "
+            '(units are d, h, m, s, ms); write "1.5s"',
+        ),
+    ],
+)
+def test_duration_options_name_the_option_and_the_fix(
+    project: Path, args: tuple[str, ...], message: str
+) -> None:
+    code, out, err = run(*args)
+    assert (code, out) == (2, "")
+    assert lines(err)[-1] == message
+
+
+def test_run_takes_every_worker_option() -> None:
+    worker = {p.name for p in cli.commands["worker"].params}
+    assert worker <= {p.name for p in cli.commands["run"].params}
+    assert {"lease", "shutdown_grace", "poll_interval", "heartbeat"} <= worker
+
+
+def test_run_passes_the_worker_options_on(project: Path) -> None:
+    (project / "newcomer_run.py").write_text(NEWCOMER)
+    code, _, err = run("--app", "newcomer_run:app", "run", "--lease", "2s", "--heartbeat", "2s")
+    assert code == 1
+    # Both reached the worker, which refuses the pair (its message prints them as timedelta).
+    assert err.startswith("error: heartbeat=0:00:02 is more than half the lease (0:00:02)")
+
+
+def _every_command(group: click.Group, path: str = "") -> Iterator[tuple[str, click.Command]]:
+    for name, command in group.commands.items():
+        yield f"{path}{name}", command
+        if isinstance(command, click.Group):
+            yield from _every_command(command, f"{path}{name} ")
+
+
+def test_every_option_and_command_has_help() -> None:
+    missing = [
+        f"{path} {param.opts[0]}"
+        for path, command in [("", cli), *_every_command(cli)]
+        for param in command.params
+        if isinstance(param, click.Option) and not param.help
+    ]
+    assert missing == []
+    assert [path for path, command in _every_command(cli) if not command.help] == []
+
+
+def test_jobs_list_lines_up(app_ref: str) -> None:
+    import importlib
+
+    module = importlib.import_module(app_ref.split(":")[0])
+    dead = module.poison.enqueue({"n": 1}, max_attempts=1).id
+    waiting = module.resize.enqueue({"n": 2}).id
+    module.app.worker(queues=["mail"]).drain()
+    code, out, _ = run("--app", app_ref, "jobs", "list")
+    assert code == 0
+    pad = " " * (len(dead) - 2)
+    assert out.split("\n") == [
+        f"ID{pad}  STATE      NAME    QUEUE    ATTEMPT  LAST ERROR",
+        f"{waiting}  available  resize  default  0/6",
+        f"{dead}  dead       poison  mail     1/1      ValueError: always",
+        "",
+    ]
+
+
+def test_a_long_last_error_is_cut_with_an_ellipsis() -> None:
+    from ultimat3.jobs.cli import clip
+
+    assert clip("ValueError: " + "x" * 100, 60) == "ValueError: " + "x" * 47 + "…"
+    assert clip("one\ntwo   three", 60) == "one two three"
+    assert clip("x" * 60, 60) == "x" * 60
+
+
+def test_schedule_lines_up(app_ref: str) -> None:
+    code, out, _ = run("--app", app_ref, "schedule")
+    assert code == 0
+    text = out.split("\n")
+    assert text[:6] == [
+        "JOB     QUEUE    ATTEMPTS  BACKOFF                RETRIES AFTER        THEN",
+        "poison  mail     3         exponential, jittered  1s, 2s               dead-letter",
+        "resize  default  6         exponential            1s, 2s, 4s, 8s, 10s  dead-letter",
+        "(jittered: each wait is between half and all of the one shown)",
+        "",
+        "task nightly: 30 2 * * * in America/New_York (At 02:30 every day), catch-up skip",
+    ]
+    assert text[6] == "  NEXT RUNS (America/New_York)  UTC"
+    for row in text[7:12]:
+        local, utc = row.split()
+        assert row == f"  {local}     {utc}"
+        assert local.endswith(("-05:00", "-04:00")) and utc.endswith("+00:00")
+
+
+def test_jobs_show_includes_attempted_at(app_ref: str) -> None:
+    import importlib
+
+    module = importlib.import_module(app_ref.split(":")[0])
+    job_id = module.poison.enqueue({"n": 1}, max_attempts=1).id
+    module.app.worker().drain()
+    shown = json.loads(run("--app", app_ref, "jobs", "show", job_id, "--json")[1])
+    attempted = module.app.get_job(job_id).attempted_at
+    assert attempted is not None and shown["attempted_at"] == attempted.isoformat()
+    assert (
+        f"    attempted_at: {attempted.isoformat()}\n"
+        in run("--app", app_ref, "jobs", "show", job_id)[1]
+    )
+
+
+def test_demo_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    code, out, _ = run("demo")
+    assert code == 0, out
+    assert list(tmp_path.iterdir()) == []
+    table = out[out.index("what happened") :].split("\n")
+    assert table[1:5] == [
+        "  job                    state      attempts  errors",
+        "  send_receipt           completed  1/3",
+        "  sync_inventory         completed  3/4       2 before it completed",
+        "  charge_legacy_gateway  completed  4/4       3 before it completed",
+    ]
+
+
+def test_the_demo_cuts_a_long_error_with_an_ellipsis() -> None:
+    from datetime import UTC, datetime
+
+    from ultimat3.jobs.demo import _errors
+    from ultimat3.jobs.records import AttemptError, Job, JobState
+
+    at = datetime(2030, 1, 1, tzinfo=UTC)
+    error = AttemptError(attempt=1, at=at, kind="ValueError", message="x" * 100)
+    job = Job(
+        "id", "j", "default", "{}", None, "k", 0, JobState.DEAD, 1, 1, at, at, errors=(error,)
+    )
+    assert _errors(job) == "ValueError: " + "x" * 37 + "…"
+    assert len(_errors(job)) == 50

@@ -1,4 +1,4 @@
-"""Transactional enqueue (DESIGN §2.1): visible if and only if the caller's transaction commits."""
+"""Transactional enqueue (ARCHITECTURE.md, "The life of a job"): visible if and only if the caller's transaction commits."""
 
 from __future__ import annotations
 

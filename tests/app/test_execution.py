@@ -111,28 +111,6 @@ def test_a_signal_before_the_worker_started_still_stops_it(
     assert worker.exit_code == 0
 
 
-def test_the_cli_names_the_option_of_a_bad_lease(tmp_path: Path) -> None:
-    from click.testing import CliRunner
-
-    from ultimat3.jobs.cli import cli
-
-    result = CliRunner().invoke(
-        cli,
-        [
-            "--url",
-            f"sqlite:///{tmp_path / 'jobs.sqlite3'}",
-            "worker",
-            "-q",
-            "x",
-            "--lease",
-            "99999999d",
-        ],
-    )
-    assert result.exit_code == 1
-    assert "lease='99999999d' is longer than 10 years" in result.output
-    assert "Traceback" not in result.output
-
-
 @job(idempotency_key=lambda value: value["missing"])
 def keyed(value: Any) -> None:
     pass

@@ -122,6 +122,22 @@ class App(Enqueuer):
         """Open and migrate the database now, rather than on first use."""
         return self.driver
 
+    def _use_url(self, url: str, *, label: str) -> None:
+        """Point this app at another job database before it is opened (the command line's
+        ``--url`` with ``--app``): the same jobs and tasks, another database."""
+        if self._driver is not None:
+            how = (
+                "was built with driver="
+                if self.url is None
+                else f"already opened {self._driver.display_url} (when its module was imported)"
+            )
+            raise ConfigurationError(
+                f"--url cannot point {label} at another database: the app {how}",
+                fix="drop --url, or build the App without opening it at import time (no "
+                "app.open() or enqueue at module level), so that --url can choose its database",
+            )
+        self.url = url
+
     def _unopened_driver(self) -> Driver:
         """The driver, opened but not yet migrated (to identify a connection first)."""
         if self._driver is None:

@@ -1,22 +1,33 @@
 """The ``ultimat3-jobs`` command.
 
 Exit codes: 0 ok, 1 an error the library explains (its cause and fix are printed, no
-traceback), 2 a usage error. Read commands take ``--json``. ``--app module:attr`` (or
-``$ULTIMAT3_JOBS_APP``) names your App; ``--url`` (or ``$ULTIMAT3_JOBS_URL``) the database.
+traceback), 2 a usage error (click's message names the option), 70 a worker that stopped for
+its supervisor to restart it. Read commands take ``--json``.
+
+``--app module:attribute`` (or ``$ULTIMAT3_JOBS_APP``) names your App; every mistake in it (a
+file path, a module that does not import, an attribute that is not an App) is explained, with
+where it happened. ``--url`` points that App at another database; without ``--app`` it names
+the database, else ``$ULTIMAT3_JOBS_URL``, else ./ultimat3-jobs.sqlite3. Commands that read or
+change jobs (``jobs ...``, ``queues ...``) never create a SQLite file: a missing one is an error
+that says which folder and option were used.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import logging
 import os
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC
+from datetime import UTC, timedelta
+from pathlib import Path
+from types import ModuleType
 from typing import Any, Literal, NoReturn, TypeVar
 from zoneinfo import ZoneInfo
 
@@ -24,17 +35,24 @@ import click
 
 from ultimat3.jobs.app import App
 from ultimat3.jobs.cron import next_runs
-from ultimat3.jobs.drivers import open_driver
-from ultimat3.jobs.duration import format_duration
-from ultimat3.jobs.errors import ConfigurationError, JobsError
+from ultimat3.jobs.drivers import open_driver, sqlite_path, url_from_env
+from ultimat3.jobs.duration import format_duration, to_timedelta
+from ultimat3.jobs.errors import ConfigurationError, DurationError, JobsError
+from ultimat3.jobs.job import JobHandle
 from ultimat3.jobs.outboxes import open_store
 from ultimat3.jobs.records import Job, JobState
 from ultimat3.jobs.retry import retry_schedule
+from ultimat3.jobs.tasks import TaskHandle
+from ultimat3.jobs.worker import Worker
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+_APP_FIX = "point --app at the App in your code: --app package.module:attribute, e.g. shop.jobs:app"
+
 
 class Context:
+    """What the group's options say: the App reference and the database URL."""
+
     def __init__(self, app_ref: str | None, url: str | None) -> None:
         self.app_ref = app_ref
         self.url = url
@@ -42,39 +60,184 @@ class Context:
 
     @property
     def app(self) -> App:
+        """The App, for a command that may create the database (worker, migrate, ...)."""
         if self._app is None:
             self._app = load_app(self.app_ref, self.url)
         return self._app
 
+    @property
+    def existing_app(self) -> App:
+        """The App, for a command that reads or changes jobs: its database must exist, so a
+        command run in the wrong folder says so rather than create an empty SQLite file."""
+        app = self.app
+        if app._driver is None and app.url and app.url.startswith("sqlite:"):
+            path = sqlite_path(app.url).absolute()
+            if not path.exists():
+                raise ConfigurationError(
+                    f"no job database at {path}: {self._url_source()}",
+                    fix="run from your project's folder, or pass --app module:attribute (or "
+                    "--url sqlite:///path/to/jobs.sqlite3); `ultimat3-jobs migrate` creates "
+                    "a database",
+                )
+        return app
+
+    def _url_source(self) -> str:
+        if self.url:
+            return "--url names it, and it does not exist"
+        if self.app_ref:
+            return f"the app {self.app_ref!r} uses it, and it does not exist"
+        if url_from_env():
+            return "$ULTIMAT3_JOBS_URL names it, and it does not exist"
+        return (
+            "with no --app, --url or $ULTIMAT3_JOBS_URL this is the default file, and it does "
+            "not exist in this folder"
+        )
+
 
 def load_app(ref: str | None, url: str | None) -> App:
-    """The App named by ``module:attr`` (attr defaults to ``app``), or a bare App on ``url``."""
+    """The App named by ``module:attribute`` (the attribute defaults to ``app``; ``module:f()``
+    calls a factory), pointed at ``url`` when given; without ``ref``, a bare App on ``url``
+    (or ``$ULTIMAT3_JOBS_URL``, or ./ultimat3-jobs.sqlite3)."""
     if not ref:
         return App(url)
-    module_name, _, attr = ref.partition(":")
+    module_name, attr, call = _parse_ref(ref)
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
+    module = _import(ref, module_name)
+    if not hasattr(module, attr):
         raise ConfigurationError(
-            f"cannot import {module_name!r} for --app: {exc}",
-            fix="run from your project's directory, or check --app module:attribute",
-        ) from None
-    value = getattr(module, attr or "app", None)
-    if callable(value) and not isinstance(value, App):
-        value = value()
+            f"--app {ref!r}: module {module_name!r} has no attribute {attr!r}",
+            fix=_app_fix(module, module_name),
+        )
+    value = getattr(module, attr)
+    if call:
+        if not inspect.isfunction(value):
+            raise ConfigurationError(
+                f"--app {ref!r}: {attr} is {_what(value)}, not a function that builds an App",
+                fix=_app_fix(module, module_name),
+            )
+        try:
+            value = value()
+        except JobsError as exc:
+            raise ConfigurationError(
+                f"--app {ref!r}: {attr}() raised: {exc.cause}", fix=exc.fix
+            ) from exc
+        except Exception as exc:
+            raise ConfigurationError(
+                f"--app {ref!r}: {attr}() raised {type(exc).__name__}: {exc} ({_where(exc)})",
+                fix="fix the factory, or point --app at an App built at import",
+            ) from exc
     if not isinstance(value, App):
-        raise ConfigurationError(
-            f"--app {ref!r} is not an App (found {type(value).__name__})",
-            fix="point --app at a module attribute holding App(...), e.g. myproject.jobs:app",
-        )
+        fix = _app_fix(module, module_name)
+        if inspect.isfunction(value):
+            fix = f"to build the App by calling {attr}(), write --app '{module_name}:{attr}()'"
+        raise ConfigurationError(f"--app {ref!r} is {_what(value)}, not an App", fix=fix)
     if url and value.url != url:
-        raise ConfigurationError(
-            f"--url {url!r} differs from the URL of the app {ref!r} ({value.url!r})",
-            fix="pass one of --url or --app, or make them agree",
-        )
+        value._use_url(url, label=f"--app {ref!r}")
     return value
+
+
+def _parse_ref(ref: str) -> tuple[str, str, bool]:
+    """``module:attribute`` as (module, attribute, whether to call it)."""
+    module_name, _, attr = ref.partition(":")
+    attr = attr or "app"
+    looks_like_path = "/" in module_name or "\\" in module_name or module_name.endswith(".py")
+    if looks_like_path:
+        path = Path(module_name)
+        if path.is_absolute() or ".." in path.parts:
+            where = f"run from {path.parent}, and write"
+            dotted = path.stem
+        else:
+            where = "write"
+            dotted = ".".join(p for p in path.with_suffix("").parts if p != ".")
+        raise ConfigurationError(
+            f"--app {ref!r} is a file path; --app takes a module name and an attribute",
+            fix=f"{where} --app {dotted}:{attr} (a module importable from the current folder)",
+        )
+    call = attr.endswith("()")
+    name = attr[:-2] if call else attr
+    dotted_ok = all(part.isidentifier() for part in module_name.split("."))
+    if not module_name or not dotted_ok or not name.isidentifier():
+        raise ConfigurationError(f"--app {ref!r} is not module:attribute", fix=_APP_FIX)
+    return module_name, name, call
+
+
+def _import(ref: str, module_name: str) -> ModuleType:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if module_name == missing or module_name.startswith(missing + "."):
+            raise ConfigurationError(
+                f"--app {ref!r}: no module named {missing!r} in {os.getcwd()} or on sys.path",
+                fix="run from the folder that holds your module or package, or fix --app "
+                "module:attribute",
+            ) from None
+        raise _import_error(ref, module_name, exc) from exc
+    except SyntaxError as exc:
+        raise ConfigurationError(
+            f"--app {ref!r}: {exc.msg} ({exc.filename}, line {exc.lineno})",
+            fix=f"fix the syntax error; `python -c 'import {module_name}'` shows it in full",
+        ) from None
+    except JobsError as exc:
+        # A definition that cannot work (a bad zone, duration or name) fails at import.
+        raise ConfigurationError(
+            f"--app {ref!r}: importing {module_name!r} raised {type(exc).__name__} at "
+            f"{_where(exc)}: {exc.cause}",
+            fix=exc.fix,
+        ) from None
+    except Exception as exc:
+        raise _import_error(ref, module_name, exc) from exc
+
+
+def _import_error(ref: str, module_name: str, exc: BaseException) -> ConfigurationError:
+    return ConfigurationError(
+        f"--app {ref!r}: importing {module_name!r} raised {type(exc).__name__}: {exc} "
+        f"({_where(exc)})",
+        fix=f"fix the error in your module; `python -c 'import {module_name}'` shows the "
+        "whole traceback",
+    )
+
+
+def _where(exc: BaseException) -> str:
+    """The innermost frame of ``exc`` outside this library and importlib: "file, line N"."""
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if not f.filename.startswith("<frozen importlib") and _PACKAGE_DIR not in f.filename
+    ]
+    if not frames:
+        return "no frame of yours"
+    return f"{frames[-1].filename}, line {frames[-1].lineno}"
+
+
+_PACKAGE_DIR = str(Path(__file__).parent)
+
+
+def _what(value: object) -> str:
+    """What ``value`` is, as a person would say it."""
+    if isinstance(value, type):
+        return f"the class {value.__name__} itself"
+    if isinstance(value, JobHandle):
+        return "a job (@job)"
+    if isinstance(value, TaskHandle):
+        return "a cron task (task(...))"
+    if isinstance(value, ModuleType):
+        return f"the module {value.__name__}"
+    if inspect.isfunction(value):
+        return "a function"
+    return f"a {type(value).__name__}"
+
+
+def _app_fix(module: ModuleType, module_name: str) -> str:
+    """The fix for an --app that names no App: the Apps the module has, or how to make one."""
+    apps = sorted(name for name, value in vars(module).items() if isinstance(value, App))
+    if apps:
+        return "the module's App: " + " or ".join(f"--app {module_name}:{a}" for a in apps)
+    return (
+        f"module {module_name!r} holds no App: add `app = App(modules=[sys.modules[__name__]])` "
+        "to it, or point --app at the module that does"
+    )
 
 
 def fail(error: JobsError, as_json: bool = False) -> NoReturn:
@@ -102,75 +265,155 @@ def emit(data: Any) -> None:
 pass_ctx = click.make_pass_decorator(Context)
 
 
+class Duration(click.ParamType):  # type: ignore[type-arg]  # generic in newer click, not in 8.1
+    """A duration option: text with a unit ("30s", "250ms", "1h30m"), named in its error."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, timedelta):
+            return value
+        try:
+            return to_timedelta(str(value))
+        except DurationError as exc:
+            why = exc.context.get("why", exc.cause)
+            suggestion = exc.context.get("suggestion")
+            if suggestion:
+                hint = f'write "{suggestion}"'
+            elif "longer than 10 years" in why:
+                hint = 'write at most "3653d"'
+            else:
+                hint = 'write text such as "250ms", "30s", "1h30m" or "2d"'
+            self.fail(f"{value!r} {why}; {hint}", param, ctx)
+
+
+DURATION = Duration()
+
+
+def table(rows: list[list[str]], headers: list[str]) -> list[str]:
+    """Rows as lines with every column lined up (the last column is not padded)."""
+    widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers))]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in [headers, *rows]
+    ]
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` on one line, at most ``limit`` characters, with an ellipsis when cut."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--app", "app_ref", envvar="ULTIMAT3_JOBS_APP", help="module:attribute of your App.")
 @click.option(
-    "--url", envvar="ULTIMAT3_JOBS_URL", help="Job database URL (sqlite:///..., postgresql://...)."
+    "--app",
+    "app_ref",
+    envvar="ULTIMAT3_JOBS_APP",
+    metavar="MODULE:ATTR",
+    help="Your App, as module:attribute (e.g. shop.jobs:app; module:factory() calls a "
+    "function that returns one). Also $ULTIMAT3_JOBS_APP.",
+)
+@click.option(
+    "--url",
+    metavar="URL",
+    help="The job database (sqlite:///path, postgresql://...). With --app: the app's jobs on "
+    "this database instead of its own. Default: the app's URL; without --app, "
+    "$ULTIMAT3_JOBS_URL, else ./ultimat3-jobs.sqlite3.",
 )
 @click.option("-v", "--verbose", count=True, help="Log more (-v info, -vv debug).")
 @click.version_option(package_name="ultimat3-jobs")
 @click.pass_context
 def cli(ctx: click.Context, app_ref: str | None, url: str | None, verbose: int) -> None:
-    """Durable background jobs: workers, schedules, and the jobs themselves."""
+    """Durable background jobs: workers, schedules, and the jobs themselves.
+
+    Exit codes: 0 ok, 1 an error explained by its cause and fix, 2 a usage error, 70 a
+    worker that stopped so that its supervisor restarts it.
+    """
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(message)s")
     ctx.obj = Context(app_ref, url)
 
 
+def _worker_options(f: F) -> F:
+    """The options of a worker, shared by ``worker`` and ``run``."""
+    options = [
+        click.option(
+            "-q",
+            "--queue",
+            "queues",
+            multiple=True,
+            help="Queue to serve (repeatable); default: every registered job's queue.",
+        ),
+        click.option(
+            "-c",
+            "--concurrency",
+            default=10,
+            show_default=True,
+            type=click.IntRange(1, 1000),
+            help="Jobs run at once.",
+        ),
+        click.option(
+            "--lease",
+            default="30s",
+            show_default=True,
+            type=DURATION,
+            help="How long a claimed job is this worker's without a renewal; after it, a "
+            "dead worker's job is run again.",
+        ),
+        click.option(
+            "--shutdown-grace",
+            default="10s",
+            show_default=True,
+            type=DURATION,
+            help="On SIGTERM, how long running jobs may take to finish before they are "
+            "released (without using up an attempt).",
+        ),
+        click.option(
+            "--poll-interval",
+            default="1s",
+            show_default=True,
+            type=DURATION,
+            help="How often an idle worker looks for due jobs when no notification wakes it.",
+        ),
+        click.option(
+            "--rescue-interval",
+            default="5s",
+            show_default=True,
+            type=DURATION,
+            help="How often expired leases are looked for.",
+        ),
+        click.option(
+            "--heartbeat",
+            default=None,
+            type=DURATION,
+            help="Lease renewal interval, at most half the lease (default: a third of the lease).",
+        ),
+        click.option(
+            "--stuck-limit",
+            default="5m",
+            show_default=True,
+            type=DURATION,
+            help="Exit (code 70) when jobs past their timeout hold every slot for this long.",
+        ),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _build_worker(app: App, queues: tuple[str, ...], concurrency: int, **settings: Any) -> Worker:
+    return app.worker(queues=list(queues) or None, concurrency=concurrency, **settings)
+
+
 @cli.command()
-@click.option(
-    "-q",
-    "--queue",
-    "queues",
-    multiple=True,
-    help="Queue to serve (repeatable); default: every registered job's queue.",
-)
-@click.option("-c", "--concurrency", default=10, show_default=True, type=click.IntRange(1, 1000))
-@click.option("--lease", default="30s", show_default=True)
-@click.option("--shutdown-grace", default="10s", show_default=True)
-@click.option("--poll-interval", default="1s", show_default=True)
-@click.option(
-    "--rescue-interval",
-    default="5s",
-    show_default=True,
-    help="How often expired leases are looked for.",
-)
-@click.option(
-    "--heartbeat",
-    default=None,
-    help="Lease renewal interval, at most half the lease (default: a third of the lease).",
-)
-@click.option(
-    "--stuck-limit",
-    default="5m",
-    show_default=True,
-    help="Exit (code 70) when jobs past their timeout hold every slot for this long.",
-)
+@_worker_options
 @pass_ctx
-def worker(
-    ctx: Context,
-    queues: tuple[str, ...],
-    concurrency: int,
-    lease: str,
-    shutdown_grace: str,
-    poll_interval: str,
-    rescue_interval: str,
-    heartbeat: str | None,
-    stuck_limit: str,
-) -> None:
+def worker(ctx: Context, /, queues: tuple[str, ...], concurrency: int, **settings: Any) -> None:
     """Run jobs until SIGTERM/SIGINT (a second signal stops at once)."""
     with explained():
         app = ctx.app
-        w = app.worker(
-            queues=list(queues) or None,
-            concurrency=concurrency,
-            lease=lease,
-            shutdown_grace=shutdown_grace,
-            poll_interval=poll_interval,
-            rescue_interval=rescue_interval,
-            heartbeat=heartbeat,
-            stuck_limit=stuck_limit,
-        )
+        w = _build_worker(app, queues, concurrency, **settings)
         click.echo(
             f"worker {w.worker_id} on {app.driver.display_url}, queues {', '.join(w.queues)}, "
             f"concurrency {concurrency}",
@@ -193,18 +436,28 @@ def _scheduler_options(f: F) -> F:
         type=click.Choice(["sole", "database"]),
         default="database",
         show_default=True,
-        help="database: elect one active scheduler among many.",
+        help="database: elect one active scheduler among many; sole: this is the only one.",
     )(f)
-    f = click.option("--leader-ttl", default="15s", show_default=True)(f)
+    f = click.option(
+        "--leader-ttl",
+        default="15s",
+        show_default=True,
+        type=DURATION,
+        help="How long an elected scheduler stays leader without renewing.",
+    )(f)
     return click.option(
-        "--tick", default="1s", show_default=True, help="How often due occurrences are checked."
+        "--tick",
+        default="1s",
+        show_default=True,
+        type=DURATION,
+        help="How often due occurrences are checked.",
     )(f)
 
 
 @cli.command()
 @_scheduler_options
 @pass_ctx
-def scheduler(ctx: Context, leader: str, leader_ttl: str, tick: str) -> None:
+def scheduler(ctx: Context, leader: str, leader_ttl: timedelta, tick: timedelta) -> None:
     """Fire cron tasks until SIGTERM/SIGINT (each occurrence exactly once)."""
     with explained():
         app = ctx.app
@@ -224,10 +477,18 @@ def scheduler(ctx: Context, leader: str, leader_ttl: str, tick: str) -> None:
 
 
 @cli.command()
-@click.option("--batch-size", default=100, show_default=True, type=click.IntRange(1, 10_000))
-@click.option("--interval", default="200ms", show_default=True, help="Time between passes.")
+@click.option(
+    "--batch-size",
+    default=100,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+    help="Outbox rows published per pass.",
+)
+@click.option(
+    "--interval", default="200ms", show_default=True, type=DURATION, help="Time between passes."
+)
 @pass_ctx
-def relay(ctx: Context, batch_size: int, interval: str) -> None:
+def relay(ctx: Context, batch_size: int, interval: timedelta) -> None:
     """Publish the app's outbox (App(outbox=...)) to the job database until SIGTERM/SIGINT."""
     with explained():
         app = ctx.app
@@ -241,12 +502,18 @@ def relay(ctx: Context, batch_size: int, interval: str) -> None:
 
 
 @cli.command("run")
-@click.option("-q", "--queue", "queues", multiple=True)
-@click.option("-c", "--concurrency", default=10, show_default=True, type=click.IntRange(1, 1000))
+@_worker_options
 @_scheduler_options
 @pass_ctx
 def run_all(
-    ctx: Context, queues: tuple[str, ...], concurrency: int, leader: str, leader_ttl: str, tick: str
+    ctx: Context,
+    /,
+    queues: tuple[str, ...],
+    concurrency: int,
+    leader: str,
+    leader_ttl: timedelta,
+    tick: timedelta,
+    **settings: Any,
 ) -> None:
     """Worker, scheduler and (with App(outbox=...)) the outbox relay in one process."""
     with explained():
@@ -257,7 +524,7 @@ def run_all(
             else None
         )
         r = app.relay() if app._outbox is not None else None
-        w = app.worker(queues=list(queues) or None, concurrency=concurrency)
+        w = _build_worker(app, queues, concurrency, **settings)
         extra = " + relay" if r is not None else ""
         click.echo(f"worker + scheduler{extra} on {app.driver.display_url}", err=True)
         if s is not None:
@@ -293,12 +560,28 @@ def _wait_for_signal() -> threading.Event:
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.option("--count", default=5, show_default=True, help="Next cron runs per task.")
+@click.option(
+    "--count",
+    default=5,
+    show_default=True,
+    type=click.IntRange(0, 1000),
+    help="Next cron runs per task.",
+)
 @pass_ctx
 def schedule(ctx: Context, as_json: bool, count: int) -> None:
     """Each job's retry schedule and each task's next cron runs."""
     with explained(as_json):
         app = ctx.app
+        if not app.registry.jobs and not app.registry.tasks:
+            if ctx.app_ref:
+                raise ConfigurationError(
+                    f"the app {ctx.app_ref!r} has no job or task registered",
+                    fix="register the module that defines them: App(modules=[...]), or "
+                    "App(modules=[sys.modules[__name__]]) in the module itself",
+                )
+            raise ConfigurationError(
+                "no --app given: no job or task is known", fix="pass --app module:attribute"
+            )
         now = app.clock.now()
         jobs: list[dict[str, Any]] = []
         for name, handle in sorted(app.registry.jobs.items()):
@@ -339,29 +622,42 @@ def schedule(ctx: Context, as_json: bool, count: int) -> None:
         if as_json:
             emit({"jobs": jobs, "tasks": tasks})
             return
-        if not jobs and not tasks:
-            click.echo("no jobs or tasks registered (pass --app module:app)")
-        for j in jobs:
-            if j["schedule"]:
-                retries = f"retries after {', '.join(j['schedule'])}"
-                if j["jitter"]:
-                    retries += " (jittered: each between half and all of that)"
-            else:
-                retries = "no retry"
-            parked = "then dead-letter" if j["dead_letter"] else "then dropped"
-            click.echo(
-                f"{j['job']}  queue={j['queue']}  {j['attempts']} attempts, {j['backoff']}, "
-                f"{retries}, {parked}"
-            )
+        if jobs:
+            rows = [
+                [
+                    j["job"],
+                    j["queue"],
+                    str(j["attempts"]),
+                    j["backoff"] + (", jittered" if j["jitter"] and j["schedule"] else ""),
+                    ", ".join(j["schedule"]) or "-",
+                    "dead-letter" if j["dead_letter"] else "dropped",
+                ]
+                for j in jobs
+            ]
+            headers = ["JOB", "QUEUE", "ATTEMPTS", "BACKOFF", "RETRIES AFTER", "THEN"]
+            for line in table(rows, headers):
+                click.echo(line)
+            if any(j["jitter"] and j["schedule"] for j in jobs):
+                click.echo("(jittered: each wait is between half and all of the one shown)")
         for row in tasks:
-            click.echo(f"{row['task']}  {row['cron']}  {row['tz']}  ({row['explain']})")
-            for r in row["next"]:
-                click.echo(f"    {r['local']}   {r['utc']}")
+            if jobs or row is not tasks[0]:
+                click.echo()
+            click.echo(
+                f"task {row['task']}: {row['cron']} in {row['tz']} ({row['explain']}), "
+                f"catch-up {row['catch_up']}"
+            )
+            runs_rows = [[r["local"], r["utc"]] for r in row["next"]]
+            for line in table(runs_rows, [f"NEXT RUNS ({row['tz']})", "UTC"]):
+                click.echo(f"  {line}")
 
 
 @cli.group()
 def jobs() -> None:
     """List, inspect, retry, discard and cancel jobs."""
+
+
+def _iso(moment: Any) -> str | None:
+    return moment.isoformat() if moment is not None else None
 
 
 def job_dict(app: App, j: Job, full: bool = False) -> dict[str, Any]:
@@ -376,7 +672,8 @@ def job_dict(app: App, j: Job, full: bool = False) -> dict[str, Any]:
         "tenant_id": j.tenant_id,
         "run_at": j.run_at.isoformat(),
         "created_at": j.created_at.isoformat(),
-        "finished_at": j.finished_at.isoformat() if j.finished_at else None,
+        "attempted_at": _iso(j.attempted_at),
+        "finished_at": _iso(j.finished_at),
     }
     if full:
         try:
@@ -384,7 +681,7 @@ def job_dict(app: App, j: Job, full: bool = False) -> dict[str, Any]:
         except JobsError as exc:
             data["input_error"] = exc.cause
         data["idempotency_key"] = j.idempotency_key
-        data["lease_expires_at"] = j.lease_expires_at.isoformat() if j.lease_expires_at else None
+        data["lease_expires_at"] = _iso(j.lease_expires_at)
         data["worker_id"] = j.worker_id
         data["cancel_reason"] = j.cancel_reason
         data["errors"] = [e.to_json() for e in j.errors]
@@ -393,14 +690,29 @@ def job_dict(app: App, j: Job, full: bool = False) -> dict[str, Any]:
     return data
 
 
+_TENANT_HELP = "Only the jobs of this tenant (tenant_id)."
+_JSON_HELP = "Print JSON."
+
+
 @jobs.command("list")
-@click.option("--state", type=click.Choice([s.value for s in JobState]), multiple=True)
-@click.option("--queue")
-@click.option("--name")
-@click.option("--tenant")
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
+@click.option(
+    "--state",
+    type=click.Choice([s.value for s in JobState]),
+    multiple=True,
+    help="Only jobs in this state (repeatable).",
+)
+@click.option("--queue", help="Only jobs of this queue.")
+@click.option("--name", help="Only jobs of this name (the job's export name).")
+@click.option("--tenant", help=_TENANT_HELP)
+@click.option(
+    "--limit",
+    default=50,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+    help="At most this many jobs.",
+)
 @click.option("--before", "before_id", help="Page: only jobs older than this id.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
 @pass_ctx
 def jobs_list(
     ctx: Context,
@@ -414,7 +726,7 @@ def jobs_list(
 ) -> None:
     """Jobs, newest first."""
     with explained(as_json):
-        app = ctx.app
+        app = ctx.existing_app
         found = app.list_jobs(
             state=list(state) or None,
             queue=queue,
@@ -428,22 +740,31 @@ def jobs_list(
             return
         if not found:
             click.echo("no jobs")
-        for j in found:
-            line = f"{j.id}  {j.state.value:<9}  {j.name}  queue={j.queue}  attempt {j.attempt}/{j.max_attempts}"
-            if j.errors:
-                line += f"  last error: {j.errors[-1].kind}: {j.errors[-1].message[:80]}"
+            return
+        rows = [
+            [
+                j.id,
+                j.state.value,
+                j.name,
+                j.queue,
+                f"{j.attempt}/{j.max_attempts}",
+                clip(f"{j.errors[-1].kind}: {j.errors[-1].message}", 60) if j.errors else "",
+            ]
+            for j in found
+        ]
+        for line in table(rows, ["ID", "STATE", "NAME", "QUEUE", "ATTEMPT", "LAST ERROR"]):
             click.echo(line)
 
 
 @jobs.command("show")
 @click.argument("job_id")
-@click.option("--tenant")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--tenant", help=_TENANT_HELP)
+@click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
 @pass_ctx
 def jobs_show(ctx: Context, job_id: str, tenant: str | None, as_json: bool) -> None:
     """One job with its input and every attempt's error."""
     with explained(as_json):
-        app = ctx.app
+        app = ctx.existing_app
         data = job_dict(app, app.get_job(job_id, tenant_id=tenant), full=True)
         if as_json:
             emit(data)
@@ -461,7 +782,7 @@ def _act(
     ctx: Context, ids: tuple[str, ...], tenant: str | None, as_json: bool, action: str
 ) -> None:
     with explained(as_json):
-        app = ctx.app
+        app = ctx.existing_app
         if action == "retry":
             changed = app.retry_jobs(ids, tenant_id=tenant)
         elif action == "discard":
@@ -484,8 +805,8 @@ def _act(
 
 @jobs.command("retry")
 @click.argument("ids", nargs=-1, required=True)
-@click.option("--tenant")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--tenant", help=_TENANT_HELP)
+@click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
 @pass_ctx
 def jobs_retry(ctx: Context, ids: tuple[str, ...], tenant: str | None, as_json: bool) -> None:
     """Give dead or cancelled jobs one more attempt, now."""
@@ -494,8 +815,8 @@ def jobs_retry(ctx: Context, ids: tuple[str, ...], tenant: str | None, as_json: 
 
 @jobs.command("discard")
 @click.argument("ids", nargs=-1, required=True)
-@click.option("--tenant")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--tenant", help=_TENANT_HELP)
+@click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
 @pass_ctx
 def jobs_discard(ctx: Context, ids: tuple[str, ...], tenant: str | None, as_json: bool) -> None:
     """Delete dead or cancelled jobs."""
@@ -504,8 +825,8 @@ def jobs_discard(ctx: Context, ids: tuple[str, ...], tenant: str | None, as_json
 
 @jobs.command("cancel")
 @click.argument("ids", nargs=-1, required=True)
-@click.option("--tenant")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--tenant", help=_TENANT_HELP)
+@click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
 @pass_ctx
 def jobs_cancel(ctx: Context, ids: tuple[str, ...], tenant: str | None, as_json: bool) -> None:
     """Cancel scheduled, available or running jobs."""
@@ -518,12 +839,12 @@ def queues() -> None:
 
 
 @queues.command("list")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
 @pass_ctx
 def queues_list(ctx: Context, as_json: bool) -> None:
     """Queues with their per-state counts."""
     with explained(as_json):
-        found = ctx.app.queues()
+        found = ctx.existing_app.queues()
         if as_json:
             emit(
                 [
@@ -538,9 +859,17 @@ def queues_list(ctx: Context, as_json: bool) -> None:
             return
         if not found:
             click.echo("no queues")
-        for q in found:
-            counts = "  ".join(f"{s.value}={n}" for s, n in sorted(q.counts.items()) if n)
-            click.echo(f"{q.name}{'  (paused)' if q.paused else ''}  {counts or 'empty'}")
+            return
+        rows = [
+            [
+                q.name,
+                "paused" if q.paused else "",
+                "  ".join(f"{s.value}={n}" for s, n in sorted(q.counts.items()) if n) or "empty",
+            ]
+            for q in found
+        ]
+        for line in table(rows, ["QUEUE", "PAUSED", "JOBS"]):
+            click.echo(line)
 
 
 @queues.command("pause")
@@ -549,7 +878,7 @@ def queues_list(ctx: Context, as_json: bool) -> None:
 def queues_pause(ctx: Context, name: str) -> None:
     """Stop claiming from a queue (running jobs finish)."""
     with explained():
-        ctx.app.pause_queue(name)
+        ctx.existing_app.pause_queue(name)
         click.echo(f"paused {name}")
 
 
@@ -559,7 +888,7 @@ def queues_pause(ctx: Context, name: str) -> None:
 def queues_resume(ctx: Context, name: str) -> None:
     """Claim from a paused queue again."""
     with explained():
-        ctx.app.resume_queue(name)
+        ctx.existing_app.resume_queue(name)
         click.echo(f"resumed {name}")
 
 
@@ -594,7 +923,8 @@ def migrate(ctx: Context, print_sql: bool) -> None:
     "--dir",
     "directory",
     type=click.Path(file_okay=False),
-    help="Where to put the demo's SQLite file (default: a new temporary directory).",
+    help="Where to put the demo's SQLite file and keep it (default: a temporary directory, "
+    "removed at the end).",
 )
 def demo(directory: str | None) -> None:
     """A self-contained tour on a fresh SQLite file (a few seconds)."""

@@ -4,10 +4,13 @@ Guarantees:
 
 - Every instant returned is an aware UTC ``datetime``; every function takes the time it reasons
   about as an argument (``after``, ``now``) and never reads a clock.
-- Zones are IANA names, always required; an unknown zone or a bad expression raises
-  ``CronError`` with the cause and a fix, before anything fires.
-- DST follows Debian cron (ARCHITECTURE.md, "Cron"). An entry is *fixed-time* when neither its minute nor
-  its hour field starts with ``*`` (``0 0-3 * * *`` is fixed-time, ``*/15 1 * * *`` is not).
+- Zones are IANA names, always required, spelt as tzdata spells them (``"utc"`` is refused
+  with the hint ``"UTC"``); a task's zone must be ``"UTC"`` or a Region/City name
+  (``region_zone``). An unknown zone or a bad expression raises ``CronError`` with the cause
+  and a fix, before anything fires.
+- DST follows Debian cron (ARCHITECTURE.md, "Invariants"; docs/cron.md has the golden table).
+  An entry is *fixed-time* when neither its minute nor its hour field starts with ``*``
+  (``0 0-3 * * *`` is fixed-time, ``*/15 1 * * *`` is not).
   A fixed-time entry whose wall time falls in a spring-forward gap fires once, at the first
   instant after the gap (several gap times collapse into that one instant); a wall time that
   the autumn fold shows twice fires once, at its first instant. Any other entry follows real
@@ -45,7 +48,9 @@ assumed to be more than a fold's length apart, as they are in tzdata.
 
 from __future__ import annotations
 
+import difflib
 import functools
+import zoneinfo
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -69,6 +74,7 @@ __all__ = [
     "next_runs",
     "occurrences_between",
     "plan",
+    "region_zone",
     "schedule",
 ]
 
@@ -365,10 +371,108 @@ def _zone(tz: str) -> ZoneInfo:
             fix=_ZONE_EXAMPLE,
             tz=tz,
         )
+    known = _known_zones()
+    if tz not in known:
+        # A case-insensitive file system may open "utc" as UTC; two hosts would then disagree.
+        same = [name for name in known if name.lower() == tz.lower()]
+        if same:
+            raise CronError(
+                f'unknown time zone {tz!r}; zone names are case-sensitive: "{same[0]}"',
+                fix=f'write tz="{same[0]}"',
+                tz=tz,
+            )
+        near = difflib.get_close_matches(tz, known, n=1, cutoff=0.8)
+        hint = f'; did you mean "{near[0]}"?' if near else ""
+        raise CronError(f"unknown time zone {tz!r}{hint}", fix=_ZONE_EXAMPLE, tz=tz)
     try:
         return ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
         raise CronError(f"unknown time zone {tz!r}", fix=_ZONE_EXAMPLE, tz=tz) from exc
+
+
+@functools.cache
+def _known_zones() -> frozenset[str]:
+    return frozenset(zoneinfo.available_timezones())
+
+
+#: The first part of a Region/City zone name (tzdata's geographic areas).
+REGIONS = frozenset(
+    {
+        "Africa",
+        "America",
+        "Antarctica",
+        "Arctic",
+        "Asia",
+        "Atlantic",
+        "Australia",
+        "Europe",
+        "Indian",
+        "Pacific",
+    }
+)
+_UTC_ALIASES = frozenset(
+    {"Etc/UTC", "Etc/UCT", "Etc/Universal", "Etc/Zulu", "UCT", "Universal", "Zulu"}
+    | {"Etc/GMT", "Etc/GMT0", "Etc/GMT+0", "Etc/GMT-0", "Etc/Greenwich", "GMT", "GMT0"}
+    | {"GMT+0", "GMT-0", "Greenwich"}
+)
+# The region a legacy or abbreviated name most often stands for, for the fix of a refusal.
+_REGION_FOR = {
+    **dict.fromkeys(("EST", "EST5EDT", "US/Eastern"), "America/New_York"),
+    "US/East-Indiana": "America/Indiana/Indianapolis",
+    **dict.fromkeys(("CST6CDT", "US/Central"), "America/Chicago"),
+    **dict.fromkeys(("MST7MDT", "US/Mountain", "Navajo"), "America/Denver"),
+    **dict.fromkeys(("MST", "US/Arizona"), "America/Phoenix"),
+    **dict.fromkeys(("PST8PDT", "US/Pacific"), "America/Los_Angeles"),
+    **dict.fromkeys(("HST", "US/Hawaii"), "Pacific/Honolulu"),
+    "US/Alaska": "America/Anchorage",
+    **dict.fromkeys(("CET", "MET"), "Europe/Paris"),
+    "EET": "Europe/Athens",
+    "WET": "Europe/Lisbon",
+    **dict.fromkeys(("GB", "GB-Eire"), "Europe/London"),
+    "Japan": "Asia/Tokyo",
+    "PRC": "Asia/Shanghai",
+}
+
+
+def region_zone(tz: str) -> ZoneInfo:
+    """The zone of a cron task: ``"UTC"`` or a Region/City name (``"Europe/London"``).
+
+    Stricter than ``schedule``, which reckons in any tzdata zone: a task's zone says whose
+    clock it follows, and a fixed offset (``"EST"`` is UTC-5 all year, with no daylight saving
+    time), a POSIX rule (``"EST5EDT"``) or an alias (``"US/Eastern"``, ``"Etc/UTC"``) is a
+    common way to get that wrong. Raises ``CronError`` naming the zone to write instead.
+    """
+    zone = _zone(tz)
+    if tz == "UTC" or tz.split("/", 1)[0] in REGIONS:
+        return zone
+    if tz in _UTC_ALIASES:
+        why, instead = "an alias of UTC", "UTC"
+    elif tz.startswith("Etc/"):
+        why, instead = "a fixed offset (its sign is the opposite of ISO 8601's)", None
+    elif tz in _REGION_FOR:
+        why, instead = _ZONE_KINDS.get(tz, "a legacy alias"), _REGION_FOR[tz]
+    else:
+        why, instead = "a legacy alias", None
+    fix = (
+        f'write tz="{instead}"'
+        if instead
+        else 'write a Region/City name such as "America/New_York" or "Europe/London", or "UTC"'
+    )
+    if tz.startswith("GMT") or tz.endswith("GMT"):
+        fix += ', or tz="Europe/London" for the time in Britain, with its summer time'
+
+    raise CronError(
+        f"time zone {tz!r} is {why}, not a Region/City zone: a cron task needs the zone "
+        "whose clock it follows",
+        fix=fix,
+        tz=tz,
+    )
+
+
+_ZONE_KINDS = {
+    **dict.fromkeys(("EST", "MST", "HST"), "a fixed offset with no daylight saving time"),
+    **dict.fromkeys(("EST5EDT", "CST6CDT", "MST7MDT", "PST8PDT"), "a POSIX-style rule"),
+}
 
 
 def _utc(value: datetime, what: str) -> datetime:

@@ -102,7 +102,8 @@ class _Watcher(threading.Thread):
             note = ""
             if j.errors and j.state in (JobState.SCHEDULED, JobState.AVAILABLE, JobState.DEAD):
                 e = j.errors[-1]
-                note = f"  ({e.kind}: {e.message[:60]})"
+                message = e.message if len(e.message) <= 60 else e.message[:59] + "…"
+                note = f"  ({e.kind}: {message})"
                 if j.state is JobState.SCHEDULED:
                     wait = (j.run_at - self.app.clock.now()).total_seconds()
                     note += f", next try in {max(0.0, wait):.1f}s"
@@ -118,6 +119,17 @@ class _Watcher(threading.Thread):
             )
 
 
+def _errors(j: Job, width: int = 50) -> str:
+    """The error column of the closing table: a job that completed after failing says how
+    often it failed; one that has not completed shows its last error, cut with an ellipsis."""
+    if not j.errors:
+        return ""
+    if j.state is JobState.COMPLETED:
+        return f"{len(j.errors)} before it completed"
+    last = " ".join(f"{j.errors[-1].kind}: {j.errors[-1].message}".split())
+    return last if len(last) <= width else last[: width - 1] + "…"
+
+
 def _wait_for(app: App, job_id: str, states: set[JobState], timeout: float = 10.0) -> Job:
     deadline = time.monotonic() + timeout
     while True:
@@ -128,10 +140,17 @@ def _wait_for(app: App, job_id: str, states: set[JobState], timeout: float = 10.
 
 
 def run_demo(directory: str | None = None) -> int:
-    """Run the tour; return the exit code (0 when every guarantee held)."""
+    """Run the tour; return the exit code (0 when every guarantee held). Without
+    ``directory`` the SQLite file lives in a temporary directory removed at the end."""
+    if directory:
+        return _tour(Path(directory))
+    with tempfile.TemporaryDirectory(prefix="ultimat3-jobs-demo-") as folder:
+        return _tour(Path(folder))
+
+
+def _tour(folder: Path) -> int:
     _flaky_calls.clear()
     _gateway_fixed.clear()
-    folder = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="ultimat3-jobs-demo-"))
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "demo.sqlite3"
     for leftover in folder.glob("demo.sqlite3*"):
@@ -257,10 +276,12 @@ def run_demo(directory: str | None = None) -> int:
 
     click.echo()
     click.echo(click.style("what happened", bold=True))
-    click.echo(f"  {'job':<22} {'state':<10} {'attempts':<9} last error")
+    click.echo(f"  {'job':<22} {'state':<10} {'attempts':<9} errors")
     for j in sorted(app.list_jobs(limit=100), key=lambda j: j.id):
-        last = f"{j.errors[-1].kind}: {j.errors[-1].message[:50]}" if j.errors else ""
-        click.echo(f"  {j.name:<22} {j.state.value:<10} {j.attempt}/{j.max_attempts:<7} {last}")
+        click.echo(
+            f"  {j.name:<22} {j.state.value:<10} {f'{j.attempt}/{j.max_attempts}':<9} "
+            f"{_errors(j)}".rstrip()
+        )
     click.echo(
         f"  worker: {worker.stats.completed} completed, {worker.stats.failed} retried, "
         f"{worker.stats.dead} dead-lettered; rolled back 1, deduped 1"

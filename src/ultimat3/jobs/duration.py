@@ -29,7 +29,7 @@ from typing import TypeAlias
 
 from ultimat3.jobs.errors import DurationError
 
-__all__ = ["MAX_DURATION", "DurationInput", "format_duration", "to_timedelta"]
+__all__ = ["MAX_DURATION", "DurationInput", "format_duration", "suggest", "to_timedelta"]
 
 DurationInput: TypeAlias = str | int | float | timedelta
 
@@ -41,8 +41,20 @@ _US_PER_UNIT = {
     "ms": 1_000,
 }
 _UNIT_RANK = {unit: rank for rank, unit in enumerate(_US_PER_UNIT)}
-# "ms" is listed before "m" and "s" so the alternation never splits it in two.
-_PART = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|d|h|m|s)\s*", re.ASCII)
+# "ms" is listed before "m" and "s" so the alternation never splits it in two; a unit followed
+# by a letter ("5 minutes") is not a unit, so the error names the whole word.
+_PART = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|d|h|m|s)(?![A-Za-z])\s*", re.ASCII)
+_NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"
+# Unit words people write, for the suggestion in an error (never accepted as input).
+_WORD_UNITS = {
+    **dict.fromkeys(("ms", "msec", "msecs", "millisecond", "milliseconds"), "ms"),
+    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), "s"),
+    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), "m"),
+    **dict.fromkeys(("h", "hr", "hrs", "hour", "hours"), "h"),
+    **dict.fromkeys(("d", "day", "days"), "d"),
+    **dict.fromkeys(("w", "week", "weeks"), "w"),
+}
+_WORD_PART = re.compile(_NUMBER + r"\s*([A-Za-z]*)[\s,]*(?:and\s+)?", re.ASCII)
 #: The longest duration any setting accepts: 10 years (3,653 days). Longer leases, delays or
 #: snoozes are mistakes (a lease that can never expire, a date past year 9999), refused early.
 MAX_DURATION = timedelta(days=3653)
@@ -61,13 +73,14 @@ def to_timedelta(value: DurationInput, *, name: str | None = None) -> timedelta:
         if name is None:
             raise
         cause = exc.cause.replace(f"duration {value!r}", f"{name}={value!r}", 1)
-        raise DurationError(cause, fix=exc.fix, value=repr(value)) from None
+        raise DurationError(cause, fix=exc.fix, **exc.context) from None
     if found > MAX_DURATION:
         label = f"{name}={value!r}" if name else f"duration {value!r}"
         raise DurationError(
             f"{label} is longer than 10 years",
             fix=_TOO_LONG_FIX,
             value=repr(value),
+            why="is longer than 10 years",
         )
     return found
 
@@ -139,7 +152,7 @@ def _parse(text: str) -> timedelta:
     while pos < len(stripped):
         match = _PART.match(stripped, pos)
         if match is None:
-            raise _error(text, _why_unreadable(stripped[pos:].strip()))
+            raise _error(text, _why_unreadable(stripped[pos:].strip()), suggestion=suggest(text))
         number, unit = match.groups()
         rank = _UNIT_RANK[unit]
         if rank <= last_rank:
@@ -154,7 +167,38 @@ def _why_unreadable(rest: str) -> str:
     """Why the text stopped parsing at ``rest``, its unread tail."""
     if re.fullmatch(r"[\d.]+", rest, re.ASCII):
         return f'has a number without a unit: "{rest}"'
-    return f'has an unknown part: "{rest}" (units are d, h, m, s, ms)'
+    word = re.match(_NUMBER + r"\s*([A-Za-z]+)", rest, re.ASCII)
+    unknown = word.group(2) if word else rest
+    return f'has an unknown part: "{unknown}" (units are d, h, m, s, ms)'
+
+
+def suggest(text: str) -> str | None:
+    """The duration text that a refused ``text`` most likely meant, for an error's fix:
+    ``"30"`` -> ``"30s"``, ``"5 minutes"`` -> ``"5m"``, ``"1.5 hours"`` -> ``"1h30m"``,
+    ``"1 week"`` -> ``"7d"``. None when no guess is safe (``"5M"``: minutes or months?)."""
+    stripped = text.strip()
+    total = Fraction(0)
+    pos = 0
+    while pos < len(stripped):
+        match = _WORD_PART.match(stripped, pos)
+        if match is None or match.end() == pos:
+            return None
+        number, word = match.groups()
+        # One-letter units are case-sensitive ("M" is not minutes); words are not.
+        unit = _WORD_UNITS.get(word if len(word) <= 1 else word.lower())
+        if word == "":
+            if pos or match.end() < len(stripped):
+                return None  # a bare number is seconds only when it is all there is
+            unit = "s"
+        if unit is None:
+            return None
+        us_per = 7 * _US_PER_UNIT["d"] if unit == "w" else _US_PER_UNIT[unit]
+        total += Fraction(number) * us_per
+        pos = match.end()
+    if pos == 0 or round(total) > _MAX_US:
+        return None
+    guess = format_duration(timedelta(microseconds=round(total)))
+    return None if guess == stripped else guess
 
 
 def _from_us(us: int, original: object) -> timedelta:
@@ -163,12 +207,20 @@ def _from_us(us: int, original: object) -> timedelta:
     return timedelta(microseconds=us)
 
 
+_FORMS = 'a number of seconds, a timedelta, or text such as "250ms", "90s", "1h30m", "2d"'
 _TOO_LONG_FIX = (
     'use a duration of at most 3653d, such as "90s", "1h" or "30d"; for a job that should '
     "wait longer, schedule it nearer the time"
 )
 
 
-def _error(value: object, why: str) -> DurationError:
+def _error(value: object, why: str, suggestion: str | None = None) -> DurationError:
+    """The error for ``value``; its context keeps ``why`` and the ``suggestion`` (if any), so
+    the command line can word the same mistake for an option."""
     fix = _TOO_LONG_FIX if "longer than 10 years" in why else None
-    return DurationError(f"duration {value!r} {why}", fix=fix, value=repr(value))
+    if suggestion is not None:
+        fix = f'write "{suggestion}" (a duration is {_FORMS})'
+    context: dict[str, str] = {"value": repr(value), "why": why}
+    if suggestion is not None:
+        context["suggestion"] = suggestion
+    return DurationError(f"duration {value!r} {why}", fix=fix, **context)

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError, RegistrationError
-from ultimat3.jobs.records import DEFAULT_QUEUE, InsertResult
+from ultimat3.jobs.records import DEFAULT_QUEUE, EnqueueResult
 from ultimat3.jobs.retry import DEFAULT_RETRY, Retry
 from ultimat3.jobs.serialization import input_type
 
@@ -62,10 +62,6 @@ __all__ = [
 
 InputT = TypeVar("InputT")
 F = TypeVar("F", bound=Callable[..., Any])
-
-#: What an enqueue did: the job id, and whether an existing job with the same idempotency key
-#: was returned instead of a new one.
-EnqueueResult = InsertResult
 
 _NAME_RE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-:")
 

@@ -55,11 +55,16 @@ class NewJob:
 
 
 @dataclass(frozen=True, slots=True)
-class InsertResult:
-    """What an insert did: ``id`` is the existing job's when ``deduped``."""
+class EnqueueResult:
+    """What an enqueue (an insert) did: the job's ``id``, which is the existing job's when
+    ``deduped`` (an earlier job had the same idempotency key)."""
 
     id: str
     deduped: bool
+
+
+#: The name the drivers use for it.
+InsertResult = EnqueueResult
 
 
 @dataclass(frozen=True, slots=True)

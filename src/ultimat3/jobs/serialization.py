@@ -560,12 +560,13 @@ def _convert_object(value: Any) -> dict[str, Any] | None:
 
 _BINARY_FIX = "store the data elsewhere and pass its id, or pass base64 text"
 _FIXES: dict[str, str] = {
-    "datetime.datetime": "register the DATETIME codec: Serializer(codecs=[DATETIME]), "
+    "datetime.datetime": "pass App(..., codecs=[DATETIME]) (from ultimat3.jobs import DATETIME), "
     "or pass value.isoformat()",
-    "datetime.date": "register the DATE codec: Serializer(codecs=[DATE]), "
+    "datetime.date": "pass App(..., codecs=[DATE]) (from ultimat3.jobs import DATE), "
     "or pass value.isoformat()",
-    "uuid.UUID": "register the UUID codec: Serializer(codecs=[UUID]), or pass str(value)",
-    "decimal.Decimal": "register the DECIMAL codec: Serializer(codecs=[DECIMAL]), "
+    "uuid.UUID": "pass App(..., codecs=[UUID]) (from ultimat3.jobs import UUID), "
+    "or pass str(value)",
+    "decimal.Decimal": "pass App(..., codecs=[DECIMAL]) (from ultimat3.jobs import DECIMAL), "
     "or pass str(value) to keep every digit",
     "tuple": "use a list",
     "set": "use a sorted list",
@@ -579,7 +580,8 @@ _FIXES: dict[str, str] = {
 def _unsupported(value: Any) -> tuple[str, str]:
     name = _type_name(value)
     fix = _FIXES.get(name) or (
-        f"register a Codec for {name}, or convert it to a dict, a list, text or a number "
+        f'give the app a codec for it, App(..., codecs=[Codec({name}, "tag", encode, decode)]), '
+        "or convert it to a dict, a list, text or a number "
         "(a dataclass or a pydantic model is converted for you)"
     )
     return f"has type {name}, which JSON cannot store", fix

@@ -3,8 +3,9 @@
 Guarantees:
 
 - A handle is valid when it exists: the expression (cronsim: five fields, or six with seconds
-  first), the IANA zone, the catch-up policy and ``max_catch_up`` are checked by ``task()``,
-  which raises ``CronError`` or ``ConfigurationError`` with a fix. ``tz`` has no default: a
+  first), the zone (``"UTC"`` or a Region/City name), the catch-up policy and
+  ``max_catch_up`` are checked by ``task()``, which raises ``CronError`` or
+  ``ConfigurationError`` with a fix. ``tz`` has no default: a
   schedule without a zone is a ``TypeError`` at the call, never a silent UTC.
 - A handle's name is bound once: given to ``task(name=...)`` or taken from its export name when
   an app registers the module. Binding it to a second, different name raises
@@ -51,6 +52,7 @@ class TaskHandle:
         max_catch_up: int = 10,
         name: str | None = None,
     ) -> None:
+        _cron.region_zone(tz)
         self._schedule = _cron.schedule(cron, tz)
         if not callable(enqueue):
             raise ConfigurationError(
@@ -148,9 +150,11 @@ def task(
     max_catch_up: int = 10,
     name: str | None = None,
 ) -> TaskHandle:
-    """Define a cron task (seed ``task({cron, tz, enqueue, catchUp, maxCatchUp})``).
+    """Define a cron task: ``enqueue`` runs at each occurrence of ``cron`` in the zone ``tz``.
 
-    ``tz`` is required: an IANA name such as ``"UTC"`` or ``"America/New_York"``. ``enqueue``
+    ``tz`` is required: ``"UTC"`` or a Region/City name such as ``"America/New_York"``
+    (``"EST"``, a fixed offset, and aliases such as ``"US/Eastern"`` are refused with the name
+    to write). ``enqueue``
     returns the ``(job handle, input)`` pairs to enqueue at each occurrence. ``catch_up`` says
     what happens to occurrences missed while no scheduler ran: ``"skip"`` (default),
     ``"run-once"`` (the latest one), ``"run-all"`` (each, at most ``max_catch_up``).

@@ -1,0 +1,218 @@
+"""Every code block of README.md and docs/ runs (or, marked as a fragment, is well formed).
+
+How blocks are marked and run: ``tests/docs/examples.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+import types
+from pathlib import Path
+
+import pytest
+
+from .examples import (
+    CODE_LANGUAGES,
+    LONG_RUNNING,
+    PROSE_LANGUAGES,
+    ROOT,
+    Block,
+    blocks,
+    commands,
+    pages,
+)
+
+PAGES = pages()
+START_TIME = 1.5
+ON_POSTGRES = [p for p in PAGES if any("postgres" in b.marks for b in blocks(p))]
+
+
+def page_id(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+class Project:
+    """One page's folder, namespace and background processes."""
+
+    def __init__(self, page: Path, folder: Path, env: dict[str, str]) -> None:
+        self.page = page
+        self.folder = folder
+        self.env = env
+        name = "docs_page_" + "".join(c if c.isalnum() else "_" for c in page_id(page))
+        self.module = types.ModuleType(name)
+        self.module.__file__ = str(folder / "__page__.py")
+        sys.modules[name] = self.module
+        self.background: list[tuple[Block, subprocess.Popen[str]]] = []
+
+    def run(self, block: Block) -> None:
+        if block.lang not in CODE_LANGUAGES | PROSE_LANGUAGES:
+            raise AssertionError(
+                f"{block.where}: a {block.lang or 'plain'} block is neither run nor checked; "
+                f"use one of {sorted(CODE_LANGUAGES | PROSE_LANGUAGES)}"
+            )
+        if block.lang in PROSE_LANGUAGES:
+            return
+        retry = block.marks.get("retry")
+        deadline = time.monotonic() + float(retry.rstrip("s")) if retry else 0.0
+        while True:
+            try:
+                self._run(block)
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def _run(self, block: Block) -> None:
+        fragment = "fragment" in block.marks
+        if block.lang == "toml":
+            tomllib.loads(block.code)
+        elif block.lang == "python" and "file" in block.marks:
+            self.write_file(block)
+        elif block.lang == "python":
+            code = compile(block.code, block.where, "exec")
+            if not fragment:
+                exec(code, self.module.__dict__)
+        elif fragment:
+            commands(block)  # well-formed shell words
+        else:
+            for words in commands(block):
+                self.command(block, words)
+
+    def write_file(self, block: Block) -> None:
+        compile(block.code, block.where, "exec")
+        path = self.folder / block.marks["file"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for parent in path.relative_to(self.folder).parents:
+            if parent != Path(".") and not (self.folder / parent / "__init__.py").exists():
+                (self.folder / parent / "__init__.py").write_text("")
+        path.write_text(block.code)
+        dotted = ".".join(path.relative_to(self.folder).with_suffix("").parts)
+        sys.modules.pop(dotted, None)
+
+    def command(self, block: Block, words: list[str]) -> None:
+        if words[0] == "ultimat3-jobs":
+            argv = [sys.executable, "-m", "ultimat3.jobs", *words[1:]]
+        elif words[0] == "python":
+            argv = [sys.executable, *words[1:]]
+        else:
+            raise AssertionError(
+                f"{block.where}: {words[0]!r} cannot run here; mark the block "
+                "<!-- test: fragment, REASON -->"
+            )
+        subcommand = next((w for w in words[1:] if w in LONG_RUNNING), None)
+        if subcommand is None:
+            done = subprocess.run(
+                argv, cwd=self.folder, env=self.env, capture_output=True, text=True, timeout=60
+            )
+            assert done.returncode == 0, f"{block.where}: {shlex_join(words)}\n{done.stderr}"
+            return
+        proc = subprocess.Popen(
+            argv, cwd=self.folder, env=self.env, stderr=subprocess.PIPE, text=True
+        )
+        assert proc.stderr is not None
+        banner = proc.stderr.readline()  # the command says it is up, or why it is not
+        # The banner comes before the worker installs its signal handlers and starts; a
+        # SIGTERM in that instant is lost or kills it (reported for worker.py), so give the
+        # start the time it takes.
+        time.sleep(START_TIME)
+        if "background" in block.marks:
+            self.background.append((block, proc))
+            if proc.poll() is not None:
+                raise AssertionError(f"{block.where}: {shlex_join(words)} ended: {banner}")
+            return
+        self.stop(block, proc, banner)
+
+    def stop(self, block: Block, proc: subprocess.Popen[str], banner: str = "") -> None:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            _, rest = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            _, dump = proc.communicate()
+            raise AssertionError(
+                f"{block.where}: did not stop within 30 s of SIGTERM\n{dump}"
+            ) from None
+        assert proc.returncode == 0, f"{block.where}: exit {proc.returncode}\n{banner}{rest}"
+
+    def close(self) -> None:
+        from ultimat3.jobs import App
+
+        for block, proc in self.background:
+            self.stop(block, proc)
+        modules = [self.module] + [
+            m
+            for m in list(sys.modules.values())
+            if str(getattr(m, "__file__", "") or "").startswith(str(self.folder))
+        ]
+        for module in modules:
+            for value in list(vars(module).values()):
+                if isinstance(value, App):
+                    value.close()
+        for name, module in list(sys.modules.items()):
+            if module in modules:
+                del sys.modules[name]
+
+
+def shlex_join(words: list[str]) -> str:
+    return shlex.join(words)
+
+
+@pytest.fixture
+def project_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("ULTIMAT3_JOBS_URL", "ULTIMAT3_JOBS_APP"):
+        monkeypatch.delenv(name, raising=False)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ULTIMAT3_JOBS_")}
+    env["PYTHONPATH"] = str(tmp_path)
+    return env
+
+
+def run_page(page: Path, folder: Path, env: dict[str, str]) -> None:
+    project = Project(page, folder, env)
+    try:
+        for block in blocks(page):
+            project.run(block)
+    finally:
+        project.close()
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p not in ON_POSTGRES], ids=page_id)
+def test_page_examples_run(page: Path, tmp_path: Path, project_env: dict[str, str]) -> None:
+    run_page(page, tmp_path, project_env)
+
+
+@pytest.mark.parametrize("page", ON_POSTGRES, ids=page_id)
+def test_page_examples_run_on_postgres(
+    page: Path,
+    tmp_path: Path,
+    project_env: dict[str, str],
+    pg_dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from psycopg.conninfo import conninfo_to_dict
+
+    parts = conninfo_to_dict(pg_dsn)
+    url = f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+    monkeypatch.setenv("ULTIMAT3_JOBS_URL", url)
+    project_env["ULTIMAT3_JOBS_URL"] = url
+    run_page(page, tmp_path, project_env)
+
+
+def test_every_page_has_a_checked_block() -> None:
+    """The collector sees the pages' blocks (a parser that found none would pass them all)."""
+    found = {page_id(p): len(blocks(p)) for p in PAGES}
+    assert found["README.md"] >= 4
+    assert all(n > 0 for name, n in found.items() if name not in NO_CODE), found
+
+
+#: Pages that are prose or generated references, with no code block of their own.
+NO_CODE = {"docs/cli.md", "docs/api.md", "docs/cron.md", "docs/guarantees.md"}

@@ -425,7 +425,8 @@ def test_duration_options_name_the_option_and_the_fix(
 
 def test_run_takes_every_worker_option() -> None:
     worker = {p.name for p in cli.commands["worker"].params}
-    assert worker <= {p.name for p in cli.commands["run"].params}
+    # --processes is the worker command's alone: `run` also hosts a scheduler and a relay.
+    assert worker - {"processes"} <= {p.name for p in cli.commands["run"].params}
     assert {"lease", "shutdown_grace", "poll_interval", "heartbeat"} <= worker
 
 
@@ -433,8 +434,24 @@ def test_run_passes_the_worker_options_on(project: Path) -> None:
     (project / "newcomer_run.py").write_text(NEWCOMER)
     code, _, err = run("--app", "newcomer_run:app", "run", "--lease", "2s", "--heartbeat", "2s")
     assert code == 1
-    # Both reached the worker, which refuses the pair (its message prints them as timedelta).
-    assert err.startswith("error: heartbeat=0:00:02 is more than half the lease (0:00:02)")
+    # Both reached the worker, which refuses the pair.
+    assert err.startswith("error: heartbeat=2s is more than half the lease (2s)")
+
+
+def test_a_pool_needs_at_least_one_process(project: Path) -> None:
+    (project / "newcomer_pool.py").write_text(NEWCOMER)
+    code, out, err = run("--app", "newcomer_pool:app", "worker", "--processes", "0")
+    assert (code, out) == (2, "")
+    assert lines(err)[-1] == (
+        "Error: Invalid value for '--processes': 0 is not in the range 1<=x<=256."
+    )
+
+
+def test_a_pool_child_runs_the_same_command_without_processes() -> None:
+    from ultimat3.jobs.cli import _without_processes
+
+    argv = ["--app", "m:app", "worker", "--processes", "4", "-c", "2", "--processes=3", "-q", "p"]
+    assert _without_processes(argv) == ["--app", "m:app", "worker", "-c", "2", "-q", "p"]
 
 
 def _every_command(group: click.Group, path: str = "") -> Iterator[tuple[str, click.Command]]:

@@ -40,6 +40,7 @@ from ultimat3.jobs.duration import format_duration, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError, DurationError, JobsError
 from ultimat3.jobs.job import JobHandle
 from ultimat3.jobs.outboxes import open_store
+from ultimat3.jobs.pool import ProcessPool, watch_parent
 from ultimat3.jobs.records import Job, JobState
 from ultimat3.jobs.retry import retry_schedule
 from ultimat3.jobs.tasks import TaskHandle
@@ -408,9 +409,32 @@ def _build_worker(app: App, queues: tuple[str, ...], concurrency: int, **setting
 
 @cli.command()
 @_worker_options
+@click.option(
+    "--processes",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 256),
+    help="Worker processes to run, each with --concurrency handler threads; one that exits "
+    "is restarted. SIGTERM stops them all gracefully.",
+)
 @pass_ctx
-def worker(ctx: Context, /, queues: tuple[str, ...], concurrency: int, **settings: Any) -> None:
+def worker(
+    ctx: Context, /, queues: tuple[str, ...], concurrency: int, processes: int, **settings: Any
+) -> None:
     """Run jobs until SIGTERM/SIGINT (a second signal stops at once)."""
+    if processes > 1:
+        with explained():
+            app = ctx.app
+            _build_worker(app, queues, concurrency, **settings)  # every option checked here
+            app.open()  # and the schema migrated once, before the children start
+            click.echo(
+                f"{processes} worker processes on {app.driver.display_url}, concurrency "
+                f"{concurrency} each",
+                err=True,
+            )
+            app.close()
+        sys.exit(ProcessPool(_without_processes(sys.argv[1:]), processes).run())
+    watch_parent()
     with explained():
         app = ctx.app
         w = _build_worker(app, queues, concurrency, **settings)
@@ -428,6 +452,20 @@ def worker(ctx: Context, /, queues: tuple[str, ...], concurrency: int, **setting
             err=True,
         )
         sys.exit(w.exit_code)
+
+
+def _without_processes(argv: list[str]) -> list[str]:
+    """The command line of one child of a pool: ``argv`` without ``--processes N``."""
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--processes":
+            skip = True
+        elif not arg.startswith("--processes="):
+            kept.append(arg)
+    return kept
 
 
 def _scheduler_options(f: F) -> F:

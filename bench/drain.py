@@ -13,19 +13,17 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sqlite3
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
-from run import cpu_seconds, load_app, spawn_worker, sqlite_bare_claim_loop
+from run import drained_span, load_app, spawn_worker, sqlite_bare_claim_loop, tree_cpu_seconds
 
 
-def drain(url: str, tmp: Path, jobs: int, processes: int, span: Any) -> tuple[float, float]:
+def drain(url: str, tmp: Path, jobs: int, processes: int) -> tuple[float, float]:
     """Jobs per second from the first claim to the last completion, as the database recorded
-    them (``span`` reads both), and the worker's CPU share meanwhile. Progress is polled
+    them (``drained_span``), and the worker processes' CPU share meanwhile. Progress is polled
     rarely: a count every few milliseconds would load the database it measures."""
     bj = load_app(url, tmp)
     app = bj.app
@@ -39,36 +37,14 @@ def drain(url: str, tmp: Path, jobs: int, processes: int, span: Any) -> tuple[fl
     deadline = time.monotonic() + 600
     while app.count_jobs(state="completed") < jobs and time.monotonic() < deadline:
         if not cpu:
-            cpu = cpu_seconds(worker.pid)  # once the app is loaded, about when claims begin
+            cpu = tree_cpu_seconds(worker.pid)  # once the app is loaded: about the first claim
         time.sleep(0.5)
-    cpu = cpu_seconds(worker.pid) - cpu
+    cpu = tree_cpu_seconds(worker.pid) - cpu
     worker.terminate()
     worker.wait()
     app.close()
-    first, last = span(url)
+    first, last = drained_span(url)
     return jobs / (last - first), cpu / (last - first)
-
-
-def sqlite_span(url: str) -> tuple[float, float]:
-    conn = sqlite3.connect(url.removeprefix("sqlite:///"))
-    try:
-        first, last = conn.execute(
-            "SELECT min(attempted_at), max(finished_at) FROM x_jobs"
-        ).fetchone()
-    finally:
-        conn.close()
-    return first / 1e6, last / 1e6
-
-
-def postgres_span(url: str) -> tuple[float, float]:
-    import psycopg
-
-    with psycopg.connect(url) as conn:
-        first, last = conn.execute(
-            "SELECT extract(epoch FROM min(attempted_at)), extract(epoch FROM max(finished_at))"
-            " FROM ultimat3_jobs.x_jobs WHERE name <> 'bench.bare'"
-        ).fetchone()
-    return float(first), float(last)
 
 
 def report(label: str, measured: tuple[float, float], bare: float) -> None:
@@ -86,7 +62,7 @@ def bench_sqlite(jobs: int, sweep: list[int]) -> None:
         print("== SQLite (WAL, synchronous=FULL)")
         for n in sweep:
             url = f"sqlite:///{tmp / f'jobs{n}.sqlite3'}"
-            measured = drain(url, tmp, jobs, n, sqlite_span)
+            measured = drain(url, tmp, jobs, n)
             report(f"drain {jobs:,} no-op jobs, {n} process(es)", measured, bare)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -117,7 +93,7 @@ def bench_postgres(jobs: int, sweep: list[int]) -> None:
         for n in sweep:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute("TRUNCATE ultimat3_jobs.x_jobs")
-            measured = drain(_url(dsn), tmp, jobs, n, postgres_span)
+            measured = drain(_url(dsn), tmp, jobs, n)
             report(f"drain {jobs:,} no-op jobs, {n} process(es)", measured, bare)
     finally:
         cluster.close()

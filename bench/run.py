@@ -2,6 +2,7 @@
 
     python bench/run.py                 # SQLite (and PostgreSQL when its binaries are present)
     python bench/run.py --driver sqlite --quick
+    python bench/run.py --driver postgres --processes 1,2,4   # and a --processes sweep
 
 Figures are jobs per second and latency percentiles on this machine, noisy by nature: quote
 them as ratios to the baselines printed beside them. Not a test: nothing here asserts.
@@ -177,6 +178,57 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process and its children (a ``--processes`` pool)."""
+    total = cpu_seconds(pid)
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def drained_span(url: str) -> tuple[float, float]:
+    """(first claim, last completion) of the jobs of queue ``default``, in epoch seconds, as the
+    database recorded them."""
+    if url.startswith("sqlite:///"):
+        conn = sqlite3.connect(url.removeprefix("sqlite:///"))
+        try:
+            first, last = conn.execute(
+                "SELECT min(attempted_at), max(finished_at) FROM x_jobs WHERE queue = 'default'"
+            ).fetchone()
+        finally:
+            conn.close()
+        return first / 1e6, last / 1e6
+    import psycopg
+
+    with psycopg.connect(url) as pg:
+        row = pg.execute(
+            "SELECT extract(epoch FROM min(attempted_at)), extract(epoch FROM max(finished_at))"
+            " FROM ultimat3_jobs.x_jobs WHERE queue = 'default'"
+        ).fetchone()
+    assert row is not None
+    return float(row[0]), float(row[1])
+
+
+def drain_rate(app: Any, url: str, tmp: Path, total: int, *args: str) -> float:
+    """Jobs per second of one worker process (``args`` its options) over a backlog of
+    ``total`` jobs, from the database's own timestamps; progress is polled twice a second, so
+    the poll does not load the database it measures."""
+    worker = spawn_worker(url, tmp, "--queue", "default", "--poll-interval", "100ms", *args)
+    deadline = time.monotonic() + 600
+    while app.count_jobs(state="completed") < total and time.monotonic() < deadline:
+        time.sleep(0.5)
+    worker.terminate()
+    worker.wait()
+    first, last = drained_span(url)
+    return total / (last - first)
+
+
 def measure_library(
     table: Table,
     url: str,
@@ -212,18 +264,11 @@ def measure_library(
     )
 
     total = n_single + n_bulk
-    worker = spawn_worker(url, tmp, "--queue", "default", "--poll-interval", "100ms")
-    started = time.perf_counter()
-    deadline = started + 600
-    while app.count_jobs(state="completed") < total and time.perf_counter() < deadline:
-        time.sleep(0.05)
-    elapsed = time.perf_counter() - started
-    worker.terminate()
-    worker.wait()
+    drained = drain_rate(app, url, tmp, total)
     table.add(
         f"drain {total:,} no-op jobs (1 worker process, defaults)",
-        rate(total, elapsed),
-        f"{baselines['claim']:,.0f}/s bare claim-10/ack-10 loop  (ratio {total / elapsed / baselines['claim']:.2f})",
+        f"{drained:>12,.0f}/s",
+        f"{baselines['claim']:,.0f}/s bare claim-10/ack-10 loop  (ratio {drained / baselines['claim']:.2f})",
     )
 
     worker = spawn_worker(url, tmp, "--queue", "latency", "--poll-interval", "1s")
@@ -319,6 +364,12 @@ def main() -> None:
     )
     parser.add_argument("--driver", choices=["sqlite", "postgres", "all"], default="all")
     parser.add_argument("--quick", action="store_true", help="Smaller counts (about a minute).")
+    parser.add_argument(
+        "--processes",
+        default="",
+        help="Also drain with `worker --processes N` for each N of this comma-separated list "
+        "(bench/drain.py, beside its own bare loop).",
+    )
     args = parser.parse_args()
     if args.driver in ("sqlite", "all"):
         bench_sqlite(args.quick)
@@ -329,6 +380,11 @@ def main() -> None:
             print(f"\n== PostgreSQL: skipped ({exc})")
         else:
             bench_postgres(args.quick, Table, measure_library)
+    if args.processes:
+        import drain
+
+        sweep = ["--driver", args.driver, "--processes", args.processes]
+        drain.main([*sweep, "--jobs", "20000" if args.quick else "50000"])
 
 
 if __name__ == "__main__":

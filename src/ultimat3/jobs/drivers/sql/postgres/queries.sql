@@ -448,3 +448,8 @@ RETURNING l.holder
 
 -- name: leader_resign
 DELETE FROM {schema}.x_leaders WHERE name = %(name)s AND holder = %(holder)s
+
+-- name: job_newest
+-- The polling waiter's look (no LISTEN): the newest job id, one backward probe of the primary
+-- key. Ids are UUIDv7 text, so a new job's id sorts after the ones before it.
+SELECT max(id) FROM {schema}.x_jobs

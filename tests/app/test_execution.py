@@ -498,7 +498,7 @@ class _FailsOnce:
     [
         ("claim", "job_claim"),
         ("flush", "job_settle_many"),
-        ("heartbeat", "lease_extend"),
+        ("renew", "lease_extend"),
         ("maintenance", "leader_elect"),
     ],
 )

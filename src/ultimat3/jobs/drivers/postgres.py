@@ -510,6 +510,17 @@ class PostgresDriver:
         rows = self._fetch("job_release_unstarted", {"now": now, "channel": self._channel})
         return sorted(row[0] for row in rows)
 
+    def job_release_orphans(
+        self, worker_id: str, keep: Sequence[Lease], *, now: datetime | None = None
+    ) -> list[str]:
+        params = {
+            "worker_id": worker_id,
+            "keep": _text_array(lease.token for lease in keep),
+            "now": now,
+            "channel": self._channel,
+        }
+        return sorted(row[0] for row in self._fetch("job_release_orphans", params))
+
     def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:
         rows = self._fetch(
             "job_peek_isolated", {"queues": _text_array(sorted(set(queues))), "now": now}

@@ -252,6 +252,28 @@ woken AS (
 )
 SELECT r.id, (SELECT count(*) FROM woken) FROM released r
 
+-- name: job_release_orphans
+-- The jobs of a claim whose reply this worker never got (the connection broke after the claim
+-- committed): claimed by it, never started, and not among the leases it holds (%(keep)s).
+-- Back to the queue at once, attempt refunded; running rows are found on the lease index.
+WITH released AS (
+    UPDATE {schema}.x_jobs j
+    SET state = 'available',
+        run_at = coalesce(%(now)s::timestamptz, now()),
+        attempt = greatest(j.attempt - 1, 0),
+        lease_token = NULL,
+        lease_expires_at = NULL
+    WHERE j.state = 'running' AND NOT j.started
+      AND j.lease_expires_at IS NOT NULL
+      AND j.worker_id = %(worker_id)s
+      AND NOT (j.lease_token = ANY(%(keep)s::text[]))
+    RETURNING j.id, j.queue
+),
+woken AS (
+    SELECT pg_notify(%(channel)s, q.queue) FROM (SELECT DISTINCT queue FROM released) q
+)
+SELECT r.id, (SELECT count(*) FROM woken) FROM released r
+
 -- name: job_complete
 UPDATE {schema}.x_jobs j
 SET state = 'completed',

@@ -68,7 +68,10 @@ lease tokens (fresh random UUIDs) as text; ``tenant_id`` NULL for "no tenant".
 Limits: PostgreSQL 13 or newer (``gen_random_uuid()``). Sync connections only: an
 ``AsyncConnection`` cannot be adopted yet. A connection that went half-open (a network cut
 without a reset) is found only when used, by TCP keepalives and ``tcp_user_timeout`` (~30 s
-by default). While the server is down a call fails after about half a second (when no pooled
+by default), or by the watchdog when a call is in flight (a peer that still acknowledges).
+The pooler check runs at ``migrate()`` and at the first wait: a process that does neither (an
+App opened with ``migrate=False`` that only enqueues) relies on ``?pooler=transaction`` being
+in its URL. While the server is down a call fails after about half a second (when no pooled
 connection comes, one direct attempt tells an outage from a busy pool, at most once a
 second); an exhausted pool makes a call wait up to 5 s more. A call in flight when its session
 dies raises (it is not retried: the driver cannot know whether a write committed); the next
@@ -311,6 +314,7 @@ class PostgresDriver:
             max_size=pool_max,
             kwargs=pool_kwargs,
             open=False,
+            configure=_ignore_notifications,
             timeout=_POOL_WAIT,
             reconnect_timeout=_RECONNECT_WINDOW,
             name=f"ultimat3-jobs:{schema}",
@@ -339,6 +343,7 @@ class PostgresDriver:
         self._look_at = 0.0
         self._look_lock = threading.Lock()
         self._probed = False
+        self._probe_retry_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -761,7 +766,10 @@ class PostgresDriver:
         timeout = max(0.0, timeout)
         if self._probe_pooler and not self._probed:
             self._check_pooler()
-        if not self._listen:
+        if not self._listen or (self._probe_pooler and not self._probed):
+            # Polling; or the pooler check could not run (the server is away): no LISTEN
+            # until it has, as a LISTEN through a transaction pooler would stay behind on a
+            # server session that other clients get next.
             self._poll_wait(timeout, wake)
             return
         deadline = time.monotonic() + timeout
@@ -831,7 +839,7 @@ class PostgresDriver:
         """Once: does a NOTIFY reach our LISTEN? Behind a transaction-mode pooler it does not
         (the LISTEN ran on a server session that went back to the pool); then warn with the
         fix, and poll without prepared statements from now on."""
-        if not self._probe_pooler or self._probed:
+        if not self._probe_pooler or self._probed or time.monotonic() < self._probe_retry_at:
             return
         self._probed = True
         channel = pg_sql.Identifier(f"{self._channel}:probe")
@@ -852,10 +860,14 @@ class PostgresDriver:
                     n.payload == payload for n in probe.notifies(timeout=_PROBE_WAIT, stop_after=1)
                 )
         except (psycopg.Error, DriverUnavailableError):
-            self._probed = False  # cannot tell now; the next migrate or wait asks again
+            # Cannot tell now; a later migrate or wait asks again (not sooner than in 5 s).
+            self._probed = False
+            self._probe_retry_at = time.monotonic() + 5.0
             return
         if got:
             return
+        # The probe's LISTEN may stay registered on a pooled server session (until the pooler
+        # closes it); only these probes ever notify that channel.
         self._listen = False
         self._stateless = True
         self._prepare = False
@@ -1408,6 +1420,17 @@ def _cut_off(conn: Any) -> None:
             sock.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
+
+
+def _ignore_notifications(conn: Any) -> None:
+    """Pooled connections never LISTEN, but behind a transaction-mode pooler a server session
+    that some client once LISTENed on delivers its notifications to whichever client holds it
+    next; without a handler psycopg would keep them all, unread, for the connection's life."""
+    conn.add_notify_handler(_drop)
+
+
+def _drop(notify: Any) -> None:
+    pass
 
 
 def _job(row: Row) -> Job:

@@ -7,8 +7,11 @@
   never reach a caller's transaction (``app.transaction()`` hands a pooled connection over),
   directly and through PgBouncer.
 - A row-lock wait ends at ``lock_timeout``; a call without a reply (a stalled proxy) is cut
-  off by the client-side watchdog, and the next call goes through once the path is back.
+  off by the client-side watchdog, and the next call goes through once the path is back; so
+  does the call after a connection reset.
 - The outbox store's connection gets the same TCP settings and bounds.
+- Behind a transaction pooler, notifications a once-LISTENed server session hands to our
+  pooled connections are dropped, not kept unread for the connection's life.
 """
 
 from __future__ import annotations
@@ -198,3 +201,41 @@ def test_the_outbox_store_is_bounded_and_keeps_alive(pg_dsn: str) -> None:
         assert (given["keepalives_idle"], given["tcp_user_timeout"]) == ("10", "30000")
     finally:
         store.close()
+
+
+def test_a_reset_connection_fails_one_call_and_the_next_goes_through(
+    proxied_dsn: tuple[str, Any],
+) -> None:
+    dsn, proxy = proxied_dsn
+    driver = PostgresDriver(dsn, pool_min=0, pool_max=1)
+    try:
+        assert driver.job_get("nothing") is None
+        accepted = proxy.accepted
+        proxy.stall()  # the next call is sent, and its reply never comes: then the reset
+        threading.Timer(0.3, proxy.reset).start()
+        with pytest.raises(DriverUnavailableError) as raised:
+            driver.job_get("nothing")
+        assert raised.value.retryable
+        proxy.resume()
+        assert driver.job_get("nothing") is None
+        assert proxy.accepted > accepted, "on a new connection"
+    finally:
+        proxy.resume()
+        driver.close()
+
+
+def test_stray_notifications_behind_a_transaction_pooler_are_not_kept(pgb_dsn: str) -> None:
+    """A client that once LISTENed through the pooler leaves the registration on a server
+    session, whose notifications then reach whichever client holds it next."""
+    with psycopg.connect(pgb_dsn, autocommit=True) as stray:
+        stray.execute("LISTEN ultimat3_jobs")  # stays on the server session it ran on
+    driver: Any = open_driver(_url(pgb_dsn, "?pooler=transaction&pool_min=1&pool_max=1"))
+    try:
+        for _ in range(20):
+            driver.job_insert_many([_job()])  # each NOTIFYs ultimat3_jobs
+        with driver._connection() as conn:
+            held = conn.execute(_SETTINGS)  # one more round trip, for what is in flight
+            assert held.fetchone() is not None
+            assert not conn._notifies_backlog, "nothing kept for a connection that never listens"
+    finally:
+        driver.close()

@@ -383,7 +383,11 @@ class App(Enqueuer):
             ),
         )
         bound = getattr(self.driver, "statement_timeout", None)
-        if isinstance(bound, float) and bound >= config.lease.total_seconds():
+        if (
+            isinstance(bound, int | float)
+            and not isinstance(bound, bool)
+            and bound >= config.lease.total_seconds()
+        ):
             # Not refused: fencing and the heartbeat's give-up keep jobs safe; but a reply as
             # late as the statement timeout could arrive after the lease it was about.
             events.warning(

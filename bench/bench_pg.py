@@ -1,5 +1,7 @@
 """The PostgreSQL half of ``bench/run.py``: a throwaway cluster (fsync on), bare-SQL baselines
-on the library's own table, then the same library measures as for SQLite."""
+on the library's own table, then the same library measures as for SQLite; with
+``pgbouncer=True`` the library measures once more, on a second database of the same cluster,
+through PgBouncer in transaction mode (``?pooler=transaction``)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from pgcluster import Cluster
+from pgcluster import Bouncer, Cluster
 from ultimat3.jobs.drivers.postgres import PostgresDriver
 from ultimat3.jobs.ids import token, uuid7
 
@@ -134,7 +136,9 @@ def bare_tx_insert_cost(conn: psycopg.Connection[Any], table: str, n: int) -> tu
     return run(False), run(True)
 
 
-def bench_postgres(quick: bool, table_cls: Any, measure_library: Callable[..., None]) -> None:
+def bench_postgres(
+    quick: bool, table_cls: Any, measure_library: Callable[..., None], *, pgbouncer: bool = False
+) -> None:
     table = table_cls("PostgreSQL (throwaway cluster, fsync on, default settings)")
     table.header()
     tmp = Path(tempfile.mkdtemp(prefix="u3bench-pg-"))
@@ -170,15 +174,33 @@ def bench_postgres(quick: bool, table_cls: Any, measure_library: Callable[..., N
             "wake_label": f"bare NOTIFY latency {statistics.median(notify):.2f} ms p50",
         }
         measure_library(table, _url(dsn), tmp, quick, baselines, _pg_in_tx(dsn))
+        if pgbouncer:
+            with psycopg.connect(cluster.dsn(), autocommit=True) as admin:
+                admin.execute("CREATE DATABASE bench_pgb")
+            bouncer = Bouncer.start(cluster)
+            try:
+                through = bouncer.dsn("bench_pgb")
+                bounced = table_cls("PostgreSQL through PgBouncer 1.18, pool_mode=transaction")
+                bounced.header()
+                measure_library(
+                    bounced,
+                    _url(through) + "?pooler=transaction",
+                    tmp,
+                    quick,
+                    baselines,
+                    _pg_in_tx(through, prepare_threshold=None),
+                )
+            finally:
+                bouncer.close()
     finally:
         cluster.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _pg_in_tx(dsn: str) -> Callable[[Any, int], tuple[float, float]]:
+def _pg_in_tx(dsn: str, **connect: Any) -> Callable[[Any, int], tuple[float, float]]:
     def in_tx(bj: Any, n: int) -> tuple[float, float]:
         app = bj.app
-        with psycopg.connect(dsn) as conn:
+        with psycopg.connect(dsn, **connect) as conn:
             conn.execute("CREATE TABLE IF NOT EXISTS orders (id bigserial primary key, v text)")
             conn.commit()
 

@@ -3,6 +3,7 @@
     python bench/run.py                 # SQLite (and PostgreSQL when its binaries are present)
     python bench/run.py --driver sqlite --quick
     python bench/run.py --driver postgres --processes 1,2,4   # and a --processes sweep
+    python bench/run.py --driver postgres --quick --pgbouncer   # also through PgBouncer
 
 Figures are jobs per second and latency percentiles on this machine, noisy by nature: quote
 them as ratios to the baselines printed beside them. Not a test: nothing here asserts.
@@ -370,6 +371,12 @@ def main() -> None:
         help="Also drain with `worker --processes N` for each N of this comma-separated list "
         "(bench/drain.py, beside its own bare loop).",
     )
+    parser.add_argument(
+        "--pgbouncer",
+        action="store_true",
+        help="PostgreSQL: measure the library once more through PgBouncer in transaction "
+        "mode (?pooler=transaction), on the same cluster in the same run.",
+    )
     args = parser.parse_args()
     if args.driver in ("sqlite", "all"):
         bench_sqlite(args.quick)
@@ -379,7 +386,7 @@ def main() -> None:
         except ImportError as exc:
             print(f"\n== PostgreSQL: skipped ({exc})")
         else:
-            bench_postgres(args.quick, Table, measure_library)
+            bench_postgres(args.quick, Table, measure_library, pgbouncer=args.pgbouncer)
     if args.processes:
         import drain
 

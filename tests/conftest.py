@@ -16,6 +16,11 @@
   sessions; skipped against an external server. Tests that stop the server should start their
   own ``Cluster.create()`` so a failure cannot take the shared one down.
 
+- ``pg_bouncer`` (session): PgBouncer in transaction-pooling mode in front of the throwaway
+  cluster (``pgcluster.Bouncer``); ``pgb_dsn``: the test's fresh database (``pg_dsn``) reached
+  through it. Skipped without the ``pgbouncer`` binary, except under ``CI=true``, where a
+  missing binary is a failure (``.ci/run`` installs it).
+
 Tests that use any of these are marked ``postgres`` automatically (``-m "not postgres"``).
 """
 
@@ -29,10 +34,12 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from pgcluster import Cluster
+    from pgcluster import Bouncer, Cluster
 
 ENV_DSN = "ULTIMAT3_JOBS_TEST_DSN"
-_PG_FIXTURES = frozenset({"pg_server", "pg_template", "pg_dsn", "pg_empty_dsn", "pg_cluster"})
+_PG_FIXTURES = frozenset(
+    {"pg_server", "pg_template", "pg_dsn", "pg_empty_dsn", "pg_cluster", "pg_bouncer", "pgb_dsn"}
+)
 _counter = itertools.count()
 
 
@@ -142,3 +149,26 @@ def pg_cluster(pg_server: PgServer) -> Cluster:
     if pg_server.cluster is None:
         pytest.skip(f"{ENV_DSN} points at an external server: this test needs its own cluster")
     return pg_server.cluster
+
+
+@pytest.fixture(scope="session")
+def pg_bouncer(pg_cluster: Cluster) -> Iterator[Bouncer]:
+    from pgcluster import Bouncer, find_pgbouncer
+
+    if find_pgbouncer() is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("pgbouncer is not installed, and CI must run the suite through it")
+        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer)")
+    bouncer = Bouncer.start(pg_cluster)
+    try:
+        yield bouncer
+    finally:
+        bouncer.close()
+
+
+@pytest.fixture
+def pgb_dsn(pg_dsn: str, pg_bouncer: Bouncer) -> str:
+    """The test's fresh database (``pg_dsn``) through PgBouncer in transaction mode."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    return pg_bouncer.dsn(conninfo_to_dict(pg_dsn)["dbname"])

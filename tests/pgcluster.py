@@ -14,8 +14,13 @@ PostgreSQL refuses to run as root: when the effective uid is 0 every server comm
 directory is created with ``tempfile.mkdtemp`` under the system temp dir rather than pytest's
 ``tmp_path``, whose root-only parents that user could not enter.
 
+``Bouncer.start(cluster)`` puts PgBouncer (Debian's ``pgbouncer``, found on PATH or in
+/usr/sbin) in front of a cluster, in transaction-pooling mode, on a free loopback port: its own
+config and auth files in a temp dir, run in the foreground as a subprocess (as the ``postgres``
+user when root: PgBouncer refuses to run as root), every database name mapped to the cluster.
+
 Limits: POSIX only; one postmaster per ``Cluster``; ``close()`` (also run at interpreter exit)
-stops the server and deletes the directory.
+stops the server (or the bouncer) and deletes the directory.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from typing import Literal
 
 import psycopg
 
-__all__ = ["Cluster", "ClusterError", "find_bindir"]
+__all__ = ["Bouncer", "Cluster", "ClusterError", "find_bindir", "find_pgbouncer"]
 
 SERVICE_USER = "postgres"
 StopMode = Literal["smart", "fast", "immediate"]
@@ -244,3 +249,104 @@ class Cluster:
                 f"{result.stdout}{result.stderr}\n{self.log_tail()}"
             )
         return result
+
+
+def find_pgbouncer() -> Path | None:
+    """The ``pgbouncer`` executable, or None."""
+    found = shutil.which("pgbouncer") or next(
+        (p for p in ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer") if os.path.exists(p)), None
+    )
+    return Path(found) if found else None
+
+
+class Bouncer:
+    """PgBouncer in transaction-pooling mode in front of one ``Cluster``."""
+
+    def __init__(self, root: Path, port: int, proc: subprocess.Popen[bytes]) -> None:
+        self.root = root
+        self.port = port
+        self.logfile = root / "pgbouncer.log"
+        self._proc = proc
+        self._closed = False
+
+    @classmethod
+    def start(cls, cluster: Cluster, *, exe: Path | None = None, timeout: float = 30.0) -> Bouncer:
+        found = exe or find_pgbouncer()
+        if found is None:
+            raise ClusterError("pgbouncer is not installed (apt-get install pgbouncer)")
+        root = Path(tempfile.mkdtemp(prefix="u3j-pgb-"))
+        port = _free_port()
+        (root / "users.txt").write_text('"postgres" ""\n')
+        (root / "pgbouncer.ini").write_text(
+            "\n".join(
+                [
+                    "[databases]",
+                    f"* = host=127.0.0.1 port={cluster.port}",
+                    "[pgbouncer]",
+                    "listen_addr = 127.0.0.1",
+                    f"listen_port = {port}",
+                    "unix_socket_dir =",
+                    "auth_type = trust",
+                    f"auth_file = {root / 'users.txt'}",
+                    "pool_mode = transaction",
+                    "max_client_conn = 1000",
+                    "default_pool_size = 20",
+                    # Test databases are dropped WITH (FORCE) while the pooler holds server
+                    # connections to them; give up on a dead one at once.
+                    "server_login_retry = 1",
+                    "server_connect_timeout = 5",
+                    f"logfile = {root / 'pgbouncer.log'}",
+                    "admin_users = postgres",
+                    "",
+                ]
+            )
+        )
+        argv = [str(found), str(root / "pgbouncer.ini")]
+        if _need_service_user():
+            user = _ensure_service_user()
+            for path in (root, root / "users.txt", root / "pgbouncer.ini"):
+                os.chown(path, user.pw_uid, user.pw_gid)
+            argv = ["runuser", "-u", SERVICE_USER, "--", *argv]
+        proc = subprocess.Popen(
+            argv,
+            cwd=root,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        bouncer = cls(root, port, proc)
+        atexit.register(bouncer.close)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with psycopg.connect(bouncer.dsn("postgres"), connect_timeout=2):
+                    return bouncer
+            except psycopg.OperationalError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log = bouncer.log_tail()
+                    bouncer.close()
+                    raise ClusterError(f"pgbouncer did not start; log:\n{log}") from None
+                time.sleep(0.05)
+
+    def dsn(self, dbname: str) -> str:
+        """A libpq conninfo string reaching ``dbname`` through the pooler."""
+        return f"host=127.0.0.1 port={self.port} user=postgres dbname={dbname}"
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.logfile.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no pgbouncer log)"
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        shutil.rmtree(self.root, ignore_errors=True)

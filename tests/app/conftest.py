@@ -15,16 +15,26 @@ from ultimat3.jobs.testing import FakeClock
 from .processes import HERE
 
 
-@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(
+    params=[
+        "memory",
+        "sqlite",
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("pgbouncer", marks=pytest.mark.postgres),
+    ]
+)
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """The same app-level behaviour on every driver (PostgreSQL: a fresh database per test)."""
+    """The same app-level behaviour on every driver (PostgreSQL: a fresh database per test;
+    "pgbouncer": the same through PgBouncer in transaction mode, with ``?pooler=transaction``)."""
     if request.param == "memory":
         return "memory://"
-    if request.param == "postgres":
+    if request.param in ("postgres", "pgbouncer"):
         from psycopg.conninfo import conninfo_to_dict
 
-        parts = conninfo_to_dict(request.getfixturevalue("pg_dsn"))
-        return f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+        bounced = request.param == "pgbouncer"
+        parts = conninfo_to_dict(request.getfixturevalue("pgb_dsn" if bounced else "pg_dsn"))
+        url = f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+        return url + "?pooler=transaction" if bounced else url
     return f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
 
 

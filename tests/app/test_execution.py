@@ -497,7 +497,7 @@ class _FailsOnce:
     [
         pytest.param("cycle", "job_cycle", None, id="cycle-claiming"),
         pytest.param("cycle", "job_cycle", lambda cycle: cycle.completes, id="cycle-settling"),
-        pytest.param("heartbeat", "lease_extend", None, id="heartbeat"),
+        pytest.param("renew", "lease_extend", None, id="renew"),
         pytest.param("maintenance", "leader_elect", None, id="maintenance"),
     ],
 )

@@ -1,5 +1,7 @@
 """Fixtures of the driver contract suite: every test that asks for ``driver`` runs once per
-driver ("memory", "sqlite", "postgres") on a fresh, migrated database.
+driver ("memory", "sqlite", "postgres") on a fresh, migrated database, and once more on
+PostgreSQL through PgBouncer in transaction mode ("pgbouncer": a ``postgresql://`` URL with
+``?pooler=transaction``, opened as an App would open it).
 
 A driver whose module is not importable yet is skipped with the reason, and so is PostgreSQL
 while ``tests/conftest.py`` has no ``pg_dsn`` fixture; ``pytest -ra`` lists every skip.
@@ -21,12 +23,22 @@ from .helpers import DriverSpec, driver_class, open_driver
         pytest.param("memory"),
         pytest.param("sqlite"),
         pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("pgbouncer", marks=pytest.mark.postgres),
     ]
 )
 def driver_spec(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> DriverSpec:
     kind: str = request.param
+    if kind == "pgbouncer":
+        from psycopg.conninfo import conninfo_to_dict
+
+        parts = conninfo_to_dict(request.getfixturevalue("pgb_dsn"))
+        return DriverSpec(
+            "postgres",
+            f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+            "?pooler=transaction",
+        )
     try:
         driver_class(kind)
     except ImportError as exc:

@@ -52,7 +52,9 @@ class DriverSpec:
     """How to open one driver's database from any process."""
 
     kind: str  # "memory", "sqlite" or "postgres"
-    target: str = ""  # the SQLite file, or the PostgreSQL DSN
+    #: The SQLite file, or the PostgreSQL DSN (a ``postgresql://`` URL with options of ours,
+    #: such as ``?pooler=transaction``, is opened as an App opens its URL).
+    target: str = ""
 
 
 def driver_class(kind: str) -> Any:
@@ -67,6 +69,10 @@ def driver_class(kind: str) -> Any:
 
 def open_driver(spec: DriverSpec) -> Driver:
     """Open (not migrate) the driver a spec names."""
+    if spec.target.startswith("postgresql://"):
+        from ultimat3.jobs.drivers import open_driver as open_url
+
+        return open_url(spec.target)
     cls = driver_class(spec.kind)
     driver: Driver = cls() if spec.kind == "memory" else cls(spec.target)
     return driver

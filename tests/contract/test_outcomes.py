@@ -350,3 +350,30 @@ def test_an_unstarted_expired_claim_is_released_with_its_attempt_back(driver: Dr
     assert late.completed == set(), "the lease is gone"
     again = claim_one(driver, at(12))
     assert (again.id, again.attempt) == (unstarted.id, 1)
+
+
+def test_a_claim_whose_reply_was_lost_is_released_at_once_with_its_attempt_back(
+    driver: Driver,
+) -> None:
+    """The worker kept one lease and lost the reply of a claim of two more (its connection
+    broke after the claim committed): those two go back at once, attempts refunded; what it
+    holds, what it started, and what other workers hold stay as they are."""
+    held, lost_a, lost_b, started, other = (new_job(priority=p) for p in (5, 4, 3, 2, 1))
+    insert(driver, held, lost_a, lost_b, started, other)
+    [kept] = claim(driver, at(0), limit=1, started=False)
+    lost = claim(driver, at(1), limit=2, started=False)  # the reply that never arrived
+    ran = claim_one(driver, at(2))  # marked started: it may have run, so it is not an orphan
+    theirs = claim_one(driver, at(2), worker_id="worker-2", started=False)
+    assert [kept.id, ran.id, theirs.id] == [held.id, started.id, other.id]
+    released = driver.job_release_orphans("worker-1", [kept.lease], now=at(3))
+    assert released == sorted(j.id for j in lost) == sorted([lost_a.id, lost_b.id])
+    for job_id in released:
+        back = get(driver, job_id)
+        assert (back.state, back.attempt, back.lease_token) == (JobState.AVAILABLE, 0, None)
+    assert [get(driver, j.id).state for j in (kept, ran, theirs)] == [JobState.RUNNING] * 3
+    assert driver.job_release_orphans("worker-1", [kept.lease], now=at(4)) == []
+    late = driver.job_cycle(Cycle(completes=[lost[0].lease]), now=at(5))
+    assert late.completed == set(), "the lease is gone"
+    again = claim(driver, at(5), limit=5)
+    assert sorted(j.id for j in again) == released
+    assert all(j.attempt == 1 for j in again)

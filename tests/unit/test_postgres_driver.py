@@ -411,30 +411,41 @@ def test_adopt_refuses_a_database_without_the_tables(pg_dsn: str) -> None:
 # -- wake-ups ----------------------------------------------------------------------------------
 
 
+def _waited(drv: PostgresDriver, timeout: float, wake: threading.Event | None = None) -> float:
+    start = time.monotonic()
+    drv.wait_for_jobs(timeout, wake or threading.Event())
+    return time.monotonic() - start
+
+
 def test_listen_false_polls_only(pg_dsn: str) -> None:
-    drv = PostgresDriver(pg_dsn, listen=False, application_name="u3j-nolisten")
+    drv = PostgresDriver(pg_dsn, listen=False, application_name="u3j-nolisten", poll=0.2)
+    other = PostgresDriver(pg_dsn, listen=False, application_name="u3j-nolisten-2")
     try:
         with drv.transaction() as tx:
             assert tx.connection.prepare_threshold is None, "no prepared statements behind a pooler"
+        assert 0.55 <= _waited(drv, 0.6) < 2, "nothing changed, so nothing wakes it"
+        # An insert by this driver wakes its waiters at once.
         timer = threading.Timer(0.1, lambda: drv.job_insert_many([new_job()], now=T0))
         timer.start()
-        start = time.monotonic()
-        drv.wait_for_jobs(0.6, threading.Event())
-        assert time.monotonic() - start >= 0.55, "no LISTEN, so an insert cannot wake it"
+        assert _waited(drv, 10) < 0.5
+        timer.join()
+        # Another process's insert is seen by the next look (at most `poll` apart).
+        timer = threading.Timer(0.3, lambda: other.job_insert_many([new_job()], now=T0))
+        timer.start()
+        assert 0.25 <= _waited(drv, 10) < 1.0
         timer.join()
         wake = threading.Event()
         threading.Timer(0.1, wake.set).start()
-        start = time.monotonic()
-        drv.wait_for_jobs(10, wake)
-        assert time.monotonic() - start < 5
+        assert _waited(drv, 10, wake) < 5
         with psycopg.connect(pg_dsn) as conn:
             listening = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'u3j-nolisten'"
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'u3j-nolisten%'"
                 " AND query ILIKE 'listen%'"
             ).fetchone()
         assert listening == (0,)
     finally:
         drv.close()
+        other.close()
 
 
 def test_many_threads_wait_on_one_listen_connection(driver: Any, pg_dsn: str) -> None:

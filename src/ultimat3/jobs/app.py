@@ -398,6 +398,21 @@ class App(Enqueuer):
                 dead_retention=maybe(dead_retention, "dead_retention"),
             ),
         )
+        bound = getattr(self.driver, "statement_timeout", None)
+        if (
+            isinstance(bound, int | float)
+            and not isinstance(bound, bool)
+            and bound >= config.lease.total_seconds()
+        ):
+            # Not refused: fencing and the heartbeat's give-up keep jobs safe; but a reply as
+            # late as the statement timeout could arrive after the lease it was about.
+            events.warning(
+                "jobs.worker.bounds",
+                cause=f"the database's statement_timeout ({bound:g}s) is not shorter than the "
+                f"lease ({config.lease})",
+                fix="lower ?statement_timeout= in the URL (to a third of the lease, say), or "
+                "use a longer lease",
+            )
         return Worker(
             driver=self.driver,
             handles=self.registry.job_named,

@@ -196,6 +196,16 @@ class Driver(Protocol):
         ``available``, its attempt refunded; return their ids."""
         ...
 
+    def job_release_orphans(
+        self, worker_id: str, keep: Sequence[Lease], *, now: datetime | None = None
+    ) -> list[str]:
+        """Put back, attempt refunded, every running job claimed by ``worker_id`` that was
+        never marked started and whose lease is not in ``keep``: the jobs of a claim whose
+        reply was lost (the connection broke after the claim committed), which that worker
+        never saw and so never ran. Call it, with every lease the worker holds, only while no
+        claim of that worker is in flight; return the ids released."""
+        ...
+
     def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:
         """True when an isolated job (rescued after its worker died) is due in ``queues``. A
         read on an index that is empty unless something was rescued."""

@@ -13,9 +13,15 @@
    runs it with no hand-off between threads; while jobs are long, each ready job wakes a
    thread of its own. A slot frees once its run is settled and its handler has returned, so
    a sync job past its timeout keeps its lease until its thread ends.
-3. **heartbeat** loop: renews held leases, tells handlers of lost ones (``ctx.cancelled``),
-   marks timeouts, logs ``jobs.worker.stuck`` (and exits past ``stuck_limit``) and an event
-   loop blocked by an async job.
+3. **heartbeat** loop: asks the **renew** loop to renew held leases every heartbeat, tells
+   handlers of lost ones (``ctx.cancelled``), marks timeouts, logs ``jobs.worker.stuck`` (and
+   exits past ``stuck_limit``) and an event loop blocked by an async job. It never waits for
+   the database: a renewal that cannot get through (a stalled connection) blocks the renew
+   loop only, and a lease whose last confirmed renewal was sent ``lease - heartbeat/2`` ago is
+   given up (``jobs.lease.lost``, ``ctx.cancelled``) before it can have expired in the
+   database, so before it can have been rescued elsewhere. Not on a single-writer database
+   (SQLite): there a stall holds every writer, the rescuer included, and the rescuer trusts
+   an expiry only once writes have flowed for a full lease, so leases are kept through it.
 4. **maintenance** loop: rescue and prune, on the one node elected for it.
 
 A job whose worker dies while it holds it (started, by its claim) is rescued as
@@ -175,6 +181,7 @@ class _Held:
 
     __slots__ = (
         "cancelled",
+        "confirmed",
         "deadline",
         "handle",
         "job",
@@ -187,10 +194,16 @@ class _Held:
         "written",
     )
 
-    def __init__(self, job: Job, handle: JobHandle[Any] | None) -> None:
+    def __init__(
+        self, job: Job, handle: JobHandle[Any] | None, claimed_at: float | None = None
+    ) -> None:
         self.job = job
         self.lease = job.lease
         self.handle = handle
+        #: When the request that last set this lease's expiry was sent (time.monotonic()):
+        #: the claim, then each renewal the database confirmed. The lease lasts at least
+        #: until this plus the lease, whatever the clocks say.
+        self.confirmed = time.monotonic() if claimed_at is None else claimed_at
         self.run: Run[Outcome] = Run()
         self.cancelled = _Flag()
         self.deadline: float | None = None
@@ -275,6 +288,7 @@ class Worker:
         self._maybe_due = True  # claim at once: the last claim filled up, or a wake-up came
         self._avg_run = 1.0  # seconds; starts long, so that threads wake for each job at first
         self._cycle_loop = Loop("cycle", self._cycle_step, on_fatal=self._fatal)
+        self._renew_now = threading.Event()  # the heartbeat asks the renew loop to go
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -301,6 +315,7 @@ class Worker:
             thread.start()
         self._loops = {
             "heartbeat": Loop("heartbeat", self._heartbeat_step, on_fatal=self._fatal, stop=halt),
+            "renew": Loop("renew", self._renew_step, on_fatal=self._fatal, stop=halt),
             "maintenance": Loop("maintenance", self._maintenance_step, stop=self._stop_claiming),
         }
         for loop in self._loops.values():
@@ -495,6 +510,7 @@ class Worker:
                 self._leader_waiting = False
             self._maybe_due = True
             return 0.0
+        sent = time.monotonic()  # a lease lasts from when its claim was sent
         try:
             jobs = self._cycle(finished, limit, isolated=isolated)
         except BaseException:
@@ -510,7 +526,7 @@ class Worker:
                 if held.run.free:
                     self._held.pop(held.lease, None)
         if jobs:
-            self._hand([_Held(job, self.handles(job.name)) for job in jobs], isolated)
+            self._hand([_Held(job, self.handles(job.name), sent) for job in jobs], isolated)
         return 0.0
 
     def _claim_limit(self) -> tuple[int, bool]:
@@ -767,10 +783,12 @@ class Worker:
     def _note_lost(self, refused: list[_Held]) -> None:
         """Writes that fencing refused: the lease had been lost (rescued, cancelled)."""
         for h in refused:
-            if not h.lost:
+            with self._lock:  # the renew loop may be giving the same lease up (``_lose``)
+                if h.lost:
+                    continue
                 h.lost = True
                 self.stats.lost += 1
-                events.warning("jobs.lease.lost", job_id=h.job.id, job=h.job.name, late_write=True)
+            events.warning("jobs.lease.lost", job_id=h.job.id, job=h.job.name, late_write=True)
 
     # -- heartbeat, timeouts, stuck threads ---------------------------------------------------
 
@@ -799,17 +817,42 @@ class Worker:
                 self._cond.notify_all()
         self._check_stuck(held, now)
         self._check_event_loop(held, now)
+        self._check_leases(held, now)
         if now >= self._next_beat:
             self._next_beat = now + every
-            self._renew([h for h in held if not h.run.settled and not h.lost])
+            self._renew_now.set()
         if self._halt.is_set() and not held:
             return 0.0
         # Deadlines need a fine tick only while something runs; an idle worker wakes rarely.
         return min(0.1, every) if held else min(every, 0.5)
 
+    def _check_leases(self, held: list[_Held], now: float) -> None:
+        """Give up leases whose renewal has not been confirmed for ``lease - heartbeat/2``:
+        the database may expire them half a heartbeat later, and then rescue the job (unless
+        a stall of ours is every writer's: see the module docstring)."""
+        if self.driver.single_writer:
+            return
+        limit = self.config.lease.total_seconds() - self.config.heartbeat_every() / 2
+        for h in held:
+            if not h.lost and not h.run.settled and now - h.confirmed >= limit:
+                self._lose(h, unconfirmed_for=round(now - h.confirmed, 3))
+
+    def _renew_step(self) -> float:
+        """Renew every held lease when the heartbeat asks (on the renew loop's own thread,
+        so a call stalled on the database holds up nothing else)."""
+        self._renew_now.wait(self.config.heartbeat_every())
+        self._renew_now.clear()
+        if self._halt.is_set():
+            return 0.0
+        with self._lock:
+            held = [h for h in self._held.values() if not h.run.settled and not h.lost]
+        self._renew(held)
+        return 0.0
+
     def _renew(self, held: list[_Held]) -> None:
         if not held:
             return
+        sent = time.monotonic()
         try:
             kept = self.driver.lease_extend(
                 [h.lease for h in held], self.config.lease, now=self.clock.pinned()
@@ -818,19 +861,28 @@ class Worker:
             self._next_beat = time.monotonic() + min(1.0, self.config.heartbeat_every())
             raise
         for h in held:
-            if h.job.id not in kept and not h.lost and not h.run.settled:
+            if h.job.id in kept:
+                h.confirmed = max(h.confirmed, sent)
+            elif not h.run.settled:  # settled meanwhile: its write is fenced, and tells
                 # Rescued elsewhere or cancelled by an operator: whatever the handler does next
                 # is fenced; tell it to stop.
-                h.lost = True
-                self.stats.lost += 1
-                h.cancelled.set()
-                if h.task is not None:
-                    h.task.cancel()
-                events.warning("jobs.lease.lost", job_id=h.job.id, job=h.job.name)
-                if h.run.settle(Outcome("release")):
-                    h.written = True  # nothing to write: the lease is gone
-                    if h.run.free:
-                        self._free(h)
+                self._lose(h)
+
+    def _lose(self, h: _Held, **why: Any) -> None:
+        """The lease is gone (or may be): count it once, tell the handler, write nothing."""
+        with self._lock:
+            if h.lost:
+                return
+            h.lost = True
+            self.stats.lost += 1
+        h.cancelled.set()
+        if h.task is not None:
+            h.task.cancel()
+        events.warning("jobs.lease.lost", job_id=h.job.id, job=h.job.name, **why)
+        if h.run.settle(Outcome("release")):
+            h.written = True  # nothing to write: the lease is gone
+            if h.run.free:
+                self._free(h)
 
     def _check_stuck(self, held: list[_Held], now: float) -> None:
         stuck = [h for h in held if h.timed_out and h.started_at is not None]
@@ -925,9 +977,11 @@ class Worker:
             maintenance.join(30.0)
         self.maintenance.resign()
         self._halt.set()
-        heartbeat = self._loops.get("heartbeat")
-        if heartbeat is not None:
-            heartbeat.join(5.0)
+        self._renew_now.set()
+        for name in ("heartbeat", "renew"):
+            beating = self._loops.get(name)
+            if beating is not None:
+                beating.join(5.0)
         if self._loop is not None and self._loop_thread is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._loop_thread.join(timeout=5.0)

@@ -8,6 +8,12 @@
   the connection is left as idle as it was found.
 - ``check_joinable``: a caller's connection we may write in: open, sync, and not in a failed
   transaction; otherwise a ``ConfigurationError`` whose fix fits the case.
+- ``split_url`` and the option readers (``listens``, ``flag``, ``whole``, ``seconds``): our
+  options of a ``postgresql://`` URL, each refused with its name when it cannot work.
+- ``bounds_sql``: the ``set_config(..., true)`` statement that gives one transaction of ours its
+  ``statement_timeout``, ``lock_timeout`` and ``idle_in_transaction_session_timeout``, so the
+  settings end with that transaction and never reach a caller's (nor, behind a pooler, another
+  client's).
 
 psycopg is imported by the callers (which need the ``[postgres]`` extra); this module only
 touches the objects they pass.
@@ -26,10 +32,15 @@ __all__ = [
     "CONNECT_DEFAULTS",
     "applied_versions",
     "apply_migrations",
+    "bounds_sql",
+    "check_bounds",
     "check_joinable",
     "first_line",
     "identify",
     "masked_dsn",
+    "pooler_mode",
+    "seconds",
+    "split_url",
 ]
 
 #: libpq settings applied unless the DSN sets them: detect dead peers within about 30 s.
@@ -66,11 +77,20 @@ def apply_migrations(
     schema: str,
     lock_key: int,
     known: list[tuple[int, str]],
+    *,
+    lock_timeout: float | None = None,
 ) -> list[int]:
     """Apply the migrations of ``known`` not yet recorded, inside the caller's transaction on
     ``conn``, under ``pg_advisory_xact_lock(lock_key)``: processes that race to migrate queue
-    on the lock, and all but the first find the work done. Returns the versions applied."""
+    on the lock, and all but the first find the work done. Once the lock is held, DDL waits
+    for a table lock at most ``lock_timeout`` (a migration queued behind a long transaction
+    would block every query behind it). Returns the versions applied."""
     conn.execute(queries["migrate_lock"], {"key": lock_key}, prepare=False)
+    if lock_timeout is not None:
+        conn.execute(
+            f"SELECT set_config('lock_timeout', '{max(1, round(lock_timeout * 1000))}', true)",
+            prepare=False,
+        )
     done = applied_versions(conn, queries, schema)
     applied = []
     for version, text in known:
@@ -149,7 +169,22 @@ def identify(conn: Any, table: str, label: str) -> tuple[DatabaseId, bool]:
 
 
 #: Options of ours that a PostgreSQL URL may carry; every other query parameter goes to libpq.
-URL_OPTIONS = ("schema", "listen", "pooler", "pool_min", "pool_max")
+URL_OPTIONS = (
+    "schema",
+    "listen",
+    "pooler",
+    "pool_min",
+    "pool_max",
+    "poll",
+    "statement_timeout",
+    "lock_timeout",
+)
+#: The options an outbox store's URL may carry.
+OUTBOX_URL_OPTIONS = ("schema", "pooler", "statement_timeout", "lock_timeout")
+#: Defaults: a statement of ours that runs (or waits for a row lock) longer than this is
+#: cancelled by the server; both are well under the shortest sensible lease.
+STATEMENT_TIMEOUT = 10.0
+LOCK_TIMEOUT = 5.0
 
 
 def split_url(url: str, *, allowed: tuple[str, ...] = URL_OPTIONS) -> tuple[str, dict[str, str]]:
@@ -186,13 +221,7 @@ def listens(options: dict[str, str]) -> bool:
     """Whether the driver may LISTEN and prepare statements: not behind a transaction-mode
     pooler (``?pooler=transaction``, PgBouncer's ``pool_mode = transaction``), whose server
     connections change between transactions, nor with ``?listen=false``."""
-    pooler = options.get("pooler", "none").lower()
-    if pooler not in ("none", "session", "transaction"):
-        raise ConfigurationError(
-            f"?pooler={options['pooler']} is not a pooler mode",
-            fix="write ?pooler=transaction behind PgBouncer in transaction mode (or a managed "
-            "service's transaction pooler), ?pooler=session or leave it out otherwise",
-        )
+    pooler = pooler_mode(options)
     default = pooler != "transaction"
     if pooler == "transaction" and flag(options, "listen", False):
         raise ConfigurationError(
@@ -213,3 +242,64 @@ def whole(options: dict[str, str], name: str, default: int) -> int:
         raise ConfigurationError(
             f"?{name}={value} is not a whole number", fix=f"write ?{name}=10, for example"
         ) from None
+
+
+def pooler_mode(options: dict[str, str]) -> str:
+    """``?pooler=``: "none" (the default), "session" or "transaction"."""
+    pooler = options.get("pooler", "none").lower()
+    if pooler not in ("none", "session", "transaction"):
+        raise ConfigurationError(
+            f"?pooler={options['pooler']} is not a pooler mode",
+            fix="write ?pooler=transaction behind PgBouncer in transaction mode (or a managed "
+            "service's transaction pooler), ?pooler=session or leave it out otherwise",
+        )
+    return pooler
+
+
+def seconds(options: dict[str, str], name: str, default: float) -> float:
+    """A duration option (``?statement_timeout=10s``, ``500ms``; a bare number is seconds)."""
+    from ultimat3.jobs.duration import to_timedelta
+    from ultimat3.jobs.errors import DurationError
+
+    value = options.get(name)
+    if value is None:
+        return default
+    try:
+        parsed = to_timedelta(float(value) if _NUMBER.match(value) else value, name=name)
+    except DurationError as exc:
+        raise ConfigurationError(
+            f"?{name}={value} is not a duration: {exc.cause}", fix=f"write ?{name}=5s, for example"
+        ) from None
+    return parsed.total_seconds()
+
+
+_NUMBER = re.compile(r"^\d+(\.\d+)?$")
+
+
+def check_bounds(statement_timeout: float, lock_timeout: float) -> None:
+    """Refuse timeouts that cannot work, naming the option."""
+    for name, value in (("statement_timeout", statement_timeout), ("lock_timeout", lock_timeout)):
+        if not 0.001 <= value <= 3600:
+            raise ConfigurationError(
+                f"{name}={value:g}s is not a timeout for one statement of ours",
+                fix=f"use a {name} from 1ms to 1h (default {STATEMENT_TIMEOUT if name == 'statement_timeout' else LOCK_TIMEOUT:g}s)",
+            )
+    if lock_timeout > statement_timeout:
+        raise ConfigurationError(
+            f"lock_timeout={lock_timeout:g}s is longer than statement_timeout="
+            f"{statement_timeout:g}s, so it could never fire",
+            fix="use a lock_timeout shorter than the statement_timeout",
+        )
+
+
+def bounds_sql(statement_timeout: float, lock_timeout: float, idle: float | None) -> bytes:
+    """One statement setting the timeouts of the current transaction only
+    (``set_config(..., true)`` is ``SET LOCAL``). Values are whole milliseconds written into
+    the text, so the statement is a constant (prepared once where statements may be)."""
+    settings = [("statement_timeout", statement_timeout), ("lock_timeout", lock_timeout)]
+    if idle is not None:
+        settings.append(("idle_in_transaction_session_timeout", idle))
+    calls = ", ".join(
+        f"set_config('{name}', '{max(1, round(value * 1000))}', true)" for name, value in settings
+    )
+    return f"SELECT {calls}".encode()

@@ -5,9 +5,12 @@
   backend; ``?synchronous=NORMAL`` trades power-loss durability for speed, explicitly)
 - ``postgresql://user:password@host:5432/dbname`` (``postgres://`` too). Options of ours:
   ``?schema=name``, ``?pooler=transaction`` (behind PgBouncer in transaction mode: no
-  LISTEN, no prepared statements; the worker polls), ``?listen=false`` (the same, without a
-  pooler), ``?pool_min=N``, ``?pool_max=N``; every other parameter goes to libpq,
-  re-encoded, so a percent-encoded password arrives as written.
+  LISTEN, no prepared statements; the worker polls), ``?pooler=session``, ``?listen=false``
+  (poll without a pooler), ``?poll=500ms`` (the longest gap between two looks for new jobs
+  while polling), ``?pool_min=N``, ``?pool_max=N``, ``?statement_timeout=10s`` and
+  ``?lock_timeout=5s`` (the bounds of every statement of ours, set per transaction); every
+  other parameter goes to libpq, re-encoded, so a percent-encoded password arrives as
+  written.
 - ``memory://`` (one process, nothing persisted: tests and demos)
 """
 
@@ -64,7 +67,15 @@ def open_driver(url: str) -> Driver:
             busy_timeout=busy_timeout,
         )
     if scheme in ("postgresql", "postgres"):
-        from ultimat3.jobs.dialects.postgres import listens, split_url, whole
+        from ultimat3.jobs.dialects.postgres import (
+            LOCK_TIMEOUT,
+            STATEMENT_TIMEOUT,
+            listens,
+            pooler_mode,
+            seconds,
+            split_url,
+            whole,
+        )
         from ultimat3.jobs.drivers.postgres import PostgresDriver
 
         dsn, ours = split_url(url)
@@ -72,8 +83,12 @@ def open_driver(url: str) -> Driver:
             dsn,
             schema=ours.get("schema", "ultimat3_jobs"),
             listen=listens(ours),
+            pooler=pooler_mode(ours),
+            poll=seconds(ours, "poll", 0.5),
             pool_min=whole(ours, "pool_min", 1),
             pool_max=whole(ours, "pool_max", 10),
+            statement_timeout=seconds(ours, "statement_timeout", STATEMENT_TIMEOUT),
+            lock_timeout=seconds(ours, "lock_timeout", LOCK_TIMEOUT),
         )
     if scheme == "memory":
         from ultimat3.jobs.drivers.memory import MemoryDriver

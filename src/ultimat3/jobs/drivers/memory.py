@@ -359,6 +359,35 @@ class MemoryDriver:
                 self._notify()
         return sorted(released)
 
+    def job_release_orphans(
+        self, worker_id: str, keep: Sequence[Lease], *, now: datetime | None = None
+    ) -> list[str]:
+        at = _now(now)
+        kept = {lease.token for lease in keep}
+        released: list[str] = []
+        with self._lock:
+            for job in list(self._jobs.values()):
+                if (
+                    job.state is JobState.RUNNING
+                    and job.id not in self._started
+                    and job.worker_id == worker_id
+                    and job.lease_token not in kept
+                ):
+                    self._put(
+                        _unleased(
+                            replace(
+                                job,
+                                state=JobState.AVAILABLE,
+                                run_at=at,
+                                attempt=max(0, job.attempt - 1),
+                            )
+                        )
+                    )
+                    released.append(job.id)
+            if released:
+                self._notify()
+        return sorted(released)
+
     def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:
         at = _now(now)
         wanted = set(queues)

@@ -25,9 +25,31 @@ Guarantees (beyond the ``Driver`` protocol's rules, which this driver keeps):
   transaction: a rollback sends nothing. ``wait_for_jobs`` LISTENs on one dedicated
   connection outside the pool, shared by every waiting thread; after any error on it, it
   returns early (so the caller polls), then reconnects with backoff (capped at 5 s) and
-  re-LISTENs, returning early once more. ``listen=False`` (for transaction-mode poolers such
-  as PgBouncer, where LISTEN and prepared statements do not work) polls only: no LISTEN, no
-  prepared statements, no session state.
+  re-LISTENs, returning early once more.
+- **Behind a transaction-mode pooler** (``pooler="transaction"``: PgBouncer's
+  ``pool_mode = transaction``, the transaction poolers of managed services), where every
+  transaction may run on another server session, nothing of ours lives in a session: no
+  LISTEN, no prepared statements (``prepare_threshold=None``, and ``prepare=False`` on a
+  caller's connection), no ``SET`` (settings are ``set_config(..., true)``, per
+  transaction), no session advisory lock (migrations take ``pg_advisory_xact_lock``), no
+  temporary table. ``wait_for_jobs`` then polls: it returns at once after an insert by this
+  driver, and otherwise reads the newest job id (``max(id)``, one index probe) every 20 ms
+  after activity, backing off to every ``poll`` seconds when idle. ``listen=False`` does the
+  same without a pooler. Left at ``pooler="none"``, the driver checks once, when it migrates
+  or first listens, that a NOTIFY reaches its LISTEN connection; when none arrives within a
+  second (PgBouncer in transaction mode accepts LISTEN and delivers nothing) it logs
+  ``jobs.postgres.pooler`` with the fix, and polls without prepared statements from then on.
+- **Bounded calls.** Each transaction of ours starts with ``set_config(..., true)`` of
+  ``statement_timeout``, ``lock_timeout`` and ``idle_in_transaction_session_timeout`` (sent
+  in the same round trip, in a pipeline, for one-statement calls), so the server cancels a
+  statement of ours that runs or waits too long, and the settings end with the transaction:
+  they never reach a caller's transaction (``transaction()``, ``executor=``), nor, behind a
+  pooler, another client's. A client-side watchdog bounds every call too: a call without a
+  reply after ``statement_timeout`` plus a margin (a stalled network or pooler, which TCP
+  keepalives do not notice while the peer acknowledges) has its socket shut down; the call
+  raises a retryable ``DriverUnavailableError`` and the pool replaces the connection.
+  Migrations are exempt from the statement timeout (an index build may take long) but take
+  table locks with ``lock_timeout``.
 - **Failures are errors with a fix.** A server that is down, a terminated session or an
   exhausted pool raise ``DriverUnavailableError``; a missing schema says to migrate. The pool
   heals by itself: a pooled connection whose session ended (its socket turned readable while
@@ -46,7 +68,10 @@ lease tokens (fresh random UUIDs) as text; ``tenant_id`` NULL for "no tenant".
 Limits: PostgreSQL 13 or newer (``gen_random_uuid()``). Sync connections only: an
 ``AsyncConnection`` cannot be adopted yet. A connection that went half-open (a network cut
 without a reset) is found only when used, by TCP keepalives and ``tcp_user_timeout`` (~30 s
-by default). While the server is down a call fails after about half a second (when no pooled
+by default), or by the watchdog when a call is in flight (a peer that still acknowledges).
+The pooler check runs at ``migrate()`` and at the first wait: a process that does neither (an
+App opened with ``migrate=False`` that only enqueues) relies on ``?pooler=transaction`` being
+in its URL. While the server is down a call fails after about half a second (when no pooled
 connection comes, one direct attempt tells an outage from a busy pool, at most once a
 second); an exhausted pool makes a call wait up to 5 s more. A call in flight when its session
 dies raises (it is not retried: the driver cannot know whether a write committed); the next
@@ -57,20 +82,28 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import select
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from ultimat3.jobs import events
 from ultimat3.jobs import sql as sql_files
 from ultimat3.jobs.dialects.postgres import (
     CONNECT_DEFAULTS,
+    LOCK_TIMEOUT,
+    STATEMENT_TIMEOUT,
     applied_versions,
     apply_migrations,
+    bounds_sql,
+    check_bounds,
     check_joinable,
     identify,
     masked_dsn,
@@ -129,6 +162,13 @@ _WAIT_SLICE = 0.1
 #: The listener checks that it still LISTENs after this much silence.
 _PROBE_AFTER = 30.0
 _LISTEN_BACKOFF_MAX = 5.0
+#: Polling without LISTEN: the longest gap between two looks while idle (``poll``), the gap
+#: just after activity, and how often a waiter checks ``wake`` and in-process inserts.
+_POLL = 0.5
+_POLL_FAST = 0.02
+_POLL_SLICE = 0.05
+#: How long the pooler check waits for its NOTIFY (a direct connection sees it in ~1 ms).
+_PROBE_WAIT = 1.0
 #: SQLSTATE classes that mean "the server cannot serve us now": connection exception,
 #: insufficient resources, operator intervention (admin shutdown, query cancelled), system
 #: error, transaction rollback (serialization failure, deadlock).
@@ -153,8 +193,11 @@ class PostgresDriver:
     """Jobs in PostgreSQL through psycopg 3 and a psycopg_pool connection pool.
 
     ``dsn`` is a libpq URL or conninfo string. ``pool_min``/``pool_max`` size the pool (the
-    LISTEN connection is extra); ``listen=False`` turns LISTEN/NOTIFY and prepared statements
-    off for transaction-mode poolers; ``application_name`` labels every session.
+    LISTEN connection is extra); ``pooler="transaction"`` (or ``listen=False``) turns
+    LISTEN/NOTIFY and prepared statements off for transaction-mode poolers, and ``poll`` is
+    then the longest gap between two looks for new jobs while idle; ``statement_timeout`` and
+    ``lock_timeout`` (seconds) bound every statement of ours; ``application_name`` labels every
+    session.
     """
 
     name = _NAME
@@ -168,7 +211,11 @@ class PostgresDriver:
         schema: str = "ultimat3_jobs",
         pool_min: int = 1,
         pool_max: int = 10,
-        listen: bool = True,
+        listen: bool | None = None,
+        pooler: str = "none",
+        poll: float = _POLL,
+        statement_timeout: float = STATEMENT_TIMEOUT,
+        lock_timeout: float = LOCK_TIMEOUT,
         application_name: str = "ultimat3-jobs",
     ) -> None:
         if _MISSING is not None:
@@ -183,6 +230,23 @@ class PostgresDriver:
                 fix="use 1 to 63 lowercase letters, digits and underscores, not starting with "
                 'a digit (default "ultimat3_jobs")',
             )
+        if pooler not in ("none", "session", "transaction"):
+            raise ConfigurationError(
+                f"pooler={pooler!r} is not a pooler mode",
+                fix='use pooler="transaction" behind PgBouncer in transaction mode (or a '
+                'managed service\'s transaction pooler), "session" or "none"',
+            )
+        if pooler == "transaction" and listen:
+            raise ConfigurationError(
+                "pooler='transaction' with listen=True cannot work: a transaction-mode pooler "
+                "delivers no notifications",
+                fix="drop listen=True; the worker polls",
+            )
+        if not 0.01 <= poll <= 60:
+            raise ConfigurationError(
+                f"poll={poll:g}s is not a poll interval", fix="use a poll from 10ms to 60s"
+            )
+        check_bounds(statement_timeout, lock_timeout)
         if not 0 <= pool_min <= pool_max or pool_max < 1:
             raise ConfigurationError(
                 f"pool_min={pool_min}, pool_max={pool_max} is not a pool size",
@@ -199,8 +263,22 @@ class PostgresDriver:
         self._dsn = dsn
         self._schema = schema
         self._channel = schema
-        self._listen = listen
+        self.pooler = pooler
+        self._listen = listen if listen is not None else pooler != "transaction"
+        #: Nothing of ours may outlive a transaction: no prepared statement (nor LISTEN).
+        self._stateless = pooler == "transaction" or not self._listen
+        self._prepare: bool | None = False if self._stateless else None
+        #: Whether to check, once, that NOTIFY reaches LISTEN (see the module docstring).
+        self._probe_pooler = pooler == "none" and self._listen
+        self._poll = poll
         self._pool_max = pool_max
+        #: Seconds; the server cancels a statement of ours past these.
+        self.statement_timeout = statement_timeout
+        self.lock_timeout = lock_timeout
+        self._bounds = bounds_sql(statement_timeout, lock_timeout, idle=statement_timeout)
+        #: A call without a reply this long after it was sent is cut off by the client.
+        self.call_budget = statement_timeout + max(1.0, statement_timeout / 2)
+        self._watch = _Watchdog(self.call_budget)
         quoted = pg_sql.Identifier(schema).as_string(None)
         self._jobs_table = f"{quoted}.x_jobs"
         self._ledger_table = f"{quoted}.x_migrations"
@@ -230,7 +308,7 @@ class PostgresDriver:
         }
         self._connect_kwargs["application_name"] = application_name
         pool_kwargs: dict[str, Any] = {**self._connect_kwargs, "autocommit": True}
-        if not listen:
+        if self._stateless:
             pool_kwargs["prepare_threshold"] = None
         self._pool: ConnectionPool[Any] = ConnectionPool(
             dsn,
@@ -238,6 +316,7 @@ class PostgresDriver:
             max_size=pool_max,
             kwargs=pool_kwargs,
             open=False,
+            configure=_ignore_notifications,
             timeout=_POOL_WAIT,
             reconnect_timeout=_RECONNECT_WINDOW,
             name=f"ultimat3-jobs:{schema}",
@@ -258,11 +337,21 @@ class PostgresDriver:
         self._listen_backoff = 0.0
         self._listen_retry_at = 0.0
         self._probe_at = 0.0
+        # Polling (no LISTEN): the newest job id seen, when new ones last appeared, and when
+        # to look next; one thread looks at a time.
+        self._newest: str | None = None
+        self._looked = False
+        self._active_at = 0.0
+        self._look_at = 0.0
+        self._look_lock = threading.Lock()
+        self._probed = False
+        self._probe_retry_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def schema_current(self) -> bool:
-        with self._connection() as conn:
+        with self._connection() as conn, conn.transaction():
+            self._exec(conn, self._bounds)
             done = applied_versions(conn, self._q, self._schema)
         return all(version in done for version, _ in self._migrations)
 
@@ -271,11 +360,17 @@ class PostgresDriver:
         return self._own_identity(refresh=refresh)
 
     def migrate(self) -> list[int]:
+        self._check_pooler()
         if self.schema_current():
             return []  # a read: no advisory lock, no wait for anyone
-        with self._connection() as conn, conn.transaction():
+        with self._connection(guard=False) as conn, conn.transaction():
             return apply_migrations(
-                conn, self._q, self._schema, self._migrate_key, self._migrations
+                conn,
+                self._q,
+                self._schema,
+                self._migrate_key,
+                self._migrations,
+                lock_timeout=self.lock_timeout,
             )
 
     def migration_sql(self) -> list[tuple[int, str]]:
@@ -294,13 +389,15 @@ class PostgresDriver:
             if got:
                 self._listen_lock.release()
         self._pool.close(timeout=5.0)
+        self._watch.close()
 
     # -- transactions ------------------------------------------------------------------------
 
     @contextmanager
     def transaction(self) -> Iterator[Joined]:
         identity = self.identity()
-        with self._connection() as conn, conn.transaction():
+        # Unguarded and unbounded: the transaction is the caller's, and so are its settings.
+        with self._connection(guard=False) as conn, conn.transaction():
             yield Joined(conn, identity)
 
     def adopt(self, connection: Any) -> Joined:
@@ -342,18 +439,21 @@ class PostgresDriver:
         if executor is not None:
             # A deadlock here is the caller's to handle: their transaction holds other locks.
             with self._joined(executor) as conn:
-                return self._insert(conn, jobs, now)
+                return self._insert(conn, jobs, now, bounded=False)
         if len(jobs) == 1:
             # The common case, kept short: one statement; look-ups only on a conflict.
             conn = self._checkout()
+            self._watch.arm(conn)
             try:
-                rows = self._execute_insert(conn, jobs, now)
+                rows = self._execute_insert(conn, jobs, now, bounded=True)
                 if rows:
+                    self._woke(jobs)
                     return [InsertResult(rows[0][0], deduped=False)]
-                return self._insert(conn, jobs, now)
+                return self._insert(conn, jobs, now, bounded=True)
             except psycopg.Error as exc:
                 self._reraise(exc, conn)
             finally:
+                self._watch.disarm(conn)
                 self._pool.putconn(conn)
         for attempt in range(3):
             # Two batches sharing keys in different orders can deadlock on the unique index;
@@ -361,13 +461,27 @@ class PostgresDriver:
             try:
                 with self._connection() as conn:
                     if len(jobs) < _COPY_FROM:
-                        return self._insert(conn, jobs, now)  # one statement, one transaction
-                    with conn.transaction():
-                        return self._insert(conn, jobs, now)
+                        # One statement, its own transaction (unless keys conflict).
+                        results = self._insert(conn, jobs, now, bounded=True)
+                    else:
+                        with conn.transaction():
+                            self._exec(conn, self._bounds)
+                            results = self._insert(conn, jobs, now, bounded=False)
+                self._woke(jobs)
+                return results
             except DriverUnavailableError as exc:
                 if attempt == 2 or not isinstance(exc.__cause__, pg_errors.DeadlockDetected):
                     raise
         raise AssertionError("unreachable")
+
+    def _woke(self, jobs: Sequence[NewJob]) -> None:
+        """Jobs of ours committed: wake this process's waiters at once when polling (with
+        LISTEN, the NOTIFY does), and let the next look know they are not news."""
+        if jobs and not self._listen:
+            newest = max(j.id for j in jobs)
+            if self._looked and (self._newest is None or newest > self._newest):
+                self._newest = newest
+            self._signal()
 
     def job_claim(self, params: ClaimParams) -> list[Job]:
         if params.limit <= 0 or not params.queues:
@@ -436,6 +550,17 @@ class PostgresDriver:
         rows = self._fetch("job_release_unstarted", {"now": now, "channel": self._channel})
         return sorted(row[0] for row in rows)
 
+    def job_release_orphans(
+        self, worker_id: str, keep: Sequence[Lease], *, now: datetime | None = None
+    ) -> list[str]:
+        params = {
+            "worker_id": worker_id,
+            "keep": _text_array(lease.token for lease in keep),
+            "now": now,
+            "channel": self._channel,
+        }
+        return sorted(row[0] for row in self._fetch("job_release_orphans", params))
+
     def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:
         rows = self._fetch(
             "job_peek_isolated", {"queues": _text_array(sorted(set(queues))), "now": now}
@@ -464,7 +589,7 @@ class PostgresDriver:
         params = {**_lease_arrays(leases), "now": now}
         if executor is not None:
             with self._joined(executor) as conn:
-                rows = conn.execute(self._q["job_complete"], params).fetchall()
+                rows = self._exec(conn, self._q["job_complete"], params).fetchall()
         else:
             rows = self._fetch("job_complete", params)
         return {row[0] for row in rows}
@@ -583,7 +708,7 @@ class PostgresDriver:
             return 0
         params = {"states": _text_array(final), "before": finished_before, "limit": limit}
         with self._connection() as conn:
-            return conn.execute(self._q["job_prune"], params).rowcount
+            return self._exec(conn, self._q["job_prune"], params, bounded=True).rowcount
 
     # -- queues ------------------------------------------------------------------------------
 
@@ -609,8 +734,8 @@ class PostgresDriver:
             return {}
         params = {"tasks": _text_array(sorted(set(tasks))), "now": now}
         with self._connection() as conn:
-            conn.execute(self._q["schedule_register"], params)
-            rows = conn.execute(self._q["schedule_read"], params).fetchall()
+            self._exec(conn, self._q["schedule_register"], params, bounded=True)
+            rows = self._exec(conn, self._q["schedule_read"], params, bounded=True).fetchall()
         found = {
             task: ScheduleState(task, _utc(first), _utc(last) if last is not None else None)
             for task, first, last in rows
@@ -626,13 +751,17 @@ class PostgresDriver:
         now: datetime | None = None,
     ) -> list[InsertResult] | None:
         with self._connection() as conn, conn.transaction():
-            advanced = conn.execute(
+            self._exec(conn, self._bounds)
+            advanced = self._exec(
+                conn,
                 self._q["schedule_advance"],
                 {"task": task, "occurrence": occurrence, "now": now},
             ).fetchall()
             if not advanced:
                 return None
-            return self._insert(conn, jobs, now) if jobs else []
+            results = self._insert(conn, jobs, now, bounded=False) if jobs else []
+        self._woke(jobs)
+        return results
 
     def leader_elect(
         self, name: str, holder: str, ttl: timedelta, *, now: datetime | None = None
@@ -642,14 +771,21 @@ class PostgresDriver:
 
     def leader_resign(self, name: str, holder: str) -> None:
         with self._connection() as conn:
-            conn.execute(self._q["leader_resign"], {"name": name, "holder": holder})
+            self._exec(
+                conn, self._q["leader_resign"], {"name": name, "holder": holder}, bounded=True
+            )
 
     # -- wake-ups ----------------------------------------------------------------------------
 
     def wait_for_jobs(self, timeout: float, wake: threading.Event) -> None:
         timeout = max(0.0, timeout)
-        if not self._listen:
-            wake.wait(timeout)
+        if self._probe_pooler and not self._probed:
+            self._check_pooler()
+        if not self._listen or (self._probe_pooler and not self._probed):
+            # Polling; or the pooler check could not run (the server is away): no LISTEN
+            # until it has, as a LISTEN through a transaction pooler would stay behind on a
+            # server session that other clients get next.
+            self._poll_wait(timeout, wake)
             return
         deadline = time.monotonic() + timeout
         seen = self._wake_seq
@@ -670,6 +806,97 @@ class PostgresDriver:
                     if self._wake_seq == seen and not self._closed:
                         self._wake_cond.wait(span)
 
+    def _poll_wait(self, timeout: float, wake: threading.Event) -> None:
+        """Without LISTEN: return after an insert by this driver (``_signal``), or once the
+        newest job id has changed (``_look``), or after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        seen = self._wake_seq
+        while not wake.is_set() and not self._closed:
+            now = time.monotonic()
+            if now >= deadline or self._wake_seq != seen:
+                return
+            if now >= self._look_at and self._look_lock.acquire(blocking=False):
+                try:
+                    if self._look(now):
+                        return
+                finally:
+                    self._look_lock.release()
+            pause = min(deadline, max(self._look_at, now + 0.001)) - time.monotonic()
+            wake.wait(max(0.0, min(pause, _POLL_SLICE)))
+
+    def _look(self, now: float) -> bool:
+        """One look at the newest job id; True (and every waiter signalled) when it changed.
+        Looks come every 20 ms just after a change, then further apart the longer nothing
+        changes (a twentieth of the quiet time), at most ``poll`` apart."""
+        quiet = now - self._active_at
+        self._look_at = now + min(self._poll, max(_POLL_FAST, quiet / 20))
+        try:
+            rows = self._fetch("job_newest", {})
+        except DriverUnavailableError:
+            self._look_at = now + self._poll
+            return True  # the caller's next call meets the error (and backs off)
+        newest = rows[0][0] if rows else None
+        if self._looked and (
+            newest is None or (self._newest is not None and newest <= self._newest)
+        ):
+            return False
+        first = not self._looked
+        self._looked = True
+        self._newest = newest
+        if first:
+            return False  # the first look only learns where things stand
+        self._active_at = now
+        self._look_at = now + _POLL_FAST
+        self._signal()
+        return True
+
+    def _check_pooler(self) -> None:
+        """Once: does a NOTIFY reach our LISTEN? Behind a transaction-mode pooler it does not
+        (the LISTEN ran on a server session that went back to the pool); then warn with the
+        fix, and poll without prepared statements from now on."""
+        if not self._probe_pooler or self._probed or time.monotonic() < self._probe_retry_at:
+            return
+        self._probed = True
+        channel = pg_sql.Identifier(f"{self._channel}:probe")
+        payload = uuid.uuid4().hex
+        try:
+            with psycopg.connect(self._dsn, autocommit=True, **self._connect_kwargs) as probe:
+                self._watch.arm(probe)
+                try:
+                    probe.execute(pg_sql.SQL("LISTEN {}").format(channel))
+                finally:
+                    self._watch.disarm(probe)
+                self._fetch(
+                    b"SELECT pg_notify(%(channel)s, %(payload)s)",
+                    {"channel": f"{self._channel}:probe", "payload": payload},
+                    prepare=False,
+                )
+                got = any(
+                    n.payload == payload for n in probe.notifies(timeout=_PROBE_WAIT, stop_after=1)
+                )
+        except (psycopg.Error, DriverUnavailableError):
+            # Cannot tell now; a later migrate or wait asks again (not sooner than in 5 s).
+            self._probed = False
+            self._probe_retry_at = time.monotonic() + 5.0
+            return
+        if got:
+            return
+        # The probe's LISTEN may stay registered on a pooled server session (until the pooler
+        # closes it); only these probes ever notify that channel.
+        self._listen = False
+        self._stateless = True
+        self._prepare = False
+        self._drop_listener()
+        events.warning(
+            "jobs.postgres.pooler",
+            url=self.display_url,
+            cause="a NOTIFY sent to this database never reached its LISTEN: a "
+            "transaction-mode pooler (PgBouncer pool_mode=transaction, a managed service's "
+            "transaction pooler) is in between; prepared statements would fail there too",
+            fix="add ?pooler=transaction to the URL (or connect past the pooler); until "
+            "then this driver polls and prepares no statement",
+        )
+
     def _listen_once(self, span: float, wake: threading.Event) -> bool:
         """Wait up to ``span`` on the LISTEN connection (opening it if needed); True when the
         caller should return early: a notification, a lost connection, or a fresh LISTEN."""
@@ -683,7 +910,11 @@ class PostgresDriver:
                 return False
             try:
                 conn = psycopg.connect(self._dsn, autocommit=True, **self._connect_kwargs)
-                conn.execute(pg_sql.SQL("LISTEN {}").format(pg_sql.Identifier(self._channel)))
+                self._watch.arm(conn)
+                try:
+                    conn.execute(pg_sql.SQL("LISTEN {}").format(pg_sql.Identifier(self._channel)))
+                finally:
+                    self._watch.disarm(conn)
             except psycopg.Error:
                 self._listen_backoff = min(max(0.25, 2 * self._listen_backoff), _LISTEN_BACKOFF_MAX)
                 self._listen_retry_at = time.monotonic() + self._listen_backoff
@@ -707,7 +938,11 @@ class PostgresDriver:
                 return True
             if time.monotonic() >= self._probe_at:
                 self._probe_at = time.monotonic() + _PROBE_AFTER
-                conn.execute("SELECT 1")
+                self._watch.arm(conn)
+                try:
+                    conn.execute("SELECT 1")
+                finally:
+                    self._watch.disarm(conn)
         except psycopg.Error:
             self._drop_listener()
             self._listen_lost = True
@@ -731,11 +966,14 @@ class PostgresDriver:
     # -- helpers -----------------------------------------------------------------------------
 
     def _insert(
-        self, conn: Conn, jobs: Sequence[NewJob], now: datetime | None
+        self, conn: Conn, jobs: Sequence[NewJob], now: datetime | None, *, bounded: bool
     ) -> list[InsertResult]:
         """Insert, then resolve the rows that conflicted to the stored ids. A conflicting row
-        can vanish before the look-up (pruned, or its transaction rolled back): insert again."""
-        if len(jobs) >= _COPY_FROM:
+        can vanish before the look-up (pruned, or its transaction rolled back): insert again.
+        ``bounded``: each statement is its own transaction of ours (autocommit), so each
+        carries the timeouts; otherwise a transaction is open (ours, bounded at its start, or
+        the caller's) and nothing is set."""
+        if len(jobs) >= _COPY_FROM and not bounded:
             copied = self._copy(conn, jobs, now)
             if copied is not None:
                 return copied
@@ -745,7 +983,9 @@ class PostgresDriver:
             fresh: set[str] = set()
             for start in range(0, len(pending), _CHUNK):
                 batch = [jobs[i] for i in pending[start : start + _CHUNK]]
-                fresh.update(row[0] for row in self._execute_insert(conn, batch, now))
+                fresh.update(
+                    row[0] for row in self._execute_insert(conn, batch, now, bounded=bounded)
+                )
             conflicted: list[int] = []
             for i in pending:
                 if jobs[i].id in fresh:
@@ -755,7 +995,7 @@ class PostgresDriver:
                     conflicted.append(i)
             if not conflicted:
                 break
-            stored = self._ids_by_key(conn, [jobs[i] for i in conflicted])
+            stored = self._ids_by_key(conn, [jobs[i] for i in conflicted], bounded=bounded)
             pending = []
             for i in conflicted:
                 found = stored.get((jobs[i].tenant_id, jobs[i].idempotency_key))
@@ -782,7 +1022,7 @@ class PostgresDriver:
         ON CONFLICT path, which dedupes. Runs inside the caller's transaction."""
         if len({(j.tenant_id, j.idempotency_key) for j in jobs}) != len(jobs):
             return None
-        row = conn.execute(self._q["clock"], {"now": now}).fetchone()
+        row = self._exec(conn, self._q["clock"], {"now": now}).fetchone()
         assert row is not None
         at: datetime = row[0]
         at_text = at.isoformat()
@@ -835,14 +1075,15 @@ class PostgresDriver:
                 fix="pass the JSON text the serializer made, and numbers that fit in 32 bits",
             ) from None
         if due:
-            conn.execute(
+            self._exec(
+                conn,
                 self._q["notify_queues"],
                 {"channel": self._channel, "queues": _text_array(sorted(due))},
             )
         return [InsertResult(j.id, deduped=False) for j in jobs]
 
     def _execute_insert(
-        self, conn: Conn, jobs: Sequence[NewJob], now: datetime | None
+        self, conn: Conn, jobs: Sequence[NewJob], now: datetime | None, *, bounded: bool
     ) -> list[Row]:
         query: bytes
         params: dict[str, Any]
@@ -882,7 +1123,7 @@ class PostgresDriver:
             query = self._q["job_insert"]
             params = {"rows": _json(rows), "now": now, "channel": self._channel}
         try:
-            return conn.execute(query, params).fetchall()
+            return self._exec(conn, query, params, bounded=bounded).fetchall()
         except pg_errors.UniqueViolation as exc:
             if exc.diag.constraint_name == "x_jobs_pkey":
                 raise ValueError(
@@ -895,10 +1136,14 @@ class PostgresDriver:
                 fix="pass the JSON text the serializer made, and numbers that fit in 32 bits",
             ) from None
 
-    def _ids_by_key(self, conn: Conn, jobs: Sequence[NewJob]) -> dict[tuple[str | None, str], str]:
-        rows = conn.execute(
+    def _ids_by_key(
+        self, conn: Conn, jobs: Sequence[NewJob], *, bounded: bool
+    ) -> dict[tuple[str | None, str], str]:
+        rows = self._exec(
+            conn,
             self._q["job_ids_by_key"],
             {"keys": _json([{"t": j.tenant_id, "k": j.idempotency_key} for j in jobs])},
+            bounded=bounded,
         ).fetchall()
         return {
             (jobs[ord_ - 1].tenant_id, jobs[ord_ - 1].idempotency_key): id_ for ord_, id_ in rows
@@ -916,8 +1161,9 @@ class PostgresDriver:
             # Not `with self._connection()`: on the hot path its generator costs a few µs.
             started = time.monotonic()
             conn = self._checkout()
+            self._watch.arm(conn)
             try:
-                rows = conn.execute(query, params, prepare=prepare).fetchall()
+                rows = self._exec(conn, query, params, bounded=True, prepare=prepare).fetchall()
                 self.stalls.note_wait(time.monotonic() - started)
                 return rows
             except psycopg.Error as exc:
@@ -925,21 +1171,22 @@ class PostgresDriver:
                     continue
                 self._reraise(exc, conn)
             finally:
+                self._watch.disarm(conn)
                 self._pool.putconn(conn)
         raise AssertionError("unreachable")
 
     def _pipelined(self, steps: list[tuple[bytes, dict[str, Any]]]) -> list[list[Row]]:
-        """Run ``steps`` in one transaction, pipelined (one round trip), and return each one's
-        rows; retried whole after a deadlock, like ``_fetch``."""
+        """Run ``steps`` in one transaction of ours, pipelined (one round trip: the timeouts,
+        then each step), and return each step's rows; cut off by the watchdog like
+        ``_fetch``, and retried whole after a deadlock."""
         for attempt in range(3):
             started = time.monotonic()
             conn = self._checkout()
+            self._watch.arm(conn)
             try:
                 with conn.pipeline(), conn.transaction():
-                    cursors = [
-                        conn.execute(query, params) if params else conn.execute(query)
-                        for query, params in steps
-                    ]
+                    self._exec(conn, self._bounds)
+                    cursors = [self._exec(conn, query, params or None) for query, params in steps]
                 rows = [cur.fetchall() if cur.description else [] for cur in cursors]
                 self.stalls.note_wait(time.monotonic() - started)
                 return rows
@@ -948,17 +1195,46 @@ class PostgresDriver:
                     continue
                 self._reraise(exc, conn)
             finally:
+                self._watch.disarm(conn)
                 self._pool.putconn(conn)
         raise AssertionError("unreachable")
 
+    def _exec(
+        self,
+        conn: Conn,
+        query: bytes,
+        params: dict[str, Any] | None = None,
+        *,
+        bounded: bool = False,
+        prepare: bool | None = None,
+    ) -> psycopg.Cursor[Any]:
+        """Execute one statement of ours. ``bounded``: it is its own transaction (autocommit),
+        so the timeouts go first, in the same round trip (a pipeline: one implicit transaction
+        until its sync, so ``set_config(..., true)`` ends with the statement). Nothing is ever
+        prepared behind a transaction-mode pooler, on our connections or a caller's."""
+        if prepare is None and self._stateless:
+            prepare = False
+        if not bounded:
+            return conn.execute(query, params, prepare=prepare)
+        with conn.pipeline():
+            conn.execute(self._bounds, prepare=self._prepare)
+            cursor = conn.execute(query, params, prepare=prepare)
+        return cursor
+
     @contextmanager
-    def _connection(self) -> Iterator[Conn]:
+    def _connection(self, *, guard: bool = True) -> Iterator[Conn]:
+        """A pooled connection for a call of ours, cut off by the watchdog if it gets no
+        reply in time (``guard``; not for a transaction handed to a caller)."""
         conn = self._checkout()
+        if guard:
+            self._watch.arm(conn)
         try:
             yield conn
         except psycopg.Error as exc:
             self._reraise(exc, conn)
         finally:
+            if guard:
+                self._watch.disarm(conn)
             self._pool.putconn(conn)
 
     def _checkout(self) -> Conn:
@@ -1067,6 +1343,16 @@ class PostgresDriver:
                 f"PostgreSQL refused a value: {_first_line(exc)}",
                 fix="pass JSON text the serializer made, and values within the documented bounds",
             )
+        if self._watch.fired(conn):
+            return DriverUnavailableError(
+                f"PostgreSQL at {self.display_url} sent no reply within "
+                f"{self.call_budget:g} s, so the connection was cut off (a stalled network, "
+                "proxy or pooler; the server may or may not have run the statement)",
+                driver=_NAME,
+                fix="check the network path and any pooler in front of the server; the pool "
+                "replaces the connection and the worker's loops retry by themselves",
+                retryable=True,
+            )
         if (
             conn.broken
             or isinstance(exc, psycopg.InterfaceError)
@@ -1098,9 +1384,92 @@ class PostgresDriver:
 
     def _own_identity(self, *, refresh: bool) -> DatabaseId:
         if self._identity is None or refresh:
-            with self._connection() as conn:
+            with self._connection() as conn, conn.transaction():
+                self._exec(conn, self._bounds)
                 self._identity, _ = identify(conn, self._jobs_table, self.display_url)
         return self._identity
+
+
+class _Watchdog:
+    """Bounds calls on the client side. ``arm(conn)`` before a call, ``disarm(conn)`` after;
+    a connection still armed ``budget`` seconds later has its socket shut down, so the read
+    blocked on it fails at once (the connection is then broken, and the pool replaces it).
+    A stalled peer that still acknowledges at TCP level (a hung pooler or proxy) is noticed
+    by nothing else: neither keepalives nor ``tcp_user_timeout`` fire while it acknowledges.
+
+    Cheap on the hot path (a dict write under a lock, no wake-up): every call gets the same
+    budget, so a new call's deadline is never earlier than those armed before it, and the
+    thread only has to wake for the oldest one. Idle, it sleeps ``budget`` at a time."""
+
+    def __init__(self, budget: float) -> None:
+        self.budget = budget
+        self._cond = threading.Condition(threading.Lock())
+        self._armed: dict[int, tuple[float, Any]] = {}
+        self._fired: set[int] = set()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def arm(self, conn: Any) -> None:
+        with self._cond:
+            self._armed[id(conn)] = (time.monotonic() + self.budget, conn)
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(
+                    target=self._run, name="ultimat3-jobs-pg-watchdog", daemon=True
+                )
+                self._thread.start()
+
+    def disarm(self, conn: Any) -> None:
+        with self._cond:
+            self._armed.pop(id(conn), None)
+            self._fired.discard(id(conn))
+
+    def fired(self, conn: Any) -> bool:
+        """Whether the watchdog cut ``conn`` off during the call still armed on it."""
+        with self._cond:
+            return id(conn) in self._fired
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._closed:
+                now = time.monotonic()
+                soonest = min((d for d, _ in self._armed.values()), default=now + self.budget)
+                if soonest > now:
+                    self._cond.wait(soonest - now)
+                    continue
+                for key, (deadline, conn) in list(self._armed.items()):
+                    if deadline <= now:
+                        del self._armed[key]
+                        self._fired.add(key)
+                        _cut_off(conn)
+
+
+def _cut_off(conn: Any) -> None:
+    """Shut the connection's socket down under the read that waits on it."""
+    try:
+        fd = conn.pgconn.socket
+    except Exception:
+        return  # already closed
+    try:
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def _ignore_notifications(conn: Any) -> None:
+    """Pooled connections never LISTEN, but behind a transaction-mode pooler a server session
+    that some client once LISTENed on delivers its notifications to whichever client holds it
+    next; without a handler psycopg would keep them all, unread, for the connection's life."""
+    conn.add_notify_handler(_drop)
+
+
+def _drop(notify: Any) -> None:
+    pass
 
 
 def _job(row: Row) -> Job:

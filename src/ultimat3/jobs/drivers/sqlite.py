@@ -798,6 +798,17 @@ class SqliteDriver:
         rows = self._write(lambda conn: conn.execute(_Q["job_release_unstarted"], args).fetchall())
         return sorted(row[0] for row in rows)
 
+    def job_release_orphans(
+        self, worker_id: str, keep: Sequence[Lease], *, now: datetime | None = None
+    ) -> list[str]:
+        args = {
+            "now": _now_us(now),
+            "worker_id": worker_id,
+            "keep": json.dumps([lease.token for lease in keep]),
+        }
+        rows = self._write(lambda conn: conn.execute(_Q["job_release_orphans"], args).fetchall())
+        return sorted(row[0] for row in rows)
+
     def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:
         args = {"queues": json.dumps(sorted(set(queues))), "now": _now_us(now)}
         row = self._read(lambda conn: conn.execute(_Q["job_peek_isolated"], args).fetchone())

@@ -4,7 +4,8 @@ never pulls in psycopg.
 
 - ``sqlite:///path/to/business.sqlite3`` (your application's SQLite file)
 - ``postgresql://user:password@host:5432/dbname`` (``postgres://`` too; ``?schema=name``,
-  default ``ultimat3_jobs``)
+  default ``ultimat3_jobs``; ``?statement_timeout=10s``, ``?lock_timeout=5s``;
+  ``?pooler=transaction|session`` is accepted: the store keeps no session state anyway)
 - ``memory://`` (one process: staged rows hang off ``store.transaction()`` objects)
 """
 
@@ -50,11 +51,24 @@ def open_store(url: str) -> OutboxStore:
             _sqlite_path(url), busy_timeout=float(options.get("busy_timeout", 30.0))
         )
     if scheme in ("postgresql", "postgres"):
-        from ultimat3.jobs.dialects.postgres import split_url
+        from ultimat3.jobs.dialects.postgres import (
+            LOCK_TIMEOUT,
+            OUTBOX_URL_OPTIONS,
+            STATEMENT_TIMEOUT,
+            pooler_mode,
+            seconds,
+            split_url,
+        )
         from ultimat3.jobs.outboxes.postgres import PostgresOutboxStore
 
-        dsn, ours = split_url(url, allowed=("schema",))
-        return PostgresOutboxStore(dsn, schema=ours.get("schema", "ultimat3_jobs"))
+        dsn, ours = split_url(url, allowed=OUTBOX_URL_OPTIONS)
+        pooler_mode(ours)  # validated; nothing of the store's lives in a session
+        return PostgresOutboxStore(
+            dsn,
+            schema=ours.get("schema", "ultimat3_jobs"),
+            statement_timeout=seconds(ours, "statement_timeout", STATEMENT_TIMEOUT),
+            lock_timeout=seconds(ours, "lock_timeout", LOCK_TIMEOUT),
+        )
     if scheme == "memory":
         from ultimat3.jobs.outboxes.memory import MemoryOutboxStore
 

@@ -14,6 +14,13 @@ What it guarantees:
   and the next claim publishes them again (the job's idempotency key collapses the repeat).
 - **Failures are errors with a fix**: a server that is down raises ``DriverUnavailableError``
   and the next call reconnects; a missing table says to migrate.
+- **Bounded, and pooler-safe.** The store's own connection gets the driver's TCP settings
+  (``CONNECT_DEFAULTS``: connect timeout, keepalives, ``tcp_user_timeout``), and each of its
+  transactions starts with ``set_config(..., true)`` of ``statement_timeout``,
+  ``lock_timeout`` and ``idle_in_transaction_session_timeout`` (three statement timeouts: a
+  claim stays open while the relay publishes), so nothing outlives the transaction. It never
+  prepares a statement, LISTENs or SETs a session, so a transaction-mode pooler in front of
+  your database is fine (``?pooler=transaction`` is accepted and changes nothing).
 
 Schema: ``x_outbox`` lives in ``schema`` (default ``ultimat3_jobs``, validated against
 ``^[a-z_][a-z0-9_]{0,62}$``, reached through a quoted identifier); migrations are recorded in
@@ -37,8 +44,12 @@ from typing import Any
 
 from ultimat3.jobs.dialects.postgres import (
     CONNECT_DEFAULTS,
+    LOCK_TIMEOUT,
+    STATEMENT_TIMEOUT,
     applied_versions,
     apply_migrations,
+    bounds_sql,
+    check_bounds,
     check_joinable,
     identify,
     masked_dsn,
@@ -110,7 +121,14 @@ class PostgresOutboxStore:
 
     name = "postgres"
 
-    def __init__(self, dsn: str, *, schema: str = "ultimat3_jobs") -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = "ultimat3_jobs",
+        statement_timeout: float = STATEMENT_TIMEOUT,
+        lock_timeout: float = LOCK_TIMEOUT,
+    ) -> None:
         if _MISSING is not None:
             raise DriverUnavailableError(
                 f"the postgres outbox store needs psycopg 3: {_MISSING}",
@@ -123,9 +141,13 @@ class PostgresOutboxStore:
                 fix="use 1 to 63 lowercase letters, digits and underscores, not starting with "
                 'a digit (default "ultimat3_jobs")',
             )
+        check_bounds(statement_timeout, lock_timeout)
         self.display_url = masked_dsn(dsn)
         self._dsn = dsn
         self._schema = schema
+        self.statement_timeout = statement_timeout
+        self.lock_timeout = lock_timeout
+        self._bounds = bounds_sql(statement_timeout, lock_timeout, idle=3 * statement_timeout)
         quoted = pg_sql.Identifier(schema).as_string(None)
         self._table = f"{quoted}.x_outbox"
         self._ledger = f"{quoted}.x_outbox_migrations"
@@ -183,6 +205,7 @@ class PostgresOutboxStore:
             conn = self._own()
             try:
                 with conn.transaction():
+                    conn.execute(self._bounds, prepare=False)
                     yield conn
             except psycopg.Error as exc:
                 raise self._translate(exc, conn) from exc
@@ -218,10 +241,20 @@ class PostgresOutboxStore:
     def migrate(self) -> list[int]:
         if self.schema_current():
             return []  # a read: no advisory lock, no wait for anyone
-        with self._transaction() as conn:
-            return apply_migrations(
-                conn, self._q, self._schema, self._migrate_key, self._migrations
-            )
+        with self._lock:
+            conn = self._own()
+            try:
+                with conn.transaction():  # no statement timeout: DDL may take long
+                    return apply_migrations(
+                        conn,
+                        self._q,
+                        self._schema,
+                        self._migrate_key,
+                        self._migrations,
+                        lock_timeout=self.lock_timeout,
+                    )
+            except psycopg.Error as exc:
+                raise self._translate(exc, conn) from exc
 
     def migration_sql(self) -> list[tuple[int, str]]:
         return list(self._migrations)

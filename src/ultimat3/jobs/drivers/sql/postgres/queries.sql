@@ -239,6 +239,28 @@ woken AS (
 )
 SELECT r.id, (SELECT count(*) FROM woken) FROM released r
 
+-- name: job_release_orphans
+-- The jobs of a claim whose reply this worker never got (the connection broke after the claim
+-- committed): claimed by it, never started, and not among the leases it holds (%(keep)s).
+-- Back to the queue at once, attempt refunded; running rows are found on the lease index.
+WITH released AS (
+    UPDATE {schema}.x_jobs j
+    SET state = 'available',
+        run_at = coalesce(%(now)s::timestamptz, now()),
+        attempt = greatest(j.attempt - 1, 0),
+        lease_token = NULL,
+        lease_expires_at = NULL
+    WHERE j.state = 'running' AND NOT j.started
+      AND j.lease_expires_at IS NOT NULL
+      AND j.worker_id = %(worker_id)s
+      AND NOT (j.lease_token = ANY(%(keep)s::text[]))
+    RETURNING j.id, j.queue
+),
+woken AS (
+    SELECT pg_notify(%(channel)s, q.queue) FROM (SELECT DISTINCT queue FROM released) q
+)
+SELECT r.id, (SELECT count(*) FROM woken) FROM released r
+
 -- name: job_complete
 UPDATE {schema}.x_jobs j
 SET state = 'completed',
@@ -435,3 +457,8 @@ RETURNING l.holder
 
 -- name: leader_resign
 DELETE FROM {schema}.x_leaders WHERE name = %(name)s AND holder = %(holder)s
+
+-- name: job_newest
+-- The polling waiter's look (no LISTEN): the newest job id, one backward probe of the primary
+-- key. Ids are UUIDv7 text, so a new job's id sorts after the ones before it.
+SELECT max(id) FROM {schema}.x_jobs

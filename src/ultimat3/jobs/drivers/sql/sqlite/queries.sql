@@ -107,6 +107,19 @@ SET state = 'available',
 WHERE state = 'running' AND lease_expires_at < :now AND started = 0
 RETURNING id;
 
+-- name: job_release_orphans
+-- The jobs of a claim whose reply this worker never got: claimed by it, never started, and not
+-- among the leases it holds (:keep, a JSON array of tokens). Back at once, attempt refunded.
+UPDATE x_jobs
+SET state = 'available',
+    run_at = :now,
+    attempt = max(attempt - 1, 0),
+    lease_token = NULL,
+    lease_expires_at = NULL
+WHERE state = 'running' AND started = 0 AND worker_id = :worker_id
+  AND lease_token NOT IN (SELECT value FROM json_each(:keep))
+RETURNING id;
+
 -- name: job_complete
 UPDATE x_jobs
 SET state = 'completed',

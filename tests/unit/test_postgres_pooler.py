@@ -1,0 +1,241 @@
+"""PostgreSQL as production runs it: behind PgBouncer, with every call bounded.
+
+- A default URL that reaches PgBouncer in transaction mode is detected (a NOTIFY never reaches
+  the LISTEN) and warned about with the fix; the driver then polls and prepares nothing. A
+  direct connection is not mistaken for a pooler.
+- The timeouts of our statements are set per transaction: they hold for our statements and
+  never reach a caller's transaction (``app.transaction()`` hands a pooled connection over),
+  directly and through PgBouncer.
+- A row-lock wait ends at ``lock_timeout``; a call without a reply (a stalled proxy) is cut
+  off by the client-side watchdog, and the next call goes through once the path is back; so
+  does the call after a connection reset.
+- The outbox store's connection gets the same TCP settings and bounds.
+- Behind a transaction pooler, notifications a once-LISTENed server session hands to our
+  pooled connections are dropped, not kept unread for the connection's life.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from tcpproxy import Proxy
+from ultimat3.jobs import App, ConfigurationError, DriverUnavailableError
+from ultimat3.jobs.drivers import open_driver
+from ultimat3.jobs.drivers.postgres import PostgresDriver
+from ultimat3.jobs.outboxes.postgres import PostgresOutboxStore
+from ultimat3.jobs.records import ClaimParams, NewJob
+
+pytestmark = pytest.mark.postgres
+_LEASE = timedelta(seconds=30)
+
+_SETTINGS = (
+    b"SELECT current_setting('statement_timeout'), current_setting('lock_timeout'),"
+    b" current_setting('idle_in_transaction_session_timeout')"
+)
+
+
+def _job() -> NewJob:
+    from ultimat3.jobs.ids import uuid7
+
+    job_id = uuid7()
+    return NewJob(
+        id=job_id,
+        name="p.job",
+        queue="default",
+        input="{}",
+        idempotency_key=f"k-{job_id}",
+        max_attempts=3,
+    )
+
+
+def _url(dsn: str, query: str = "") -> str:
+    parts = conninfo_to_dict(dsn)
+    return f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}{query}"
+
+
+def _events(caplog: pytest.LogCaptureFixture, name: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "event", "") == name]
+
+
+def test_a_default_url_behind_pgbouncer_is_detected_and_warned(
+    pgb_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    driver = open_driver(_url(pgb_dsn))  # no ?pooler=: the mistake this guards against
+    try:
+        with caplog.at_level(logging.WARNING, logger="ultimat3.jobs"):
+            driver.migrate()
+        [warned] = _events(caplog, "jobs.postgres.pooler")
+        assert "?pooler=transaction" in warned.fields["fix"]
+        assert driver._listen is False and driver._prepare is False  # type: ignore[attr-defined]
+        # Past psycopg's prepare threshold (5), on every pooled connection: nothing prepared,
+        # so nothing lands on a server session that lacks it.
+        for _ in range(12):
+            driver.job_insert_many([_job()])
+            params = ClaimParams(queues=("default",), limit=1, lease_for=_LEASE, worker_id="w")
+            assert len(driver.job_claim(params)) == 1
+        started = time.monotonic()
+        driver.wait_for_jobs(0.3, threading.Event())
+        assert time.monotonic() - started >= 0.25, "polls; no LISTEN to return early"
+    finally:
+        driver.close()
+
+
+def test_a_direct_connection_is_not_taken_for_a_pooler(
+    pg_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    driver = open_driver(_url(pg_dsn))
+    try:
+        with caplog.at_level(logging.WARNING, logger="ultimat3.jobs"):
+            driver.migrate()
+        assert not _events(caplog, "jobs.postgres.pooler")
+        assert driver._listen is True  # type: ignore[attr-defined]
+    finally:
+        driver.close()
+
+
+@pytest.mark.parametrize("via", ["direct", "pgbouncer"])
+def test_our_timeouts_hold_for_our_statements_and_never_reach_a_callers_transaction(
+    request: pytest.FixtureRequest, via: str
+) -> None:
+    dsn = request.getfixturevalue("pgb_dsn" if via == "pgbouncer" else "pg_dsn")
+    query = "?statement_timeout=3s&lock_timeout=750ms"
+    if via == "pgbouncer":
+        query += "&pooler=transaction"
+    app = App(_url(dsn, query))
+    try:
+        driver: Any = app.driver
+        for _ in range(3):  # several pooled connections, several transactions
+            assert driver._fetch(_SETTINGS, {}) == [("3s", "750ms", "3s")]
+            with app.transaction() as conn:
+                row = conn.execute(_SETTINGS).fetchone()
+            assert row == ("0", "0", "0"), "a session-level SET would have leaked here"
+        with psycopg.connect(dsn, autocommit=True) as other:
+            assert other.execute(_SETTINGS).fetchone() == ("0", "0", "0")
+    finally:
+        app.close()
+
+
+def test_a_row_lock_wait_ends_at_the_lock_timeout(pg_dsn: str) -> None:
+    driver = open_driver(_url(pg_dsn, "?statement_timeout=5s&lock_timeout=300ms"))
+    try:
+        [result] = driver.job_insert_many([_job()])
+        with psycopg.connect(pg_dsn) as holder:
+            holder.execute(
+                "SELECT 1 FROM ultimat3_jobs.x_jobs WHERE id = %s FOR UPDATE", (result.id,)
+            )
+            started = time.monotonic()
+            with pytest.raises(DriverUnavailableError, match="lock timeout") as raised:
+                driver.job_cancel(result.id, reason="operator")
+            waited = time.monotonic() - started
+            holder.rollback()
+        assert raised.value.retryable
+        assert 0.25 <= waited < 3.0, waited
+        assert driver.job_cancel(result.id, reason="operator"), "the next call goes through"
+    finally:
+        driver.close()
+
+
+@pytest.fixture
+def proxied_dsn(pg_dsn: str) -> Iterator[tuple[str, Any]]:
+    port = int(conninfo_to_dict(pg_dsn)["port"])
+    with Proxy(port) as proxy:
+        yield make_conninfo(pg_dsn, port=str(proxy.port)), proxy
+
+
+def test_a_call_without_a_reply_is_cut_off_by_the_watchdog(
+    proxied_dsn: tuple[str, Any],
+) -> None:
+    dsn, proxy = proxied_dsn
+    driver = PostgresDriver(dsn, statement_timeout=0.5, lock_timeout=0.25, pool_min=0)
+    try:
+        assert driver.call_budget == 1.5
+        assert driver.job_get("nothing") is None
+        proxy.stall()  # the peer acknowledges, nothing comes back: keepalives see no fault
+        started = time.monotonic()
+        with pytest.raises(DriverUnavailableError, match=r"no reply within 1\.5 s") as raised:
+            driver.job_get("nothing")
+        waited = time.monotonic() - started
+        assert raised.value.retryable
+        assert 1.4 <= waited < 4.0, waited
+        proxy.resume()
+        assert driver.job_get("nothing") is None, "a fresh connection once the path is back"
+    finally:
+        proxy.resume()
+        driver.close()
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("?statement_timeout=soon", "not a duration"),
+        ("?lock_timeout=20s", "could never fire"),
+        ("?statement_timeout=2h", "not a timeout"),
+        ("?poll=0", "not a poll interval"),
+    ],
+)
+def test_bad_bounds_in_the_url_are_explained(query: str, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        open_driver("postgresql://nobody@127.0.0.1:1/none" + query)
+
+
+def test_the_outbox_store_is_bounded_and_keeps_alive(pg_dsn: str) -> None:
+    from ultimat3.jobs.outboxes import open_store
+
+    store = open_store(_url(pg_dsn, "?statement_timeout=4s&lock_timeout=1s"))
+    assert isinstance(store, PostgresOutboxStore)
+    try:
+        store.migrate()
+        with store._transaction() as conn:
+            assert conn.execute(_SETTINGS).fetchone() == ("4s", "1s", "12s")
+        assert conn.execute(_SETTINGS).fetchone() == ("0", "0", "0"), "per transaction only"
+        given = conn.info.get_parameters()
+        assert (given["keepalives_idle"], given["tcp_user_timeout"]) == ("10", "30000")
+    finally:
+        store.close()
+
+
+def test_a_reset_connection_fails_one_call_and_the_next_goes_through(
+    proxied_dsn: tuple[str, Any],
+) -> None:
+    dsn, proxy = proxied_dsn
+    driver = PostgresDriver(dsn, pool_min=0, pool_max=1)
+    try:
+        assert driver.job_get("nothing") is None
+        accepted = proxy.accepted
+        proxy.stall()  # the next call is sent, and its reply never comes: then the reset
+        threading.Timer(0.3, proxy.reset).start()
+        with pytest.raises(DriverUnavailableError) as raised:
+            driver.job_get("nothing")
+        assert raised.value.retryable
+        proxy.resume()
+        assert driver.job_get("nothing") is None
+        assert proxy.accepted > accepted, "on a new connection"
+    finally:
+        proxy.resume()
+        driver.close()
+
+
+def test_stray_notifications_behind_a_transaction_pooler_are_not_kept(pgb_dsn: str) -> None:
+    """A client that once LISTENed through the pooler leaves the registration on a server
+    session, whose notifications then reach whichever client holds it next."""
+    with psycopg.connect(pgb_dsn, autocommit=True) as stray:
+        stray.execute("LISTEN ultimat3_jobs")  # stays on the server session it ran on
+    driver: Any = open_driver(_url(pgb_dsn, "?pooler=transaction&pool_min=1&pool_max=1"))
+    try:
+        for _ in range(20):
+            driver.job_insert_many([_job()])  # each NOTIFYs ultimat3_jobs
+        with driver._connection() as conn:
+            held = conn.execute(_SETTINGS)  # one more round trip, for what is in flight
+            assert held.fetchone() is not None
+            assert not conn._notifies_backlog, "nothing kept for a connection that never listens"
+    finally:
+        driver.close()

@@ -582,3 +582,29 @@ def test_the_scheduler_thread_survives_an_unexpected_error(
         scheduler.stop()
     finally:
         supervise._BACKOFF_FIRST = first
+
+
+def test_completions_are_logged_at_info_and_an_unknown_job_at_warning(
+    make_app: Callable[..., App],
+    make_module: Callable[..., types.ModuleType],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`-v` shows every completion (with its attempt and how long it ran); an unknown job is a
+    WARNING at the default level, naming the job."""
+    from ultimat3.jobs.ids import uuid7
+    from ultimat3.jobs.records import NewJob
+
+    app = make_app(make_module("exec_logs", noop=noop))
+    done = noop.enqueue({}).id
+    stray = uuid7()
+    app.driver.job_insert_many([NewJob(stray, "gone.job", "default", "{}", stray, max_attempts=1)])
+    with caplog.at_level(logging.INFO, logger="ultimat3.jobs"), app.worker(poll_interval="20ms"):
+        _wait(lambda: app.get_job(done).state is JobState.COMPLETED, what="the job")
+        _wait(lambda: app.get_job(stray).state is JobState.DEAD, what="the unknown job to end")
+    by_event = {getattr(r, "event", ""): r for r in caplog.records}
+    completed = by_event["jobs.job.completed"]
+    assert completed.levelno == logging.INFO
+    assert completed.fields["job_id"] == done and completed.fields["attempt"] == 1
+    assert completed.fields["duration"] is not None and completed.fields["duration"] >= 0
+    unknown = by_event["jobs.job.unknown"]
+    assert unknown.levelno == logging.WARNING and unknown.fields["job"] == "gone.job"

@@ -183,6 +183,7 @@ class _Held:
         "cancelled",
         "confirmed",
         "deadline",
+        "duration",
         "handle",
         "job",
         "lease",
@@ -208,6 +209,7 @@ class _Held:
         self.cancelled = _Flag()
         self.deadline: float | None = None
         self.started_at: float | None = None
+        self.duration: float | None = None  # seconds the function ran, once it returned
         self.timed_out = False
         self.lost = False
         #: The outcome is in the database (or there is nothing left to write).
@@ -480,10 +482,16 @@ class Worker:
         if done:
             self.stats.completed += len(result.completed)
             self._note_lost([h for h in done if h.job.id not in result.completed])
-            if events.logger.isEnabledFor(logging.DEBUG):
+            if events.logger.isEnabledFor(logging.INFO):  # `-v`: every completion
                 for h in done:
                     if h.job.id in result.completed:
-                        events.debug("jobs.job.completed", job_id=h.job.id, job=h.job.name)
+                        events.info(
+                            "jobs.job.completed",
+                            job_id=h.job.id,
+                            job=h.job.name,
+                            attempt=h.job.attempt,
+                            duration=None if h.duration is None else round(h.duration, 6),
+                        )
         if fails:
             self._failed_written(fails, result.failed)
         self._write_rare(rare)
@@ -657,9 +665,10 @@ class Worker:
                 if timeout is not None:
                     held.deadline = started + timeout.total_seconds()
                 outcome = self._call_sync(held, *prepared)
+                held.duration = time.monotonic() - started
                 # Unsynchronised on purpose: an average that loses an update now and then is
                 # fine.
-                self._avg_run = self._avg_run * 0.9 + (time.monotonic() - started) * 0.1
+                self._avg_run = self._avg_run * 0.9 + held.duration * 0.1
                 if held.timed_out:
                     outcome = self._timeout_outcome(held)
         except BaseException as exc:  # outcome_of catches all; this is the last resort
@@ -672,6 +681,7 @@ class Worker:
         try:
             held.started_at = time.monotonic()
             outcome = await self._run_async(held)
+            held.duration = time.monotonic() - held.started_at
             self._settle(held, outcome)
         except BaseException as exc:
             self._settle(held, self._failed(held, exc))

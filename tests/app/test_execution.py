@@ -608,3 +608,40 @@ def test_completions_are_logged_at_info_and_an_unknown_job_at_warning(
     assert completed.fields["duration"] is not None and completed.fields["duration"] >= 0
     unknown = by_event["jobs.job.unknown"]
     assert unknown.levelno == logging.WARNING and unknown.fields["job"] == "gone.job"
+
+
+def test_a_claim_whose_reply_was_lost_costs_no_lease_and_no_attempt(
+    make_app: Callable[..., App], make_module: Callable[..., types.ModuleType]
+) -> None:
+    """The first claim commits but its caller sees a broken connection: the worker gives that
+    claim back by its token before claiming again, so its jobs run at once, on their first
+    attempt, instead of waiting out a 30 s lease and being rescued as lost."""
+    from ultimat3.jobs import DriverUnavailableError
+
+    app = make_app(make_module("exec_lost_reply", noop=noop))
+    ids = [noop.enqueue({}).id for _ in range(3)]
+    worker = app.worker(poll_interval="20ms", lease="30s")
+    real = worker.driver
+
+    class LosesOneReply:
+        lost = 0
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def job_cycle(self, cycle: Any, **kwargs: Any) -> Any:
+            result = real.job_cycle(cycle, **kwargs)
+            if not self.lost and result.claimed:
+                self.lost = len(result.claimed)
+                raise DriverUnavailableError("the connection broke", driver=real.name)
+            return result
+
+    worker.driver = LosesOneReply()  # type: ignore[assignment]
+    started = time.monotonic()
+    with worker:
+        _wait(lambda: all(app.get_job(i).state is JobState.COMPLETED for i in ids), 10)
+    assert worker.driver.lost == 3  # type: ignore[attr-defined]
+    assert time.monotonic() - started < 10, "well within the 30 s lease"
+    for job_id in ids:
+        done = app.get_job(job_id)
+        assert (done.attempt, done.errors) == (1, ())

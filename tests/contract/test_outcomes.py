@@ -9,9 +9,10 @@ import pytest
 
 from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.ids import token, uuid7
-from ultimat3.jobs.records import Cycle, Failure, Job, JobState, Lease
+from ultimat3.jobs.records import ClaimParams, Cycle, Failure, Job, JobState, Lease
 
 from .helpers import (
+    LEASE,
     T0,
     assert_utc,
     at,
@@ -355,23 +356,25 @@ def test_an_unstarted_expired_claim_is_released_with_its_attempt_back(driver: Dr
 def test_a_claim_whose_reply_was_lost_is_released_at_once_with_its_attempt_back(
     driver: Driver,
 ) -> None:
-    """The worker kept one lease and lost the reply of a claim of two more (its connection
-    broke after the claim committed): those two go back at once, attempts refunded; what it
-    holds, what it started, and what other workers hold stay as they are."""
-    held, lost_a, lost_b, started, other = (new_job(priority=p) for p in (5, 4, 3, 2, 1))
-    insert(driver, held, lost_a, lost_b, started, other)
-    [kept] = claim(driver, at(0), limit=1, started=False)
-    lost = claim(driver, at(1), limit=2, started=False)  # the reply that never arrived
-    ran = claim_one(driver, at(2))  # marked started: it may have run, so it is not an orphan
-    theirs = claim_one(driver, at(2), worker_id="worker-2", started=False)
-    assert [kept.id, ran.id, theirs.id] == [held.id, started.id, other.id]
-    released = driver.job_release_orphans("worker-1", [kept.lease], now=at(3))
-    assert released == sorted(j.id for j in lost) == sorted([lost_a.id, lost_b.id])
+    """A worker's claim committed but its reply was lost (the connection broke): the worker
+    never saw those jobs, so it gives that claim back by its token, attempts refunded,
+    although the claim marked them started; its other jobs and other workers' stay held."""
+    held, lost_a, lost_b, other = (new_job(priority=p) for p in (5, 4, 3, 1))
+    insert(driver, held, lost_a, lost_b, other)
+    [kept] = claim(driver, at(0), limit=1)
+    claim_token = token()
+    params = ClaimParams(("default",), 2, LEASE, "worker-1", now=at(1), token=claim_token)
+    lost = driver.job_cycle(Cycle(claim=params), now=at(1)).claimed  # the reply never came
+    theirs = claim_one(driver, at(2), worker_id="worker-2")
+    assert [kept.id, *(j.id for j in lost), theirs.id] == [held.id, lost_a.id, lost_b.id, other.id]
+    assert all((j.lease_token or "").startswith(f"{claim_token}.") for j in lost)
+    released = driver.job_release_claim(claim_token, now=at(3))
+    assert released == sorted([lost_a.id, lost_b.id])
     for job_id in released:
         back = get(driver, job_id)
         assert (back.state, back.attempt, back.lease_token) == (JobState.AVAILABLE, 0, None)
-    assert [get(driver, j.id).state for j in (kept, ran, theirs)] == [JobState.RUNNING] * 3
-    assert driver.job_release_orphans("worker-1", [kept.lease], now=at(4)) == []
+    assert [get(driver, j.id).state for j in (kept, theirs)] == [JobState.RUNNING] * 2
+    assert driver.job_release_claim(claim_token, now=at(4)) == []
     late = driver.job_cycle(Cycle(completes=[lost[0].lease]), now=at(5))
     assert late.completed == set(), "the lease is gone"
     again = claim(driver, at(5), limit=5)

@@ -196,14 +196,11 @@ class Driver(Protocol):
         ``available``, its attempt refunded; return their ids."""
         ...
 
-    def job_release_orphans(
-        self, worker_id: str, keep: Sequence[Lease], *, now: datetime | None = None
-    ) -> list[str]:
-        """Put back, attempt refunded, every running job claimed by ``worker_id`` that was
-        never marked started and whose lease is not in ``keep``: the jobs of a claim whose
-        reply was lost (the connection broke after the claim committed), which that worker
-        never saw and so never ran. Call it, with every lease the worker holds, only while no
-        claim of that worker is in flight; return the ids released."""
+    def job_release_claim(self, token: str, *, now: datetime | None = None) -> list[str]:
+        """Put back, attempt refunded, every running job of the claim made with ``token``
+        (``ClaimParams.token``) whose reply was lost: the connection broke after the claim
+        committed, so its worker never saw those jobs and never ran them (a claim that did not
+        commit leaves nothing to find). Return the ids released."""
         ...
 
     def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:

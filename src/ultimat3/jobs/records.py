@@ -248,6 +248,10 @@ class ClaimParams:
     now: datetime | None = None
     #: False: claim ordinary jobs only; True: claim isolated ones only (see ``Failure``).
     isolated: bool = False
+    #: The claim's token; each claimed job's lease token is it, a dot, and the job's id. A
+    #: caller that picks it (``ids.token()``) can give back a claim whose reply it lost
+    #: (``Driver.job_release_claim``). Empty: the driver picks one.
+    token: str = ""
 
 
 @dataclass(frozen=True, slots=True)

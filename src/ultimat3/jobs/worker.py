@@ -288,6 +288,7 @@ class Worker:
         self._alone: _Held | None = None  # an isolated job running alone
         self._isolating = False
         self._maybe_due = True  # claim at once: the last claim filled up, or a wake-up came
+        self._lost_claims: list[str] = []  # tokens of claims whose reply may have been lost
         self._avg_run = 1.0  # seconds; starts long, so that threads wake for each job at first
         self._cycle_loop = Loop("cycle", self._cycle_step, on_fatal=self._fatal)
         self._renew_now = threading.Event()  # the heartbeat asks the renew loop to go
@@ -464,6 +465,7 @@ class Worker:
                 failures.append(outcome.failure)
             else:
                 rare.append(held)
+        self._release_lost_claims()
         claim = None
         if limit > 0:
             claim = ClaimParams(
@@ -473,11 +475,19 @@ class Worker:
                 worker_id=self.worker_id,
                 now=self.clock.pinned(),
                 isolated=isolated,
+                token=token(),
             )
-        result = self.driver.job_cycle(
-            Cycle(completes=[h.lease for h in done], failures=failures, claim=claim),
-            now=self.clock.pinned(),
-        )
+        try:
+            result = self.driver.job_cycle(
+                Cycle(completes=[h.lease for h in done], failures=failures, claim=claim),
+                now=self.clock.pinned(),
+            )
+        except BaseException:
+            # The claim may have committed with its reply lost: its jobs, which this worker
+            # never saw, go back (attempt refunded) before the next claim.
+            if claim is not None:
+                self._lost_claims.append(claim.token)
+            raise
         self.stats.claimed += len(result.claimed)
         if done:
             self.stats.completed += len(result.completed)
@@ -496,6 +506,15 @@ class Worker:
             self._failed_written(fails, result.failed)
         self._write_rare(rare)
         return result.claimed
+
+    def _release_lost_claims(self) -> None:
+        while self._lost_claims:
+            released = self.driver.job_release_claim(self._lost_claims[0], now=self.clock.pinned())
+            self._lost_claims.pop(0)
+            if released:
+                events.warning(
+                    "jobs.worker.claim-released", jobs=",".join(released), count=len(released)
+                )
 
     def _cycle_step(self) -> float:
         """One turn of the leader (the handler thread that runs the cycle): write the outcomes

@@ -245,13 +245,14 @@ class MemoryDriver:
             max(0, params.limit), due, key=lambda job: (-job.priority, job.run_at, job.id)
         )
         claimed: list[Job] = []
+        claim = params.token or token()
         for job in best:
             running = replace(
                 job,
                 state=JobState.RUNNING,
                 attempt=job.attempt + 1,
                 attempted_at=at,
-                lease_token=token(),
+                lease_token=f"{claim}.{job.id}",
                 lease_expires_at=at + params.lease_for,
                 worker_id=params.worker_id,
             )
@@ -359,20 +360,13 @@ class MemoryDriver:
                 self._notify()
         return sorted(released)
 
-    def job_release_orphans(
-        self, worker_id: str, keep: Sequence[Lease], *, now: datetime | None = None
-    ) -> list[str]:
+    def job_release_claim(self, token: str, *, now: datetime | None = None) -> list[str]:
         at = _now(now)
-        kept = {lease.token for lease in keep}
+        prefix = f"{token}."
         released: list[str] = []
         with self._lock:
             for job in list(self._jobs.values()):
-                if (
-                    job.state is JobState.RUNNING
-                    and job.id not in self._started
-                    and job.worker_id == worker_id
-                    and job.lease_token not in kept
-                ):
+                if job.state is JobState.RUNNING and (job.lease_token or "").startswith(prefix):
                     self._put(
                         _unleased(
                             replace(

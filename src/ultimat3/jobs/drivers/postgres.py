@@ -94,7 +94,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from ultimat3.jobs import events
+from ultimat3.jobs import events, ids
 from ultimat3.jobs import sql as sql_files
 from ultimat3.jobs.dialects.postgres import (
     CONNECT_DEFAULTS,
@@ -497,6 +497,7 @@ class PostgresDriver:
             "worker_id": params.worker_id,
             "now": params.now,
             "started": started,
+            "token": params.token or ids.token(),
         }
         queues = sorted(set(params.queues))
         if len(queues) == 1 and not params.isolated:
@@ -535,12 +536,12 @@ class PostgresDriver:
         rows = self._pipelined(steps)
         result = CycleResult()
         at = 1 if relaxed else 0
-        for ids, present in (
+        for changed, present in (
             (result.completed, cycle.completes),
             (result.failed, cycle.failures),
         ):
             if present:
-                ids.update(row[0] for row in rows[at])
+                changed.update(row[0] for row in rows[at])
                 at += 1
         if claim is not None:
             result.claimed.extend(_job(row) for row in rows[at])
@@ -550,16 +551,9 @@ class PostgresDriver:
         rows = self._fetch("job_release_unstarted", {"now": now, "channel": self._channel})
         return sorted(row[0] for row in rows)
 
-    def job_release_orphans(
-        self, worker_id: str, keep: Sequence[Lease], *, now: datetime | None = None
-    ) -> list[str]:
-        params = {
-            "worker_id": worker_id,
-            "keep": _text_array(lease.token for lease in keep),
-            "now": now,
-            "channel": self._channel,
-        }
-        return sorted(row[0] for row in self._fetch("job_release_orphans", params))
+    def job_release_claim(self, token: str, *, now: datetime | None = None) -> list[str]:
+        params = {"token": token, "now": now, "channel": self._channel}
+        return sorted(row[0] for row in self._fetch("job_release_claim", params))
 
     def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:
         rows = self._fetch(

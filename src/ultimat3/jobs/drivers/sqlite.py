@@ -798,15 +798,9 @@ class SqliteDriver:
         rows = self._write(lambda conn: conn.execute(_Q["job_release_unstarted"], args).fetchall())
         return sorted(row[0] for row in rows)
 
-    def job_release_orphans(
-        self, worker_id: str, keep: Sequence[Lease], *, now: datetime | None = None
-    ) -> list[str]:
-        args = {
-            "now": _now_us(now),
-            "worker_id": worker_id,
-            "keep": json.dumps([lease.token for lease in keep]),
-        }
-        rows = self._write(lambda conn: conn.execute(_Q["job_release_orphans"], args).fetchall())
+    def job_release_claim(self, token: str, *, now: datetime | None = None) -> list[str]:
+        args = {"now": _now_us(now), "token": token}
+        rows = self._write(lambda conn: conn.execute(_Q["job_release_claim"], args).fetchall())
         return sorted(row[0] for row in rows)
 
     def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:
@@ -1144,7 +1138,7 @@ def _claim(conn: sqlite3.Connection, params: ClaimParams, *, started: bool) -> l
     now_us = _now_us(params.now)
     args: dict[str, Any] = {
         "now": now_us,
-        "token": ids.token(),
+        "token": params.token or ids.token(),
         "expires_at": now_us + params.lease_for // MICROSECOND,
         "worker_id": params.worker_id,
         "limit": params.limit,

@@ -150,7 +150,7 @@ claimed AS (
     SET state = 'running',
         attempt = j.attempt + 1,
         attempted_at = coalesce(%(now)s::timestamptz, now()),
-        lease_token = gen_random_uuid()::text,
+        lease_token = %(token)s || '.' || j.id,
         lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease_for)s::interval,
         worker_id = %(worker_id)s,
         started = %(started)s  -- true in a worker's cycle: its handlers are free now
@@ -187,7 +187,7 @@ claimed AS (
     SET state = 'running',
         attempt = j.attempt + 1,
         attempted_at = coalesce(%(now)s::timestamptz, now()),
-        lease_token = gen_random_uuid()::text,
+        lease_token = %(token)s || '.' || j.id,
         lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease_for)s::interval,
         worker_id = %(worker_id)s,
         started = %(started)s  -- true in a worker's cycle: its handlers are free now
@@ -210,10 +210,10 @@ SELECT EXISTS (
 )
 
 -- name: lease_extend
--- Leases arrive as two arrays, ids and tokens, matched as sets: a token is a fresh random UUID
--- issued to one claim of one row, so a row whose id and current token are both listed holds
--- exactly one of the given leases. Pairing them with a join instead would leave the plan to
--- row estimates; this is a primary-key probe per id.
+-- Leases arrive as two arrays, ids and tokens, matched as sets: a token (a fresh random claim
+-- token, a dot, the row's id) is issued to one claim of one row, so a row whose id and current
+-- token are both listed holds exactly one of the given leases. Pairing them with a join
+-- instead would leave the plan to row estimates; this is a primary-key probe per id.
 UPDATE {schema}.x_jobs j
 SET lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease_for)s::interval
 WHERE j.id = ANY(%(ids)s::text[])
@@ -239,21 +239,20 @@ woken AS (
 )
 SELECT r.id, (SELECT count(*) FROM woken) FROM released r
 
--- name: job_release_orphans
--- The jobs of a claim whose reply this worker never got (the connection broke after the claim
--- committed): claimed by it, never started, and not among the leases it holds (%(keep)s).
--- Back to the queue at once, attempt refunded; running rows are found on the lease index.
+-- name: job_release_claim
+-- The jobs of one claim whose reply its worker never got (the connection broke after the claim
+-- committed), found by the claim's token: each job's lease token is the token, a dot, its id.
+-- The worker never saw them, so never ran them: back at once, attempt refunded.
 WITH released AS (
     UPDATE {schema}.x_jobs j
     SET state = 'available',
         run_at = coalesce(%(now)s::timestamptz, now()),
         attempt = greatest(j.attempt - 1, 0),
         lease_token = NULL,
-        lease_expires_at = NULL
-    WHERE j.state = 'running' AND NOT j.started
-      AND j.lease_expires_at IS NOT NULL
-      AND j.worker_id = %(worker_id)s
-      AND NOT (j.lease_token = ANY(%(keep)s::text[]))
+        lease_expires_at = NULL,
+        started = false
+    WHERE j.state = 'running' AND j.lease_expires_at IS NOT NULL
+      AND starts_with(j.lease_token, %(token)s || '.')
     RETURNING j.id, j.queue
 ),
 woken AS (

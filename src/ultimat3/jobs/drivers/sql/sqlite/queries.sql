@@ -107,17 +107,18 @@ SET state = 'available',
 WHERE state = 'running' AND lease_expires_at < :now AND started = 0
 RETURNING id;
 
--- name: job_release_orphans
--- The jobs of a claim whose reply this worker never got: claimed by it, never started, and not
--- among the leases it holds (:keep, a JSON array of tokens). Back at once, attempt refunded.
+-- name: job_release_claim
+-- The jobs of one claim whose reply its worker never got, found by the claim's :token (each
+-- lease token is the token, a dot, the job's id). Back at once, attempt refunded.
 UPDATE x_jobs
 SET state = 'available',
     run_at = :now,
     attempt = max(attempt - 1, 0),
     lease_token = NULL,
-    lease_expires_at = NULL
-WHERE state = 'running' AND started = 0 AND worker_id = :worker_id
-  AND lease_token NOT IN (SELECT value FROM json_each(:keep))
+    lease_expires_at = NULL,
+    started = 0
+WHERE state = 'running'
+  AND substr(lease_token, 1, length(:token) + 1) = :token || '.'
 RETURNING id;
 
 -- name: job_complete

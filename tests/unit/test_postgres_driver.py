@@ -253,7 +253,7 @@ def test_claims_use_the_partial_index_with_a_large_finished_backlog(
         conn.execute("ANALYZE ultimat3_jobs.x_jobs")
         # Plans as a prepared statement runs them: generic, values unknown.
         conn.execute("SET plan_cache_mode = force_generic_plan")
-        values = {"lease_for": LEASE, "worker_id": "w", "now": T0, "started": True}
+        values = {"lease_for": LEASE, "worker_id": "w", "now": T0, "started": True, "token": "t"}
         plans = [
             conn.execute(
                 b"EXPLAIN " + driver._claim_one_query(10), {**values, "queue": "default"}

@@ -47,7 +47,7 @@ from __future__ import annotations
 import heapq
 import threading
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -336,37 +336,25 @@ class MemoryDriver:
 
     def job_release_unstarted(self, *, now: datetime | None = None) -> list[str]:
         at = _now(now)
-        released: list[str] = []
-        with self._lock:
-            for job in list(self._jobs.values()):
-                if (
-                    job.state is JobState.RUNNING
-                    and job.id not in self._started
-                    and job.lease_expires_at is not None
-                    and job.lease_expires_at < at
-                ):
-                    self._put(
-                        _unleased(
-                            replace(
-                                job,
-                                state=JobState.AVAILABLE,
-                                run_at=at,
-                                attempt=max(0, job.attempt - 1),
-                            )
-                        )
-                    )
-                    released.append(job.id)
-            if released:
-                self._notify()
-        return sorted(released)
+        return self._release(
+            lambda job: (
+                job.id not in self._started
+                and job.lease_expires_at is not None
+                and job.lease_expires_at < at
+            ),
+            at,
+        )
 
     def job_release_claim(self, token: str, *, now: datetime | None = None) -> list[str]:
-        at = _now(now)
         prefix = f"{token}."
+        return self._release(lambda job: (job.lease_token or "").startswith(prefix), _now(now))
+
+    def _release(self, which: Callable[[Job], bool], at: datetime) -> list[str]:
+        """Put the running jobs ``which`` picks back, available at ``at``, attempt refunded."""
         released: list[str] = []
         with self._lock:
             for job in list(self._jobs.values()):
-                if job.state is JobState.RUNNING and (job.lease_token or "").startswith(prefix):
+                if job.state is JobState.RUNNING and which(job):
                     self._put(
                         _unleased(
                             replace(

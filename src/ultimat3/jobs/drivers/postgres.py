@@ -89,10 +89,10 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from ultimat3.jobs import events, ids
 from ultimat3.jobs import sql as sql_files
@@ -140,6 +140,8 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
     _MISSING: ImportError | None = _exc
 else:
     _MISSING = None
+
+_T = TypeVar("_T")
 
 __all__ = ["PostgresDriver"]
 
@@ -1151,39 +1153,35 @@ class PostgresDriver:
         locking shared rows in different orders) rolled the statement back whole, so it is
         retried."""
         query = self._q[name] if isinstance(name, str) else name
-        for attempt in range(3):
-            # Not `with self._connection()`: on the hot path its generator costs a few µs.
-            started = time.monotonic()
-            conn = self._checkout()
-            self._watch.arm(conn)
-            try:
-                rows = self._exec(conn, query, params, bounded=True, prepare=prepare).fetchall()
-                self.stalls.note_wait(time.monotonic() - started)
-                return rows
-            except psycopg.Error as exc:
-                if attempt < 2 and isinstance(exc, pg_errors.DeadlockDetected):
-                    continue
-                self._reraise(exc, conn)
-            finally:
-                self._watch.disarm(conn)
-                self._pool.putconn(conn)
-        raise AssertionError("unreachable")
+        return self._attempts(
+            lambda conn: self._exec(conn, query, params, bounded=True, prepare=prepare).fetchall()
+        )
 
     def _pipelined(self, steps: list[tuple[bytes, dict[str, Any]]]) -> list[list[Row]]:
         """Run ``steps`` in one transaction of ours, pipelined (one round trip: the timeouts,
-        then each step), and return each step's rows; cut off by the watchdog like
-        ``_fetch``, and retried whole after a deadlock."""
+        then each step), and return each step's rows."""
+
+        def run(conn: Conn) -> list[list[Row]]:
+            with conn.pipeline(), conn.transaction():
+                self._exec(conn, self._bounds)
+                cursors = [self._exec(conn, query, params or None) for query, params in steps]
+            return [cur.fetchall() if cur.description else [] for cur in cursors]
+
+        return self._attempts(run)
+
+    def _attempts(self, body: Callable[[Conn], _T]) -> _T:
+        """Run ``body`` on a pooled connection, cut off by the watchdog if it gets no reply in
+        time; retried whole after a deadlock (two batches locking shared rows in different
+        orders: rolled back whole). Not ``with self._connection()``: on the hot path its
+        generator costs a few µs."""
         for attempt in range(3):
             started = time.monotonic()
             conn = self._checkout()
             self._watch.arm(conn)
             try:
-                with conn.pipeline(), conn.transaction():
-                    self._exec(conn, self._bounds)
-                    cursors = [self._exec(conn, query, params or None) for query, params in steps]
-                rows = [cur.fetchall() if cur.description else [] for cur in cursors]
+                result = body(conn)
                 self.stalls.note_wait(time.monotonic() - started)
-                return rows
+                return result
             except psycopg.Error as exc:
                 if attempt < 2 and isinstance(exc, pg_errors.DeadlockDetected):
                     continue

@@ -792,3 +792,22 @@ def test_a_batch_that_loses_a_deadlock_is_retried(driver: Any, pg_dsn: str, size
     if mine:
         assert result[-1] == InsertResult(mine[0].id, deduped=True)
     assert len({r.id for r in result}) == size
+
+
+def test_an_unreachable_server_says_what_a_worker_and_a_command_do() -> None:
+    from ultimat3.jobs.errors import DriverUnavailableError
+
+    unreachable = PostgresDriver("postgresql://nobody@127.0.0.1:1/none")
+    try:
+        with pytest.raises(DriverUnavailableError) as raised:
+            unreachable.job_get("nothing")
+    finally:
+        unreachable.close()
+    assert raised.value.cause.startswith(
+        "cannot connect to PostgreSQL at postgresql://nobody@127.0.0.1:1/none: "
+    )
+    assert raised.value.fix == (
+        "check that the server is running and reachable with this URL and its credentials; a "
+        "running worker keeps retrying until it is back, a command or a starting worker exits "
+        "(run it again once it is back)"
+    )

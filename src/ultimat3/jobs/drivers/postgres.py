@@ -1285,7 +1285,8 @@ class PostgresDriver:
                     f"cannot connect to PostgreSQL at {self.display_url}: {_first_line(exc)}",
                     driver=_NAME,
                     fix="check that the server is running and reachable with this URL and "
-                    "its credentials; the driver reconnects by itself once it is back",
+                    "its credentials; a running worker keeps retrying until it is back, a "
+                    "command or a starting worker exits (run it again once it is back)",
                 ) from exc
             self._reachable_at = time.monotonic()
         conn = self._pool.getconn(timeout=_POOL_WAIT)

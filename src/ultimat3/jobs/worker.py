@@ -522,12 +522,16 @@ class Worker:
         claimed jobs for the handlers (the leader among them). With nothing to write and
         nothing due, wait for a commit or a wake-up instead."""
         poll = self.config.poll_interval.total_seconds()
-        self._wake.clear()
         limit, isolated = (0, False) if self._stop_claiming.is_set() else self._claim_limit()
         with self._lock:
             finished, self._pending = self._pending, []
-        if not (finished or (limit and self._maybe_due)):
-            self._leader_waiting = True
+            idle = not (finished or (limit and self._maybe_due))
+            if idle:
+                # Under the lock that outcomes are queued under: one queued from now on sees
+                # the flag and sets _wake, so the wait below cannot sleep through it.
+                self._leader_waiting = True
+                self._wake.clear()
+        if idle:
             try:
                 if limit:
                     self.driver.wait_for_jobs(poll, self._wake)  # a commit, or a wake-up

@@ -207,7 +207,7 @@ def drained_span(url: str) -> tuple[float, float]:
         return first / 1e6, last / 1e6
     import psycopg
 
-    with psycopg.connect(url) as pg:
+    with psycopg.connect(url.split("?")[0]) as pg:  # our URL options are not libpq's
         row = pg.execute(
             "SELECT extract(epoch FROM min(attempted_at)), extract(epoch FROM max(finished_at))"
             " FROM ultimat3_jobs.x_jobs WHERE queue = 'default'"

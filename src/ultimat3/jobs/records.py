@@ -264,6 +264,17 @@ class Cycle:
     #: Claimed for handlers free now, so the claim marks its jobs started.
     claim: ClaimParams | None = None
 
+    @property
+    def claims(self) -> ClaimParams | None:
+        """The claim, unless it can claim nothing (no queue, or no handler free)."""
+        claim = self.claim
+        return claim if claim is not None and claim.limit > 0 and claim.queues else None
+
+    @property
+    def writes(self) -> bool:
+        """Whether the cycle settles anything: only then must its commit reach the disk."""
+        return bool(self.completes or self.failures)
+
 
 @dataclass(frozen=True, slots=True)
 class CycleResult:

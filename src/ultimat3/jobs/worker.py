@@ -722,16 +722,12 @@ class Worker:
         if self._leader_waiting:
             self._wake.set()
 
-    def _settle(self, held: _Held, outcome: Outcome | None, *, wake: bool = False) -> None:
-        """Offer the run's outcome; the first settler's is queued for the next cycle. ``wake``
-        (from outside the handlers: a lost lease, a shutdown) gets a thread to write it."""
+    def _settle(self, held: _Held, outcome: Outcome | None) -> None:
+        """Offer the run's outcome; the first settler's is queued for the next cycle (the
+        async handler's wakes a thread in ``_returned``; the shutdown writes its own)."""
         if outcome is not None and held.run.settle(outcome):
             with self._cond:
                 self._pending.append(held)
-                if wake:
-                    self._cond.notify()
-            if wake:
-                self._wake.set()
 
     def _maybe_free(self, held: _Held, *, wake: bool = True) -> None:
         """Free the slot once nothing runs for the job and its outcome is written (or moot)."""

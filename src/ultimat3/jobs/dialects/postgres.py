@@ -21,7 +21,9 @@ touches the objects they pass.
 
 from __future__ import annotations
 
+import hashlib
 import re
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -38,6 +40,7 @@ __all__ = [
     "first_line",
     "identify",
     "masked_dsn",
+    "migration_plan",
     "pooler_mode",
     "seconds",
     "split_url",
@@ -69,6 +72,24 @@ def applied_versions(conn: Any, queries: dict[str, bytes], schema: str) -> set[i
     if not (row and row[0]):
         return set()
     return {r[0] for r in conn.execute(queries["migrate_applied"], prepare=False)}
+
+
+def migration_plan(
+    migrations: Sequence[tuple[int, str]], *, quoted_schema: str, ledger: str, lock_name: str
+) -> tuple[list[tuple[int, str]], int]:
+    """The steps of a set of migrations for one schema (each also records its version in the
+    ``ledger`` table) and the key of the advisory lock that serialises them."""
+    steps = [
+        (
+            version,
+            text.replace("{schema}", quoted_schema).rstrip()
+            + f"\n\nINSERT INTO {ledger} (version) VALUES ({version})"
+            " ON CONFLICT (version) DO NOTHING;\n",
+        )
+        for version, text in migrations
+    ]
+    digest = hashlib.blake2b(f"ultimat3-jobs:{lock_name}".encode(), digest_size=8)
+    return steps, int.from_bytes(digest.digest(), "big", signed=True)
 
 
 def apply_migrations(

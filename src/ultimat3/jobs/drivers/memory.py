@@ -330,8 +330,8 @@ class MemoryDriver:
             completed = {lease.id for lease in cycle.completes if self._complete(lease, at)}
             failed = self._fail(cycle.failures, at)
             claimed = []
-            if cycle.claim is not None and cycle.claim.queues:
-                claimed = self._claim(cycle.claim, started=True)
+            if cycle.claims is not None:
+                claimed = self._claim(cycle.claims, started=True)
         return CycleResult(completed, failed, claimed)
 
     def job_release_unstarted(self, *, now: datetime | None = None) -> list[str]:

@@ -80,7 +80,6 @@ call gets a fresh connection.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -107,6 +106,7 @@ from ultimat3.jobs.dialects.postgres import (
     check_joinable,
     identify,
     masked_dsn,
+    migration_plan,
 )
 from ultimat3.jobs.dialects.postgres import first_line as _first_line
 from ultimat3.jobs.driver import DatabaseId, Driver, Executor, Joined, StallTracker
@@ -293,17 +293,12 @@ class PostgresDriver:
         self._q["job_claim_isolated"] = self._q["job_claim"].replace(
             b"AND NOT j.isolated", b"AND j.isolated"
         )
-        self._migrations = [
-            (
-                version,
-                text.replace("{schema}", quoted).rstrip()
-                + f"\n\nINSERT INTO {quoted}.x_migrations (version) VALUES ({version})"
-                " ON CONFLICT (version) DO NOTHING;\n",
-            )
-            for version, text in sql_files.migrations(_NAME)
-        ]
-        digest = hashlib.blake2b(f"ultimat3-jobs:migrate:{schema}".encode(), digest_size=8)
-        self._migrate_key = int.from_bytes(digest.digest(), "big", signed=True)
+        self._migrations, self._migrate_key = migration_plan(
+            sql_files.migrations(_NAME),
+            quoted_schema=quoted,
+            ledger=self._ledger_table,
+            lock_name=f"migrate:{schema}",
+        )
 
         self._connect_kwargs: dict[str, Any] = {
             key: value for key, value in CONNECT_DEFAULTS.items() if key not in given
@@ -518,15 +513,13 @@ class PostgresDriver:
         return query
 
     def job_cycle(self, cycle: Cycle, *, now: datetime | None = None) -> CycleResult:
-        claim = cycle.claim
-        if claim is not None and (claim.limit <= 0 or not claim.queues):
-            claim = None
-        if not (cycle.completes or cycle.failures or claim is not None):
+        claim = cycle.claims
+        if not (cycle.writes or claim is not None):
             return CycleResult()
         # One transaction, its statements pipelined: one round trip, each statement with its
         # own (generic, prepared) plan. A turn that only claims skips the WAL flush.
         steps: list[tuple[bytes, dict[str, Any]]] = []
-        relaxed = not (cycle.completes or cycle.failures)
+        relaxed = not cycle.writes
         if relaxed:
             steps.append((b"SET LOCAL synchronous_commit = off", {}))
         if cycle.completes:

@@ -766,9 +766,7 @@ class SqliteDriver:
         done_ids = [lease.id for lease in cycle.completes]
         fail_rows = _failure_rows(cycle.failures, now_us)
         fail_ids = [failure.lease.id for failure in cycle.failures]
-        claim = cycle.claim
-        if claim is not None and (claim.limit <= 0 or not claim.queues):
-            claim = None
+        claim = cycle.claims
 
         def body(conn: sqlite3.Connection) -> CycleResult:
             result = CycleResult()
@@ -780,9 +778,9 @@ class SqliteDriver:
                 result.claimed.extend(_claim(conn, claim, started=True))
             return result
 
-        if not (done_rows or fail_rows or claim is not None):
+        if not (cycle.writes or claim is not None):
             return CycleResult()
-        if done_rows or fail_rows or self._synchronous not in ("FULL", "EXTRA"):
+        if cycle.writes or self._synchronous not in ("FULL", "EXTRA"):
             return self._write(body)
         # A claim alone need not survive a power cut (losing it only gives the attempts back),
         # so it skips the fsync; WAL still makes it survive a killed process.

@@ -33,7 +33,6 @@ through ``ultimat3.jobs.integrations.psycopg``.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import threading
 from collections.abc import Iterator, Sequence
@@ -53,6 +52,7 @@ from ultimat3.jobs.dialects.postgres import (
     check_joinable,
     identify,
     masked_dsn,
+    migration_plan,
 )
 from ultimat3.jobs.driver import DatabaseId, Joined
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
@@ -155,17 +155,12 @@ class PostgresOutboxStore:
             name: text.replace("{schema}", quoted).encode()
             for name, text in queries("postgres", _PACKAGE).items()
         }
-        self._migrations = [
-            (
-                version,
-                text.replace("{schema}", quoted).rstrip()
-                + f"\n\nINSERT INTO {self._ledger} (version) VALUES ({version})"
-                " ON CONFLICT (version) DO NOTHING;\n",
-            )
-            for version, text in migrations("postgres", _PACKAGE)
-        ]
-        digest = hashlib.blake2b(f"ultimat3-jobs:outbox:{schema}".encode(), digest_size=8)
-        self._migrate_key = int.from_bytes(digest.digest(), "big", signed=True)
+        self._migrations, self._migrate_key = migration_plan(
+            migrations("postgres", _PACKAGE),
+            quoted_schema=quoted,
+            ledger=self._ledger,
+            lock_name=f"outbox:{schema}",
+        )
         self._lock = threading.RLock()
         self._conn: psycopg.Connection[Any] | None = None
         self._closed = False

@@ -136,6 +136,17 @@ def bare_tx_insert_cost(conn: psycopg.Connection[Any], table: str, n: int) -> tu
     return run(False), run(True)
 
 
+def bench_database(cluster: Cluster) -> str:
+    """A fresh database ``bench`` on the throwaway cluster, with the library's schema; its DSN."""
+    with psycopg.connect(cluster.dsn(), autocommit=True) as admin:
+        admin.execute("CREATE DATABASE bench")
+    dsn = cluster.dsn("bench")
+    driver = PostgresDriver(dsn)
+    driver.migrate()
+    driver.close()
+    return dsn
+
+
 def bench_postgres(
     quick: bool, table_cls: Any, measure_library: Callable[..., None], *, pgbouncer: bool = False
 ) -> None:
@@ -144,14 +155,8 @@ def bench_postgres(
     tmp = Path(tempfile.mkdtemp(prefix="u3bench-pg-"))
     cluster = Cluster.create()
     try:
-        with psycopg.connect(cluster.dsn(), autocommit=True) as admin:
-            admin.execute("CREATE DATABASE bench")
-        dsn = cluster.dsn("bench")
-        driver = PostgresDriver(dsn)
-        driver.migrate()
-        schema = driver.schema if hasattr(driver, "schema") else "ultimat3_jobs"
-        driver.close()
-        jobs_table = f'"{schema}".x_jobs'
+        dsn = bench_database(cluster)
+        jobs_table = '"ultimat3_jobs".x_jobs'
         with psycopg.connect(dsn, autocommit=True) as conn:
             n = 1000 if quick else 3000
             insert = bare_insert_notify(conn, jobs_table, n)

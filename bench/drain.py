@@ -70,20 +70,14 @@ def bench_sqlite(jobs: int, sweep: list[int]) -> None:
 
 def bench_postgres(jobs: int, sweep: list[int]) -> None:
     import psycopg
-    from bench_pg import _url, bare_claim_loop, bare_copy
+    from bench_pg import _url, bare_claim_loop, bare_copy, bench_database
 
     from pgcluster import Cluster
-    from ultimat3.jobs.drivers.postgres import PostgresDriver
 
     tmp = Path(tempfile.mkdtemp(prefix="u3drain-pg-"))
     cluster = Cluster.create()
     try:
-        with psycopg.connect(cluster.dsn(), autocommit=True) as admin:
-            admin.execute("CREATE DATABASE bench")
-        dsn = cluster.dsn("bench")
-        driver = PostgresDriver(dsn)
-        driver.migrate()
-        driver.close()
+        dsn = bench_database(cluster)
         table = '"ultimat3_jobs".x_jobs'
         with psycopg.connect(dsn, autocommit=True) as conn:
             bare_copy(conn, table, jobs)

@@ -140,7 +140,7 @@ def bench_database(cluster: Cluster) -> str:
     """A fresh database ``bench`` on the throwaway cluster, with the library's schema; its DSN."""
     with psycopg.connect(cluster.dsn(), autocommit=True) as admin:
         admin.execute("CREATE DATABASE bench")
-    dsn = cluster.dsn("bench")
+    dsn = str(cluster.dsn("bench"))
     driver = PostgresDriver(dsn)
     driver.migrate()
     driver.close()

@@ -67,6 +67,7 @@ from ultimat3.jobs.records import ClaimParams, Cycle, Failure, Job, Lease
 from ultimat3.jobs.run import Run
 from ultimat3.jobs.serialization import Serializer
 from ultimat3.jobs.supervise import Loop
+from ultimat3.jobs.wake import Wake
 
 #: The exit code of a worker that stopped because a loop could not go on (EX_SOFTWARE).
 FATAL_EXIT = 70
@@ -257,7 +258,7 @@ class Worker:
         #: Handler threads wait on it for ready jobs, or for the lead of the cycle.
         self._cond = threading.Condition(self._lock)
         self._held: dict[Lease, _Held] = {}  # by lease: a job can have a zombie run and a new one
-        self._wake = threading.Event()  # a slot freed, or a stop was asked for
+        self._wake = Wake()  # a slot freed, or a stop was asked for (selectable: see wake.py)
         self._stop_claiming = threading.Event()
         self._hard_stop = threading.Event()
         self._stopped = threading.Event()

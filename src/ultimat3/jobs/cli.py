@@ -25,7 +25,7 @@ import threading
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal, NoReturn, TypeVar
@@ -39,9 +39,11 @@ from ultimat3.jobs.drivers import open_driver, sqlite_path, url_from_env
 from ultimat3.jobs.duration import format_duration, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError, DurationError, JobsError
 from ultimat3.jobs.job import JobHandle
+from ultimat3.jobs.logs import LEVELS
+from ultimat3.jobs.logs import configure as configure_logs
 from ultimat3.jobs.outboxes import open_store
 from ultimat3.jobs.pool import ProcessPool, watch_parent
-from ultimat3.jobs.records import Job, JobState
+from ultimat3.jobs.records import Job, JobState, WorkerInfo
 from ultimat3.jobs.retry import retry_schedule
 from ultimat3.jobs.tasks import TaskHandle
 from ultimat3.jobs.worker import Worker
@@ -323,16 +325,38 @@ def clip(text: str, limit: int) -> str:
     "$ULTIMAT3_JOBS_URL, else ./ultimat3-jobs.sqlite3.",
 )
 @click.option("-v", "--verbose", count=True, help="Log more (-v info, -vv debug).")
+@click.option(
+    "--log-level",
+    type=click.Choice(sorted(LEVELS, key=LEVELS.__getitem__), case_sensitive=False),
+    help="The log's level (overrides -v): info shows every completion, debug every start.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="The log on stderr: text lines, or one JSON object a line (event and fields as keys).",
+)
 @click.version_option(package_name="ultimat3-jobs")
 @click.pass_context
-def cli(ctx: click.Context, app_ref: str | None, url: str | None, verbose: int) -> None:
+def cli(
+    ctx: click.Context,
+    app_ref: str | None,
+    url: str | None,
+    verbose: int,
+    log_level: str | None,
+    log_format: Literal["text", "json"],
+) -> None:
     """Durable background jobs: workers, schedules, and the jobs themselves.
 
     Exit codes: 0 ok, 1 an error explained by its cause and fix, 2 a usage error, 70 a
     worker that stopped so that its supervisor restarts it.
     """
-    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(message)s")
+    if log_level is not None:
+        level = LEVELS[log_level.lower()]
+    else:
+        level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    configure_logs(level, log_format)
     ctx.obj = Context(app_ref, url)
 
 
@@ -803,11 +827,24 @@ def jobs_show(ctx: Context, job_id: str, tenant: str | None, as_json: bool) -> N
     """One job with its input and every attempt's error."""
     with explained(as_json):
         app = ctx.existing_app
-        data = job_dict(app, app.get_job(job_id, tenant_id=tenant), full=True)
+        job = app.get_job(job_id, tenant_id=tenant)
+        data = job_dict(app, job, full=True)
+        if job.worker_id is not None and job.state is JobState.RUNNING:
+            found = {w.id: w for w in app.workers()}.get(job.worker_id)
+            data["worker"] = worker_dict(found) if found is not None else None
         if as_json:
             emit(data)
             return
         errors = data.pop("errors")
+        if "worker" in data:
+            found_row = data.pop("worker")
+            data["worker_id"] = (
+                f"{job.worker_id} (live: pid {found_row['pid']} on {found_row['host']}, "
+                f"heartbeat {found_row['heartbeat_at']})"
+                if found_row is not None
+                else f"{job.worker_id} (no live worker has this id: it exited or was killed; "
+                "the job is rescued once its lease expires)"
+            )
         for key, value in data.items():
             click.echo(f"{key:>16}: {json.dumps(value) if key == 'input' else value}")
         for e in errors:
@@ -869,6 +906,50 @@ def jobs_discard(ctx: Context, ids: tuple[str, ...], tenant: str | None, as_json
 def jobs_cancel(ctx: Context, ids: tuple[str, ...], tenant: str | None, as_json: bool) -> None:
     """Cancel scheduled, available or running jobs."""
     _act(ctx, ids, tenant, as_json, "cancel")
+
+
+def worker_dict(w: WorkerInfo) -> dict[str, Any]:
+    return {
+        "id": w.id,
+        "host": w.host,
+        "pid": w.pid,
+        "queues": list(w.queues),
+        "concurrency": w.concurrency,
+        "started_at": w.started_at.isoformat(),
+        "heartbeat_at": w.heartbeat_at.isoformat(),
+        "version": w.version,
+    }
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
+@pass_ctx
+def workers(ctx: Context, as_json: bool) -> None:
+    """Live worker processes (one row each, refreshed with its heartbeat)."""
+    with explained(as_json):
+        found = ctx.existing_app.workers()
+        if as_json:
+            emit([worker_dict(w) for w in found])
+            return
+        if not found:
+            click.echo("no live workers")
+            return
+        now = datetime.now(UTC)
+        rows = [
+            [
+                w.id,
+                str(w.pid),
+                ",".join(w.queues),
+                str(w.concurrency),
+                w.started_at.isoformat(timespec="seconds"),
+                f"{max(0.0, (now - w.heartbeat_at).total_seconds()):.1f}s ago",
+                w.version,
+            ]
+            for w in found
+        ]
+        headers = ["ID", "PID", "QUEUES", "CONCURRENCY", "STARTED", "HEARTBEAT", "VERSION"]
+        for line in table(rows, headers):
+            click.echo(line)
 
 
 @cli.group()

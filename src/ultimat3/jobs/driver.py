@@ -57,6 +57,7 @@ from ultimat3.jobs.records import (
     NewJob,
     QueueInfo,
     ScheduleState,
+    WorkerInfo,
 )
 
 __all__ = ["DatabaseId", "Driver", "Executor", "Joined", "StallTracker", "current_tx"]
@@ -334,6 +335,26 @@ class Driver(Protocol):
 
     def leader_resign(self, name: str, holder: str) -> None:
         """Give up leadership of ``name`` if ``holder`` has it."""
+        ...
+
+    # -- live workers ------------------------------------------------------------------------
+
+    def worker_beat(self, worker: WorkerInfo, *, now: datetime | None = None) -> None:
+        """Insert or refresh ``worker``'s row: its ``heartbeat_at`` becomes ``now`` (the
+        database's clock when None); the other fields are written as given."""
+        ...
+
+    def worker_remove(self, worker_id: str) -> None:
+        """Delete a worker's row (its clean exit); nothing when it has none."""
+        ...
+
+    def worker_prune(self, stale_after: timedelta, *, now: datetime | None = None) -> list[str]:
+        """Delete the rows whose heartbeat is older than ``stale_after`` (on the database's
+        clock when ``now`` is None); return their ids."""
+        ...
+
+    def worker_list(self) -> list[WorkerInfo]:
+        """Every worker row, by id."""
         ...
 
     # -- wake-ups ----------------------------------------------------------------------------

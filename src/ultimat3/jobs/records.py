@@ -284,3 +284,19 @@ class CycleResult:
     completed: set[str] = field(default_factory=set)
     failed: set[str] = field(default_factory=set)
     claimed: list[Job] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A live worker process, as its row in the workers table says: refreshed with its
+    heartbeat, removed when it exits cleanly, pruned by the maintenance node once stale.
+    ``id`` is the ``worker_id`` it writes into the jobs it runs (``Job.worker_id``)."""
+
+    id: str
+    host: str
+    pid: int
+    queues: tuple[str, ...]
+    concurrency: int
+    started_at: datetime
+    heartbeat_at: datetime
+    version: str

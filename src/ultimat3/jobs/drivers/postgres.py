@@ -110,6 +110,7 @@ from ultimat3.jobs.dialects.postgres import (
 )
 from ultimat3.jobs.dialects.postgres import first_line as _first_line
 from ultimat3.jobs.driver import DatabaseId, Driver, Executor, Joined, StallTracker
+from ultimat3.jobs.drivers import pool_log
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError, SerializationError
 from ultimat3.jobs.records import (
     FINAL_STATES,
@@ -126,6 +127,7 @@ from ultimat3.jobs.records import (
     NewJob,
     QueueInfo,
     ScheduleState,
+    WorkerInfo,
     job_from_row,
 )
 
@@ -318,6 +320,7 @@ class PostgresDriver:
             reconnect_timeout=_RECONNECT_WINDOW,
             name=f"ultimat3-jobs:{schema}",
         )
+        pool_log.install()  # psycopg_pool's records: one line per outage and recovery
         self._pool.open(wait=False)
         self._claim_one: dict[int, bytes] = {}
         self._reachable_at = 0.0
@@ -764,6 +767,43 @@ class PostgresDriver:
                 conn, self._q["leader_resign"], {"name": name, "holder": holder}, bounded=True
             )
 
+    # -- live workers ------------------------------------------------------------------------
+
+    def worker_beat(self, worker: WorkerInfo, *, now: datetime | None = None) -> None:
+        params = {
+            "id": worker.id,
+            "host": worker.host,
+            "pid": worker.pid,
+            "queues": _text_array(worker.queues),
+            "concurrency": worker.concurrency,
+            "started_at": worker.started_at,
+            "now": now,
+            "version": worker.version,
+        }
+        self._write_only("worker_beat", params)
+
+    def worker_remove(self, worker_id: str) -> None:
+        self._write_only("worker_remove", {"id": worker_id})
+
+    def _write_only(self, name: str, params: dict[str, Any]) -> None:
+        """Run one statement that returns no rows, as ``_fetch`` runs one that does."""
+        query = self._q[name]
+        self._attempts(lambda conn: self._exec(conn, query, params, bounded=True))
+
+    def worker_prune(self, stale_after: timedelta, *, now: datetime | None = None) -> list[str]:
+        rows = self._fetch("worker_prune", {"stale": stale_after, "now": now})
+        return sorted(row[0] for row in rows)
+
+    def worker_list(self) -> list[WorkerInfo]:
+        return [
+            WorkerInfo(
+                id_, host, pid, tuple(queues), concurrency, _utc(started), _utc(beat), version
+            )
+            for id_, host, pid, queues, concurrency, started, beat, version in self._fetch(
+                "worker_list", {}
+            )
+        ]
+
     # -- wake-ups ----------------------------------------------------------------------------
 
     def wait_for_jobs(self, timeout: float, wake: threading.Event) -> None:
@@ -1174,6 +1214,8 @@ class PostgresDriver:
             try:
                 result = body(conn)
                 self.stalls.note_wait(time.monotonic() - started)
+                if pool_log.OWNER.down:  # a statement went through: the outage is over
+                    pool_log.OWNER.recovered()
                 return result
             except psycopg.Error as exc:
                 if attempt < 2 and isinstance(exc, pg_errors.DeadlockDetected):
@@ -1215,6 +1257,8 @@ class PostgresDriver:
             self._watch.arm(conn)
         try:
             yield conn
+            if pool_log.OWNER.down:  # a statement went through: the outage is over
+                pool_log.OWNER.recovered()
         except psycopg.Error as exc:
             self._reraise(exc, conn)
         finally:
@@ -1224,10 +1268,11 @@ class PostgresDriver:
 
     def _checkout(self) -> Conn:
         try:
-            return self._checkout_once()
+            conn = self._checkout_once()
         except DriverUnavailableError:
             self.stalls.note_failure()
             raise
+        return conn
 
     def _checkout_once(self) -> Conn:
         if self._closed:

@@ -108,6 +108,7 @@ from ultimat3.jobs.records import (
     NewJob,
     QueueInfo,
     ScheduleState,
+    WorkerInfo,
     job_from_row,
 )
 from ultimat3.jobs.sql import migrations, queries
@@ -1015,6 +1016,45 @@ class SqliteDriver:
     def leader_resign(self, name: str, holder: str) -> None:
         args = {"name": name, "holder": holder}
         self._write(lambda conn: conn.execute(_Q["leader_resign"], args))
+
+    # -- live workers ------------------------------------------------------------------------
+
+    def worker_beat(self, worker: WorkerInfo, *, now: datetime | None = None) -> None:
+        args = {
+            "id": worker.id,
+            "host": worker.host,
+            "pid": worker.pid,
+            "queues": json.dumps(list(worker.queues)),
+            "concurrency": worker.concurrency,
+            "started_at": _us(worker.started_at),
+            "now": _now_us(now),
+            "version": worker.version,
+        }
+        self._write(lambda conn: conn.execute(_Q["worker_beat"], args))
+
+    def worker_remove(self, worker_id: str) -> None:
+        self._write(lambda conn: conn.execute(_Q["worker_remove"], {"id": worker_id}))
+
+    def worker_prune(self, stale_after: timedelta, *, now: datetime | None = None) -> list[str]:
+        args = {"cutoff": _now_us(now) - stale_after // MICROSECOND}
+        rows = self._write(lambda conn: conn.execute(_Q["worker_prune"], args).fetchall())
+        return sorted(row[0] for row in rows)
+
+    def worker_list(self) -> list[WorkerInfo]:
+        rows = self._read(lambda conn: conn.execute(_Q["worker_list"]).fetchall())
+        return [
+            WorkerInfo(
+                id_,
+                host,
+                pid,
+                tuple(json.loads(queues)),
+                concurrency,
+                _dt(started),
+                _dt(beat),
+                version,
+            )
+            for id_, host, pid, queues, concurrency, started, beat, version in rows
+        ]
 
     def wait_for_jobs(self, timeout: float, wake: threading.Event) -> None:
         """Poll ``PRAGMA data_version`` on a connection of its own (one per thread): it changes

@@ -461,3 +461,23 @@ DELETE FROM {schema}.x_leaders WHERE name = %(name)s AND holder = %(holder)s
 -- The polling waiter's look (no LISTEN): the newest job id, one backward probe of the primary
 -- key. Ids are UUIDv7 text, so a new job's id sorts after the ones before it.
 SELECT max(id) FROM {schema}.x_jobs
+
+-- name: worker_beat
+INSERT INTO {schema}.x_workers AS w
+    (id, host, pid, queues, concurrency, started_at, heartbeat_at, version)
+VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s::text[], %(concurrency)s, %(started_at)s,
+        coalesce(%(now)s::timestamptz, now()), %(version)s)
+ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, queues = excluded.queues,
+    concurrency = excluded.concurrency, version = excluded.version
+
+-- name: worker_remove
+DELETE FROM {schema}.x_workers WHERE id = %(id)s
+
+-- name: worker_prune
+DELETE FROM {schema}.x_workers
+WHERE heartbeat_at < coalesce(%(now)s::timestamptz, now()) - %(stale)s::interval
+RETURNING id
+
+-- name: worker_list
+SELECT id, host, pid, queues, concurrency, started_at, heartbeat_at, version
+FROM {schema}.x_workers ORDER BY id

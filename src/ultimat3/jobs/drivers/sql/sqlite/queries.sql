@@ -285,3 +285,19 @@ WHERE x_leaders.holder = excluded.holder OR x_leaders.expires_at <= :now;
 
 -- name: leader_resign
 DELETE FROM x_leaders WHERE name = :name AND holder = :holder;
+
+-- name: worker_beat
+INSERT INTO x_workers (id, host, pid, queues, concurrency, started_at, heartbeat_at, version)
+VALUES (:id, :host, :pid, :queues, :concurrency, :started_at, :now, :version)
+ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, queues = excluded.queues,
+    concurrency = excluded.concurrency, version = excluded.version;
+
+-- name: worker_remove
+DELETE FROM x_workers WHERE id = :id;
+
+-- name: worker_prune
+DELETE FROM x_workers WHERE heartbeat_at < :cutoff RETURNING id;
+
+-- name: worker_list
+SELECT id, host, pid, queues, concurrency, started_at, heartbeat_at, version
+FROM x_workers ORDER BY id;

@@ -38,6 +38,7 @@ from ultimat3.jobs.cron import next_runs
 from ultimat3.jobs.drivers import open_driver, sqlite_path, url_from_env
 from ultimat3.jobs.duration import format_duration, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError, DurationError, JobsError
+from ultimat3.jobs.health import Check, run_checks
 from ultimat3.jobs.job import JobHandle
 from ultimat3.jobs.logs import LEVELS
 from ultimat3.jobs.logs import configure as configure_logs
@@ -950,6 +951,67 @@ def workers(ctx: Context, as_json: bool) -> None:
         headers = ["ID", "PID", "QUEUES", "CONCURRENCY", "STARTED", "HEARTBEAT", "VERSION"]
         for line in table(rows, headers):
             click.echo(line)
+
+
+@cli.command()
+@click.option(
+    "--min-workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(0, None),
+    help="Fail (exit 5) with fewer live workers than this.",
+)
+@click.option(
+    "--worker-stale",
+    default="1m",
+    show_default=True,
+    type=DURATION,
+    help="A worker whose heartbeat is older than this is not counted as live.",
+)
+@click.option(
+    "--max-ready-age",
+    default="5m",
+    show_default=True,
+    type=DURATION,
+    help="Fail (exit 6) when a queue's oldest ready job has waited longer (paused queues "
+    "are not checked).",
+)
+@click.option("-q", "--queue", "queues", multiple=True, help="Check only these queues' ready age.")
+@click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
+@pass_ctx
+def healthcheck(
+    ctx: Context,
+    min_workers: int,
+    worker_stale: timedelta,
+    max_ready_age: timedelta,
+    queues: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Check the database, its migrations, the live workers and the oldest ready job, for
+    container probes. Exit codes: 0 healthy, 3 database unreachable, 4 migrations pending,
+    5 too few live workers, 6 a ready job waited too long (the first failing check's)."""
+    try:
+        app = ctx.existing_app
+        driver = app._driver or open_driver(app.url or "")  # never migrates
+    except JobsError as exc:
+        checks = [Check("database", False, exc.cause, exc.fix or "")]
+    else:
+        checks = run_checks(
+            driver,
+            min_workers=min_workers,
+            worker_stale=worker_stale,
+            max_ready_age=max_ready_age,
+            queues=queues,
+        )
+    code = next((c.exit_code for c in checks if not c.ok), 0)
+    if as_json:
+        emit({"healthy": code == 0, "exit_code": code, "checks": [c.to_json() for c in checks]})
+    else:
+        for c in checks:
+            click.echo(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}")
+            if not c.ok and c.fix:
+                click.echo(f"     fix: {c.fix}")
+    sys.exit(code)
 
 
 @cli.group()

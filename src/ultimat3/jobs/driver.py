@@ -297,8 +297,10 @@ class Driver(Protocol):
         """Pause or resume a queue; a paused queue is not claimed from (running jobs finish)."""
         ...
 
-    def queue_list(self) -> list[QueueInfo]:
-        """Every queue that has jobs or a pause setting, with per-state counts."""
+    def queue_list(self, *, now: datetime | None = None) -> list[QueueInfo]:
+        """Every queue that has jobs or a pause setting, with per-state counts and the
+        ``run_at`` of its oldest job due by ``now`` (the database's clock when None). Reads
+        kept counts, not the jobs: fast at any size."""
         ...
 
     # -- cron schedules and leadership -----------------------------------------------------

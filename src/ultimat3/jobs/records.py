@@ -227,6 +227,9 @@ class QueueInfo:
     name: str
     paused: bool
     counts: dict[JobState, int] = field(default_factory=dict)
+    #: The ``run_at`` of the oldest job due now (scheduled or available), None when none is
+    #: due: how long the queue's next job has waited.
+    oldest_ready_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

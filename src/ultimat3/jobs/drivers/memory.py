@@ -531,13 +531,18 @@ class MemoryDriver:
             if not paused:
                 self._notify()
 
-    def queue_list(self) -> list[QueueInfo]:
+    def queue_list(self, *, now: datetime | None = None) -> list[QueueInfo]:
+        at = _now(now)
         with self._lock:
             counts: dict[str, Counter[JobState]] = {name: Counter() for name in self._paused}
+            oldest: dict[str, datetime] = {}
             for job in self._jobs.values():
                 counts.setdefault(job.queue, Counter())[job.state] += 1
+                due = job.state in (JobState.SCHEDULED, JobState.AVAILABLE) and job.run_at <= at
+                if due and (job.queue not in oldest or job.run_at < oldest[job.queue]):
+                    oldest[job.queue] = job.run_at
             return [
-                QueueInfo(name, self._paused.get(name, False), dict(counts[name]))
+                QueueInfo(name, self._paused.get(name, False), dict(counts[name]), oldest.get(name))
                 for name in sorted(counts)
             ]
 

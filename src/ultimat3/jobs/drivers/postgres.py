@@ -158,6 +158,8 @@ _COPY_SLICE = 500
 #: then how much longer before it raises (the pool is exhausted).
 _QUICK_WAIT = 0.5
 _POOL_WAIT = 5.0
+#: A queue_list that summed more count deltas than this folds them (see 0005).
+_FOLD_AFTER = 5_000
 #: One reconnection attempt chain of the pool gives up after this long; the next call starts a
 #: fresh chain (first attempt at once), which keeps the pool's exponential backoff short.
 _RECONNECT_WINDOW = 5.0
@@ -670,7 +672,12 @@ class PostgresDriver:
         return [_job(row) for row in self._fetch("job_list", params, prepare=False)]
 
     def job_count(self, where: JobFilter) -> dict[tuple[str, JobState], int]:
-        rows = self._fetch("job_count", _filter_params(where), prepare=False)
+        params = _filter_params(where)
+        if where.name is None and where.tenant_id is None and where.ids is None:
+            kept = {"states": params["states"], "queue": params["queue"]}
+            rows = self._fetch("job_count_kept", kept, prepare=False)
+        else:
+            rows = self._fetch("job_count", params, prepare=False)
         return {(queue, _STATES[state]): count for queue, state, count in rows}
 
     def job_retry(
@@ -700,6 +707,8 @@ class PostgresDriver:
             return 0
         params = {"states": _text_array(final), "before": finished_before, "limit": limit}
         with self._connection() as conn:
+            # The maintenance node prunes: it folds the count deltas too (see 0005).
+            self._exec(conn, self._q["job_counts_fold"], {}, bounded=True)
             return self._exec(conn, self._q["job_prune"], params, bounded=True).rowcount
 
     # -- queues ------------------------------------------------------------------------------
@@ -707,15 +716,34 @@ class PostgresDriver:
     def queue_set_paused(self, queue: str, paused: bool) -> None:
         self._fetch("queue_set_paused", {"name": queue, "paused": paused, "channel": self._channel})
 
-    def queue_list(self) -> list[QueueInfo]:
+    def queue_list(self, *, now: datetime | None = None) -> list[QueueInfo]:
         paused: dict[str, bool] = {}
         counts: dict[str, dict[JobState, int]] = {}
-        for queue, is_paused, state, count in self._fetch("queue_list", {}, prepare=False):
+        summed = 0
+        rows, oldest_rows = self._pipelined(
+            [(self._q["queue_list"], {}), (self._q["queue_oldest_ready"], {"now": now})]
+        )
+        for queue, is_paused, state, count, deltas in rows:
             paused[queue] = is_paused
+            summed += deltas
             per_state = counts.setdefault(queue, {})
             if state is not None:
                 per_state[_STATES[state]] = count
-        return [QueueInfo(name, paused[name], counts[name]) for name in sorted(paused)]
+        oldest = {queue: _utc(at) for queue, at in oldest_rows if at is not None}
+        for queue in oldest:  # a queue whose counts have not been read yet (a race)
+            paused.setdefault(queue, False)
+            counts.setdefault(queue, {})
+        if summed > _FOLD_AFTER:  # no maintenance node has folded the deltas for a while
+            self.job_counts_fold()
+        return [
+            QueueInfo(name, paused[name], counts[name], oldest.get(name)) for name in sorted(paused)
+        ]
+
+    def job_counts_fold(self) -> None:
+        """Fold the count deltas the triggers append into one row per (queue, state) (the
+        maintenance node does it as it prunes; a read that summed many does it too)."""
+        with self._connection() as conn:
+            self._exec(conn, self._q["job_counts_fold"], {}, bounded=True)
 
     # -- cron schedules and leadership -----------------------------------------------------
 

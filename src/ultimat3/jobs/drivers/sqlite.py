@@ -902,7 +902,11 @@ class SqliteDriver:
 
     def job_count(self, where: JobFilter) -> dict[tuple[str, JobState], int]:
         args = _filter_args(where)
-        rows = self._read(lambda conn: conn.execute(_Q["job_count"], args).fetchall())
+        kept = where.name is None and where.tenant_id is None and where.ids is None
+        query = _Q["job_count_kept" if kept else "job_count"]
+        if kept:
+            args = {"states": args["states"], "queue": args["queue"]}
+        rows = self._read(lambda conn: conn.execute(query, args).fetchall())
         return {(queue, _STATES[state]): count for queue, state, count in rows}
 
     def job_retry(
@@ -939,8 +943,10 @@ class SqliteDriver:
         args = {"name": queue, "paused": int(paused), "now": _now_us(None)}
         self._write(lambda conn: conn.execute(_Q["queue_set_paused"], args))
 
-    def queue_list(self) -> list[QueueInfo]:
-        def body(conn: sqlite3.Connection) -> tuple[list[Any], list[Any]]:
+    def queue_list(self, *, now: datetime | None = None) -> list[QueueInfo]:
+        at = {"now": _now_us(now)}
+
+        def body(conn: sqlite3.Connection) -> tuple[list[Any], list[Any], list[Any]]:
             # One read transaction, so the counts and the pause settings agree.
             in_tx = conn.in_transaction
             if not in_tx:
@@ -948,18 +954,21 @@ class SqliteDriver:
             try:
                 counts = conn.execute(_Q["queue_counts"]).fetchall()
                 settings = conn.execute(_Q["queue_settings"]).fetchall()
+                oldest = conn.execute(_Q["queue_oldest_ready"], at).fetchall()
             finally:
                 if not in_tx:
                     rollback_quietly(conn)
-            return counts, settings
+            return counts, settings, oldest
 
-        counts, settings = self._read(body)
+        counts, settings, oldest_rows = self._read(body)
+        oldest = {queue: _dt(run_at) for queue, run_at in oldest_rows if run_at is not None}
         paused = {name: bool(flag) for name, flag in settings}
         per_queue: dict[str, dict[JobState, int]] = {name: {} for name in paused}
         for queue, state, count in counts:
             per_queue.setdefault(queue, {})[_STATES[state]] = count
         return [
-            QueueInfo(name, paused.get(name, False), per_queue[name]) for name in sorted(per_queue)
+            QueueInfo(name, paused.get(name, False), per_queue[name], oldest.get(name))
+            for name in sorted(per_queue)
         ]
 
     # -- wake-ups ----------------------------------------------------------------------------

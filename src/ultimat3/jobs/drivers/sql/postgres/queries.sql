@@ -416,11 +416,46 @@ woken AS (
 SELECT (SELECT count(*) FROM saved), (SELECT count(*) FROM woken)
 
 -- name: queue_list
-SELECT coalesce(c.queue, p.name), coalesce(p.paused, false), c.state, coalesce(c.n, 0)
+-- The counts are the sums of the deltas the triggers of migration 5 append (folded by
+-- job_counts_fold); the last column says how many delta rows were summed.
+SELECT coalesce(c.queue, p.name), coalesce(p.paused, false), c.state, coalesce(c.n, 0),
+       coalesce(c.rows, 0)
 FROM (
-    SELECT queue, state, count(*) AS n FROM {schema}.x_jobs GROUP BY queue, state
+    SELECT queue, state, sum(n) AS n, count(*) AS rows FROM {schema}.x_job_counts
+    GROUP BY queue, state HAVING sum(n) <> 0
 ) c
 FULL JOIN {schema}.x_queues p ON p.name = c.queue
+
+-- name: job_count_kept
+-- job_count for a filter of states and queue only, from the kept counts.
+SELECT queue, state, sum(n) FROM {schema}.x_job_counts
+WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+GROUP BY queue, state HAVING sum(n) <> 0
+
+-- name: job_counts_fold
+-- One row per (queue, state): the deltas deleted are summed back in the same statement, so
+-- a delta appended meanwhile (not seen by the DELETE) is kept as it is.
+WITH gone AS (DELETE FROM {schema}.x_job_counts RETURNING queue, state, n)
+INSERT INTO {schema}.x_job_counts (queue, state, n)
+SELECT queue, state, sum(n) FROM gone GROUP BY queue, state HAVING sum(n) <> 0
+
+-- name: queue_oldest_ready
+-- Per queue with a waiting job, the run_at of the oldest one due now (NULL: none is due
+-- yet): a loose index scan of the distinct queues of x_jobs_ready_idx, one probe each.
+WITH RECURSIVE q AS (
+    (SELECT queue FROM {schema}.x_jobs WHERE state IN ('scheduled', 'available')
+     ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM {schema}.x_jobs j
+            WHERE j.state IN ('scheduled', 'available') AND j.queue > q.queue
+            ORDER BY j.queue LIMIT 1)
+    FROM q WHERE q.queue IS NOT NULL
+)
+SELECT q.queue, (SELECT min(j.run_at) FROM {schema}.x_jobs j
+                 WHERE j.queue = q.queue AND j.state IN ('scheduled', 'available')
+                   AND j.run_at <= coalesce(%(now)s::timestamptz, now()))
+FROM q WHERE q.queue IS NOT NULL
 
 -- name: schedule_register
 INSERT INTO {schema}.x_schedules (task, first_seen_at)

@@ -256,7 +256,29 @@ VALUES (:name, :paused, :now)
 ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = excluded.updated_at;
 
 -- name: queue_counts
-SELECT queue, state, count(*) FROM x_jobs GROUP BY queue, state;
+-- Kept by the triggers of migration 5: a few rows, however many jobs.
+SELECT queue, state, n FROM x_job_counts WHERE n <> 0;
+
+-- name: job_count_kept
+-- job_count for a filter of states and queue only, from the kept counts.
+SELECT queue, state, n FROM x_job_counts
+WHERE n <> 0
+  AND (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
+  AND (:queue IS NULL OR queue = :queue);
+
+-- name: queue_oldest_ready
+-- Per queue with a waiting job, the run_at of the oldest one due by :now (NULL: none is
+-- due yet): a walk of the distinct queues of x_jobs_ready, then one probe each.
+WITH RECURSIVE q(name) AS (
+    SELECT min(queue) FROM x_jobs WHERE state IN ('scheduled', 'available')
+    UNION ALL
+    SELECT (SELECT min(queue) FROM x_jobs
+            WHERE state IN ('scheduled', 'available') AND queue > q.name)
+    FROM q WHERE q.name IS NOT NULL
+)
+SELECT name, (SELECT min(run_at) FROM x_jobs
+              WHERE queue = q.name AND state IN ('scheduled', 'available') AND run_at <= :now)
+FROM q WHERE name IS NOT NULL;
 
 -- name: queue_settings
 SELECT name, paused FROM x_queues;

@@ -14,3 +14,39 @@ CREATE TABLE x_workers (
     heartbeat_at INTEGER NOT NULL,
     version      TEXT    NOT NULL
 ) STRICT, WITHOUT ROWID;
+
+-- Operator reads at scale (queue_list, job_count by queue and state, the metrics and the
+-- health check): a count per (queue, state) kept by triggers in the transaction that
+-- changes the rows, so reading it costs a few rows, not a scan of x_jobs. SQLite has one
+-- writer at a time, so these rows add no contention.
+CREATE TABLE x_job_counts (
+    queue TEXT    NOT NULL,
+    state TEXT    NOT NULL,
+    n     INTEGER NOT NULL,
+    PRIMARY KEY (queue, state)
+) STRICT, WITHOUT ROWID;
+
+INSERT INTO x_job_counts (queue, state, n)
+SELECT queue, state, count(*) FROM x_jobs GROUP BY queue, state;
+
+CREATE TRIGGER x_jobs_count_insert AFTER INSERT ON x_jobs
+BEGIN
+    INSERT INTO x_job_counts (queue, state, n) VALUES (new.queue, new.state, 1)
+    ON CONFLICT (queue, state) DO UPDATE SET n = n + 1;
+END;
+
+CREATE TRIGGER x_jobs_count_delete AFTER DELETE ON x_jobs
+BEGIN
+    UPDATE x_job_counts SET n = n - 1 WHERE queue = old.queue AND state = old.state;
+END;
+
+CREATE TRIGGER x_jobs_count_update AFTER UPDATE OF state, queue ON x_jobs
+WHEN old.state IS NOT new.state OR old.queue IS NOT new.queue
+BEGIN
+    UPDATE x_job_counts SET n = n - 1 WHERE queue = old.queue AND state = old.state;
+    INSERT INTO x_job_counts (queue, state, n) VALUES (new.queue, new.state, 1)
+    ON CONFLICT (queue, state) DO UPDATE SET n = n + 1;
+END;
+
+-- The oldest job due in each queue (its queue latency): one probe per queue.
+CREATE INDEX x_jobs_ready ON x_jobs (queue, run_at) WHERE state IN ('scheduled', 'available');

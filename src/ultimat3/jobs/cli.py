@@ -19,6 +19,7 @@ import inspect
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -43,7 +44,7 @@ from ultimat3.jobs.job import JobHandle
 from ultimat3.jobs.logs import LEVELS
 from ultimat3.jobs.logs import configure as configure_logs
 from ultimat3.jobs.outboxes import open_store
-from ultimat3.jobs.pool import ProcessPool, watch_parent
+from ultimat3.jobs.pool import POOL_PID, ProcessPool, watch_parent
 from ultimat3.jobs.records import Job, JobState, WorkerInfo
 from ultimat3.jobs.retry import retry_schedule
 from ultimat3.jobs.tasks import TaskHandle
@@ -442,12 +443,31 @@ def _build_worker(app: App, queues: tuple[str, ...], concurrency: int, **setting
     help="Worker processes to run, each with --concurrency handler threads; one that exits "
     "is restarted. SIGTERM stops them all gracefully.",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    help="Serve Prometheus metrics on this port at /metrics (needs the [prometheus] extra); "
+    "with --processes the pool serves the sum of its processes. Off by default.",
+)
+@click.option(
+    "--metrics-tenant",
+    is_flag=True,
+    help="Label job metrics by tenant too (only for a bounded number of tenants).",
+)
 @pass_ctx
 def worker(
-    ctx: Context, /, queues: tuple[str, ...], concurrency: int, processes: int, **settings: Any
+    ctx: Context,
+    /,
+    queues: tuple[str, ...],
+    concurrency: int,
+    processes: int,
+    metrics_port: int | None,
+    metrics_tenant: bool,
+    **settings: Any,
 ) -> None:
     """Run jobs until SIGTERM/SIGINT (a second signal stops at once)."""
     if processes > 1:
+        metrics_dir = None
         with explained():
             app = ctx.app
             _build_worker(app, queues, concurrency, **settings)  # every option checked here
@@ -457,12 +477,22 @@ def worker(
                 f"{concurrency} each",
                 err=True,
             )
-            app.close()
-        sys.exit(ProcessPool(_without_processes(sys.argv[1:]), processes).run())
+            if metrics_port is not None:
+                metrics_dir = _pool_metrics(app, metrics_port)
+            else:
+                app.close()
+        try:
+            code = ProcessPool(_without_processes(sys.argv[1:]), processes).run()
+        finally:
+            if metrics_dir is not None:
+                shutil.rmtree(metrics_dir, ignore_errors=True)
+        sys.exit(code)
     watch_parent()
     with explained():
         app = ctx.app
         w = _build_worker(app, queues, concurrency, **settings)
+        if metrics_port is not None:
+            _worker_metrics(app, metrics_port, metrics_tenant)
         click.echo(
             f"worker {w.worker_id} on {app.driver.display_url}, queues {', '.join(w.queues)}, "
             f"concurrency {concurrency}",
@@ -477,6 +507,43 @@ def worker(
             err=True,
         )
         sys.exit(w.exit_code)
+
+
+def _load_metrics() -> Any:
+    try:
+        from ultimat3.jobs import prometheus
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"--metrics-port needs prometheus_client, which is not installed ({exc})",
+            fix="pip install 'ultimat3-jobs[prometheus]'",
+        ) from exc
+    return prometheus
+
+
+def _pool_metrics(app: App, port: int) -> str:
+    """A pool: its children write their metrics to a folder of its own, and it serves them."""
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix=f"ultimat3-jobs-metrics-{os.getpid()}-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path  # before prometheus_client is imported
+    try:
+        _load_metrics().serve(port, app, pool_dir=path)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    click.echo(f"metrics of the pool on :{port}/metrics", err=True)
+    return path
+
+
+def _worker_metrics(app: App, port: int, tenant: bool) -> None:
+    """One worker process: its metrics, served by itself, or by its pool when it is a
+    pool's child."""
+    prometheus = _load_metrics()
+    prometheus.Metrics(tenant=tenant).subscribe()
+    if os.environ.get(POOL_PID) and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return  # the pool serves the sum of its children
+    prometheus.serve(port, app)
+    click.echo(f"metrics on :{port}/metrics", err=True)
 
 
 def _without_processes(argv: list[str]) -> list[str]:

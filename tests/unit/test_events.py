@@ -110,3 +110,8 @@ def test_json_lines_put_the_fields_at_the_top() -> None:
     assert line["level"] == "warning" and line["field_level"] == "clash"
     other = logging.LogRecord("psycopg", logging.INFO, "x", 1, "hello %s", ("you",), None)
     assert json.loads(JsonFormatter().format(other))["message"] == "hello you"
+
+
+def test_the_operations_page_lists_every_event() -> None:
+    page = (SRC.parents[2] / "docs" / "operations.md").read_text(encoding="utf-8")
+    assert [name for name in events.CATALOGUE if f"| `{name}` |" not in page] == []

@@ -132,6 +132,11 @@ class Subscription:
         self.close()
 
 
+#: Set by a tracing integration (``ultimat3.jobs.otel``): called as ``(queue, job name, job
+#: id)`` for each job the enqueue path builds, it returns the trace context to store with the
+#: job (W3C ``traceparent``, then `` tracestate``), or None. None: no tracing.
+trace_context_for: Callable[[str, str, str], str | None] | None = None
+
 _lock = threading.Lock()
 _subscriptions: tuple[Subscription, ...] = ()
 #: Per event name, the handlers that want it; ``_everything`` for names not routed.

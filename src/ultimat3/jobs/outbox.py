@@ -137,10 +137,12 @@ def build_job(
         raise ConfigurationError(
             f"max_attempts={attempts!r} is not valid", fix=f"use an int from 1 to {MAX_ATTEMPTS}"
         )
+    queue = check_queue_name(options.queue) if options.queue is not None else handle.queue
+    inject = events.trace_context_for  # a tracing integration's, or None
     return NewJob(
         id=job_id,
         name=handle.name,
-        queue=check_queue_name(options.queue) if options.queue is not None else handle.queue,
+        queue=queue,
         input=payload,
         idempotency_key=stored_key,
         max_attempts=attempts,
@@ -148,6 +150,7 @@ def build_job(
         priority=priority,
         tenant_id=tenant,
         delay=delay,
+        trace_context=None if inject is None else inject(queue, handle.name, job_id),
     )
 
 

@@ -704,6 +704,7 @@ def _new_job(new: NewJob, now: datetime) -> Job:
         max_attempts=new.max_attempts,
         run_at=run_at,
         created_at=now,
+        trace_context=new.trace_context,
     )
 
 

@@ -1079,6 +1079,8 @@ class PostgresDriver:
         ON CONFLICT path, which dedupes. Runs inside the caller's transaction."""
         if len({(j.tenant_id, j.idempotency_key) for j in jobs}) != len(jobs):
             return None
+        if any(j.trace_context is not None for j in jobs):
+            return None  # COPY carries no trace context: the ON CONFLICT path does
         row = self._exec(conn, self._q["clock"], {"now": now}).fetchone()
         assert row is not None
         at: datetime = row[0]
@@ -1160,6 +1162,7 @@ class PostgresDriver:
                 "delay": j.delay,
                 "now": now,
                 "channel": self._channel,
+                "trace_context": j.trace_context,
             }
         else:
             rows = [
@@ -1174,6 +1177,7 @@ class PostgresDriver:
                     j.max_attempts,
                     j.run_at.isoformat() if j.run_at is not None else None,
                     None if j.delay is None else f"{j.delay // _MICROSECOND} microseconds",
+                    j.trace_context,
                 ]
                 for j in jobs
             ]

@@ -754,6 +754,7 @@ class SqliteDriver:
             job.max_attempts,
             run_at,
             now_us,
+            job.trace_context,
         )
 
     def job_claim(self, params: ClaimParams) -> list[Job]:

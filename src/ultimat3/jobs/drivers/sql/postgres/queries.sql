@@ -45,19 +45,21 @@ WITH rows AS (
            (e.v ->> 6)::int AS priority,
            (e.v ->> 7)::int AS max_attempts,
            coalesce((e.v ->> 8)::timestamptz,
-                    coalesce(%(now)s::timestamptz, now()) + (e.v ->> 9)::interval) AS run_at
+                    coalesce(%(now)s::timestamptz, now()) + (e.v ->> 9)::interval) AS run_at,
+           e.v ->> 10 AS trace_context
     FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS e(v, ord)
 ),
 inserted AS (
     INSERT INTO {schema}.x_jobs AS j
         (id, name, queue, input, tenant_id, idempotency_key, priority, state,
-         max_attempts, run_at, created_at)
+         max_attempts, run_at, created_at, trace_context)
     SELECT r.id, r.name, r.queue, r.input::json, r.tenant_id, r.idempotency_key, r.priority,
            CASE WHEN r.run_at > coalesce(%(now)s::timestamptz, now())
                 THEN 'scheduled' ELSE 'available' END,
            r.max_attempts,
            coalesce(r.run_at, %(now)s::timestamptz, now()),
-           coalesce(%(now)s::timestamptz, now())
+           coalesce(%(now)s::timestamptz, now()),
+           r.trace_context
     FROM rows r
     ORDER BY r.ord
     ON CONFLICT ((coalesce('=' || tenant_id, '')), idempotency_key) DO NOTHING
@@ -77,7 +79,7 @@ SELECT i.id, (SELECT count(*) FROM woken) FROM inserted i
 WITH inserted AS (
     INSERT INTO {schema}.x_jobs AS j
         (id, name, queue, input, tenant_id, idempotency_key, priority, state,
-         max_attempts, run_at, created_at)
+         max_attempts, run_at, created_at, trace_context)
     VALUES (
         %(id)s, %(name)s, %(queue)s, %(input)s::json, %(tenant_id)s, %(key)s, %(priority)s,
         CASE WHEN coalesce(%(run_at)s::timestamptz,
@@ -88,7 +90,8 @@ WITH inserted AS (
         coalesce(%(run_at)s::timestamptz,
                  coalesce(%(now)s::timestamptz, now()) + %(delay)s::interval,
                  %(now)s::timestamptz, now()),
-        coalesce(%(now)s::timestamptz, now())
+        coalesce(%(now)s::timestamptz, now()),
+        %(trace_context)s
     )
     ON CONFLICT ((coalesce('=' || tenant_id, '')), idempotency_key) DO NOTHING
     RETURNING j.id, j.queue, j.state
@@ -158,7 +161,7 @@ claimed AS (
     RETURNING j.id, j.name, j.queue, j.input::text, j.tenant_id, j.idempotency_key,
               j.priority, j.state, j.attempt, j.max_attempts, j.run_at, j.created_at,
               j.attempted_at, j.finished_at, j.lease_token, j.lease_expires_at, j.worker_id,
-              j.errors::text, j.cancel_reason
+              j.errors::text, j.cancel_reason, j.trace_context
 )
 SELECT * FROM claimed ORDER BY priority DESC, run_at, id
 
@@ -195,7 +198,7 @@ claimed AS (
     RETURNING j.id, j.name, j.queue, j.input::text, j.tenant_id, j.idempotency_key,
               j.priority, j.state, j.attempt, j.max_attempts, j.run_at, j.created_at,
               j.attempted_at, j.finished_at, j.lease_token, j.lease_expires_at, j.worker_id,
-              j.errors::text, j.cancel_reason
+              j.errors::text, j.cancel_reason, j.trace_context
 )
 SELECT * FROM claimed ORDER BY priority DESC, run_at, id
 
@@ -326,7 +329,7 @@ RETURNING j.id
 -- name: job_list_expired
 SELECT id, name, queue, input::text, tenant_id, idempotency_key, priority, state, attempt,
        max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
-       lease_expires_at, worker_id, errors::text, cancel_reason
+       lease_expires_at, worker_id, errors::text, cancel_reason, trace_context
 FROM {schema}.x_jobs
 WHERE state = 'running' AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
   AND started
@@ -336,7 +339,7 @@ LIMIT %(limit)s
 -- name: job_get
 SELECT id, name, queue, input::text, tenant_id, idempotency_key, priority, state, attempt,
        max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
-       lease_expires_at, worker_id, errors::text, cancel_reason
+       lease_expires_at, worker_id, errors::text, cancel_reason, trace_context
 FROM {schema}.x_jobs
 WHERE id = %(id)s AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s::text)
 
@@ -345,7 +348,7 @@ WHERE id = %(id)s AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s:
 -- its values, so the unused filters fold away and the primary key serves "newest id first".
 SELECT id, name, queue, input::text, tenant_id, idempotency_key, priority, state, attempt,
        max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
-       lease_expires_at, worker_id, errors::text, cancel_reason
+       lease_expires_at, worker_id, errors::text, cancel_reason, trace_context
 FROM {schema}.x_jobs
 WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)

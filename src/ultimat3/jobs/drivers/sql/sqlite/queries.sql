@@ -18,8 +18,8 @@ VALUES (:version, CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER))
 -- name: job_insert
 -- Positional, in this order, because executemany binds tuples fastest.
 INSERT INTO x_jobs (id, tenant_id, name, queue, input, idempotency_key, priority, state,
-                    max_attempts, run_at, created_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    max_attempts, run_at, created_at, trace_context)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (idempotency_key, tenant_id IS NULL, ifnull(tenant_id, '')) DO NOTHING;
 
 -- name: job_id_by_key
@@ -49,7 +49,7 @@ WHERE id IN (
 )
 RETURNING id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
           max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
-          lease_expires_at, worker_id, errors, cancel_reason;
+          lease_expires_at, worker_id, errors, cancel_reason, trace_context;
 
 -- name: queue_paused_among
 SELECT name FROM x_queues
@@ -88,7 +88,7 @@ WHERE id IN (SELECT value FROM json_each(:ids))
   AND state IN ('scheduled', 'available')
 RETURNING id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
           max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
-          lease_expires_at, worker_id, errors, cancel_reason;
+          lease_expires_at, worker_id, errors, cancel_reason, trace_context;
 
 -- name: lease_extend
 -- The fenced writes below are run once per lease (executemany).
@@ -182,7 +182,7 @@ WHERE id = :id
 -- Started jobs only: an unstarted one is released by job_release_unstarted instead.
 SELECT id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
        max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
-       lease_expires_at, worker_id, errors, cancel_reason
+       lease_expires_at, worker_id, errors, cancel_reason, trace_context
 FROM x_jobs
 WHERE state = 'running' AND lease_expires_at < :now AND started = 1
 ORDER BY lease_expires_at, id
@@ -191,7 +191,7 @@ LIMIT :limit;
 -- name: job_get
 SELECT id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
        max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
-       lease_expires_at, worker_id, errors, cancel_reason
+       lease_expires_at, worker_id, errors, cancel_reason, trace_context
 FROM x_jobs
 WHERE id = :id AND (:tenant_id IS NULL OR tenant_id = :tenant_id);
 
@@ -199,7 +199,7 @@ WHERE id = :id AND (:tenant_id IS NULL OR tenant_id = :tenant_id);
 -- Each filter is NULL for "any"; :states and :ids are JSON arrays.
 SELECT id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
        max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
-       lease_expires_at, worker_id, errors, cancel_reason
+       lease_expires_at, worker_id, errors, cancel_reason, trace_context
 FROM x_jobs
 WHERE (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
   AND (:queue IS NULL OR queue = :queue)

@@ -429,6 +429,21 @@ def _worker_options(f: F) -> F:
     return f
 
 
+def _metrics_options(f: F) -> F:
+    """The metrics options, shared by ``worker`` and ``run``."""
+    f = click.option(
+        "--metrics-tenant",
+        is_flag=True,
+        help="Label job metrics by tenant too (only for a bounded number of tenants).",
+    )(f)
+    return click.option(
+        "--metrics-port",
+        type=click.IntRange(1, 65535),
+        help="Serve Prometheus metrics on this port at /metrics (needs the [prometheus] "
+        "extra); with --processes the pool serves the sum of its processes. Off by default.",
+    )(f)
+
+
 def _build_worker(app: App, queues: tuple[str, ...], concurrency: int, **settings: Any) -> Worker:
     return app.worker(queues=list(queues) or None, concurrency=concurrency, **settings)
 
@@ -443,17 +458,7 @@ def _build_worker(app: App, queues: tuple[str, ...], concurrency: int, **setting
     help="Worker processes to run, each with --concurrency handler threads; one that exits "
     "is restarted. SIGTERM stops them all gracefully.",
 )
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(1, 65535),
-    help="Serve Prometheus metrics on this port at /metrics (needs the [prometheus] extra); "
-    "with --processes the pool serves the sum of its processes. Off by default.",
-)
-@click.option(
-    "--metrics-tenant",
-    is_flag=True,
-    help="Label job metrics by tenant too (only for a bounded number of tenants).",
-)
+@_metrics_options
 @pass_ctx
 def worker(
     ctx: Context,
@@ -634,6 +639,7 @@ def relay(ctx: Context, batch_size: int, interval: timedelta) -> None:
 @cli.command("run")
 @_worker_options
 @_scheduler_options
+@_metrics_options
 @pass_ctx
 def run_all(
     ctx: Context,
@@ -643,6 +649,8 @@ def run_all(
     leader: str,
     leader_ttl: timedelta,
     tick: timedelta,
+    metrics_port: int | None,
+    metrics_tenant: bool,
     **settings: Any,
 ) -> None:
     """Worker, scheduler and (with App(outbox=...)) the outbox relay in one process."""
@@ -655,6 +663,8 @@ def run_all(
         )
         r = app.relay() if app._outbox is not None else None
         w = _build_worker(app, queues, concurrency, **settings)
+        if metrics_port is not None:
+            _worker_metrics(app, metrics_port, metrics_tenant)
         extra = " + relay" if r is not None else ""
         click.echo(f"worker + scheduler{extra} on {app.driver.display_url}", err=True)
         if s is not None:

@@ -175,6 +175,17 @@ def subscribe(handler: Handler, *, names: Iterable[str] | None = None) -> Subscr
     return sub
 
 
+def job_fields(job: Any) -> dict[str, Any]:
+    """The fields every event about a job (a ``records.Job``) carries: never its input."""
+    return {
+        "job_id": job.id,
+        "job": job.name,
+        "queue": job.queue,
+        "tenant": job.tenant_id,
+        "attempt": job.attempt,
+    }
+
+
 def wanted(name: str, level: int) -> bool:
     """Would an event of this name and level reach anyone (a subscriber or the log)?"""
     if _subscriptions and (_routes.get(name) or _everything):

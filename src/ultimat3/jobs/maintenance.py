@@ -211,11 +211,7 @@ class Maintenance:
                     events.warning(
                         "jobs.job.rescued",
                         job,
-                        job_id=job.id,
-                        job=job.name,
-                        queue=job.queue,
-                        tenant=job.tenant_id,
-                        attempt=job.attempt,
+                        **events.job_fields(job),
                         worker_id=job.worker_id,
                         dead=failure.retry_at is None,
                     )

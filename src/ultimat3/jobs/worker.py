@@ -1082,10 +1082,7 @@ class Worker:
             events.warning(
                 "jobs.job.unknown",
                 job,
-                job_id=job.id,
-                job=job.name,
-                queue=job.queue,
-                attempt=job.attempt,
+                **events.job_fields(job),
                 registered=names,
                 fix="deploy the code that defines it to this worker, or discard the job",
             )
@@ -1200,15 +1197,8 @@ class Worker:
 
 def _fields(h: _Held) -> dict[str, Any]:
     """The fields of a job's outcome events."""
-    job = h.job
-    return {
-        "job_id": job.id,
-        "job": job.name,
-        "queue": job.queue,
-        "tenant": job.tenant_id,
-        "attempt": job.attempt,
-        "duration": None if h.duration is None else round(h.duration, 6),
-    }
+    duration = None if h.duration is None else round(h.duration, 6)
+    return {**events.job_fields(h.job), "duration": duration}
 
 
 def _job_started(held: _Held) -> float:
@@ -1220,11 +1210,7 @@ def _job_started(held: _Held) -> float:
         events.debug(
             "jobs.job.started",
             job,
-            job_id=job.id,
-            job=job.name,
-            queue=job.queue,
-            tenant=job.tenant_id,
-            attempt=job.attempt,
+            **events.job_fields(job),
             queue_latency=None
             if at is None
             else round(max(0.0, (at - job.run_at).total_seconds()), 6),
@@ -1242,11 +1228,7 @@ def _job_finished(held: _Held, outcome: Outcome | None, began: float) -> None:
         events.debug(
             "jobs.job.finished",
             job,
-            job_id=job.id,
-            job=job.name,
-            queue=job.queue,
-            tenant=job.tenant_id,
-            attempt=job.attempt,
+            **events.job_fields(job),
             outcome="release" if outcome is None else outcome.kind,
             duration=round(duration, 6),
             error=None if failure is None else failure.error.kind,

@@ -955,7 +955,7 @@ class SqliteDriver:
             try:
                 counts = conn.execute(_Q["queue_counts"]).fetchall()
                 settings = conn.execute(_Q["queue_settings"]).fetchall()
-                oldest = conn.execute(_Q["queue_oldest_ready"], at).fetchall()
+                oldest = _oldest_ready(conn, at["now"])
             finally:
                 if not in_tx:
                     rollback_quietly(conn)
@@ -1225,6 +1225,27 @@ def _claim_queues(conn: sqlite3.Connection, queues: list[str], args: dict[str, A
     candidates.sort()
     chosen = [id_ for _, _, id_ in candidates[: args["limit"]]]
     return conn.execute(_Q["job_claim_ids"], {**args, "ids": json.dumps(chosen)}).fetchall()
+
+
+def _oldest_ready(conn: sqlite3.Connection, now_us: int) -> list[tuple[str, int | None]]:
+    """Per queue with a waiting job, the run_at of its oldest job due by ``now_us`` (None:
+    none is due): a walk of the claim index's (queue, priority) groups, a seek a step."""
+    found: list[tuple[str, int | None]] = []
+    after = ""
+    while True:
+        row = conn.execute(_Q["queue_first"], {"after": after}).fetchone()
+        if row is None or row[0] is None:
+            return found
+        queue, priority = row
+        oldest: int | None = None
+        while priority is not None:
+            args = {"queue": queue, "priority": priority}
+            first = conn.execute(_Q["queue_group_first_run_at"], args).fetchone()[0]
+            if first is not None and first <= now_us and (oldest is None or first < oldest):
+                oldest = first
+            priority = conn.execute(_Q["queue_next_priority"], args).fetchone()[0]
+        found.append((queue, oldest))
+        after = queue
 
 
 def _filter_args(where: JobFilter) -> dict[str, Any]:

@@ -445,20 +445,39 @@ SELECT queue, state, sum(n) FROM gone GROUP BY queue, state HAVING sum(n) <> 0
 
 -- name: queue_oldest_ready
 -- Per queue with a waiting job, the run_at of the oldest one due now (NULL: none is due
--- yet): a loose index scan of the distinct queues of x_jobs_ready_idx, one probe each.
-WITH RECURSIVE q AS (
-    (SELECT queue FROM {schema}.x_jobs WHERE state IN ('scheduled', 'available')
-     ORDER BY queue LIMIT 1)
+-- yet), on the claim index x_jobs_claim_idx (queue, priority DESC, run_at, id), no index of
+-- its own (one that led with run_at would tempt the planner away from it for claims): a
+-- loose index scan of the (queue, priority) groups, each step a seek (the same queue's next
+-- priority, else the next queue), then the first row of each group, its smallest run_at.
+WITH RECURSIVE g AS (
+    (SELECT queue, priority FROM {schema}.x_jobs
+     WHERE state IN ('scheduled', 'available')
+     ORDER BY queue, priority DESC LIMIT 1)
     UNION ALL
-    SELECT (SELECT j.queue FROM {schema}.x_jobs j
-            WHERE j.state IN ('scheduled', 'available') AND j.queue > q.queue
-            ORDER BY j.queue LIMIT 1)
-    FROM q WHERE q.queue IS NOT NULL
+    SELECT n.queue, n.priority
+    FROM g, LATERAL (
+        SELECT * FROM (
+            (SELECT j.queue, j.priority FROM {schema}.x_jobs j
+             WHERE j.state IN ('scheduled', 'available') AND j.queue = g.queue
+               AND j.priority < g.priority
+             ORDER BY j.priority DESC LIMIT 1)
+            UNION ALL
+            (SELECT j.queue, j.priority FROM {schema}.x_jobs j
+             WHERE j.state IN ('scheduled', 'available') AND j.queue > g.queue
+             ORDER BY j.queue, j.priority DESC LIMIT 1)
+        ) step
+        LIMIT 1
+    ) n
 )
-SELECT q.queue, (SELECT min(j.run_at) FROM {schema}.x_jobs j
-                 WHERE j.queue = q.queue AND j.state IN ('scheduled', 'available')
-                   AND j.run_at <= coalesce(%(now)s::timestamptz, now()))
-FROM q WHERE q.queue IS NOT NULL
+SELECT g.queue,
+       min(f.run_at) FILTER (WHERE f.run_at <= coalesce(%(now)s::timestamptz, now()))
+FROM g, LATERAL (
+    SELECT j.run_at FROM {schema}.x_jobs j
+    WHERE j.state IN ('scheduled', 'available') AND j.queue = g.queue
+      AND j.priority = g.priority
+    ORDER BY j.priority DESC, j.run_at LIMIT 1
+) f
+GROUP BY g.queue
 
 -- name: schedule_register
 INSERT INTO {schema}.x_schedules (task, first_seen_at)

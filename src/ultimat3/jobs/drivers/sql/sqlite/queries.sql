@@ -266,19 +266,23 @@ WHERE n <> 0
   AND (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
   AND (:queue IS NULL OR queue = :queue);
 
--- name: queue_oldest_ready
--- Per queue with a waiting job, the run_at of the oldest one due by :now (NULL: none is
--- due yet): a walk of the distinct queues of x_jobs_ready, then one probe each.
-WITH RECURSIVE q(name) AS (
-    SELECT min(queue) FROM x_jobs WHERE state IN ('scheduled', 'available')
-    UNION ALL
-    SELECT (SELECT min(queue) FROM x_jobs
-            WHERE state IN ('scheduled', 'available') AND queue > q.name)
-    FROM q WHERE q.name IS NOT NULL
-)
-SELECT name, (SELECT min(run_at) FROM x_jobs
-              WHERE queue = q.name AND state IN ('scheduled', 'available') AND run_at <= :now)
-FROM q WHERE name IS NOT NULL;
+-- name: queue_first
+-- The oldest ready job of each queue is found on the claim index x_jobs_claim (queue,
+-- priority DESC, run_at, id), no index of its own (one that led with run_at would tempt the
+-- planner away from it for claims): the driver walks the (queue, priority) groups with
+-- these probes, each a seek, and the first row of a group has its smallest run_at.
+SELECT queue, max(priority) FROM x_jobs
+WHERE state IN ('scheduled', 'available')
+  AND queue = (SELECT min(queue) FROM x_jobs
+               WHERE state IN ('scheduled', 'available') AND queue > :after);
+
+-- name: queue_next_priority
+SELECT max(priority) FROM x_jobs
+WHERE queue = :queue AND state IN ('scheduled', 'available') AND priority < :priority;
+
+-- name: queue_group_first_run_at
+SELECT min(run_at) FROM x_jobs
+WHERE queue = :queue AND state IN ('scheduled', 'available') AND priority = :priority;
 
 -- name: queue_settings
 SELECT name, paused FROM x_queues;

@@ -65,9 +65,5 @@ CREATE TRIGGER x_jobs_count_update AFTER UPDATE ON {schema}.x_jobs
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION {schema}.x_jobs_count_update();
 
--- The oldest job due in each queue (its queue latency): one probe per queue.
-CREATE INDEX x_jobs_ready_idx ON {schema}.x_jobs (queue, run_at)
-    WHERE state IN ('scheduled', 'available');
-
 -- The W3C trace context of the enqueue, when a tracing integration is on (NULL otherwise).
 ALTER TABLE {schema}.x_jobs ADD COLUMN trace_context text;

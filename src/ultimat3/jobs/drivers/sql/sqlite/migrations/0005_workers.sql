@@ -48,8 +48,5 @@ BEGIN
     ON CONFLICT (queue, state) DO UPDATE SET n = n + 1;
 END;
 
--- The oldest job due in each queue (its queue latency): one probe per queue.
-CREATE INDEX x_jobs_ready ON x_jobs (queue, run_at) WHERE state IN ('scheduled', 'available');
-
 -- The W3C trace context of the enqueue, when a tracing integration is on (NULL otherwise).
 ALTER TABLE x_jobs ADD COLUMN trace_context TEXT;

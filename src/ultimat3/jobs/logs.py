@@ -74,3 +74,4 @@ def configure(level: int, fmt: Literal["text", "json"]) -> None:
     handler._ultimat3_jobs = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(level)
+    logging.getLogger("ultimat3.jobs").setLevel(level)  # the command line decides ours

@@ -1300,11 +1300,10 @@ class PostgresDriver:
 
     def _checkout(self) -> Conn:
         try:
-            conn = self._checkout_once()
+            return self._checkout_once()
         except DriverUnavailableError:
             self.stalls.note_failure()
             raise
-        return conn
 
     def _checkout_once(self) -> Conn:
         if self._closed:

@@ -63,6 +63,7 @@ import sqlite3
 import threading
 import time
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -163,6 +164,7 @@ _NETWORK_FILESYSTEMS = frozenset(
 
 _Q = queries("sqlite")
 _INSERT = _Q["job_insert"]
+_COUNTS_ADD = _Q["job_counts_add"]
 _CLAIM_QUEUE = _Q["job_claim_queue"]
 _COMPLETE = _Q["job_complete"]
 _DATA_VERSION = _Q["data_version"]
@@ -1123,6 +1125,7 @@ def _insert(
         conn.execute(f"SAVEPOINT {_SAVEPOINT}_insert")
         try:
             if conn.executemany(_INSERT, rows).rowcount == len(rows):
+                _count_inserted(conn, rows)
                 conn.execute(f"RELEASE {_SAVEPOINT}_insert")
                 return [InsertResult(job.id, False) for job in jobs]
         except sqlite3.IntegrityError:
@@ -1131,7 +1134,19 @@ def _insert(
         # learn which, so a re-published job with its original id still reports deduped=True.
         conn.execute(f"ROLLBACK TO {_SAVEPOINT}_insert")
         conn.execute(f"RELEASE {_SAVEPOINT}_insert")
-    return [_insert_one(conn, job, row) for job, row in zip(jobs, rows, strict=True)]
+    results = [_insert_one(conn, job, row) for job, row in zip(jobs, rows, strict=True)]
+    _count_inserted(conn, [row for row, r in zip(rows, results, strict=True) if not r.deduped])
+    return results
+
+
+def _count_inserted(conn: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Add the inserted rows to the kept counts (migration 5), in the same transaction."""
+    if len(rows) == 1:
+        row = rows[0]
+        conn.execute(_COUNTS_ADD, (row[3], row[7], 1))
+        return
+    added = Counter((row[3], row[7]) for row in rows)  # (queue, state)
+    conn.executemany(_COUNTS_ADD, [(q, s, n) for (q, s), n in added.items()])
 
 
 def _insert_one(conn: sqlite3.Connection, job: NewJob, row: tuple[Any, ...]) -> InsertResult:

@@ -22,6 +22,11 @@ INSERT INTO x_jobs (id, tenant_id, name, queue, input, idempotency_key, priority
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (idempotency_key, tenant_id IS NULL, ifnull(tenant_id, '')) DO NOTHING;
 
+-- name: job_counts_add
+-- The driver counts what it inserted (see migration 5): one row per (queue, state).
+INSERT INTO x_job_counts (queue, state, n) VALUES (?, ?, ?)
+ON CONFLICT (queue, state) DO UPDATE SET n = n + excluded.n;
+
 -- name: job_id_by_key
 SELECT id FROM x_jobs WHERE idempotency_key = :key AND tenant_id IS :tenant_id;
 

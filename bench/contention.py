@@ -103,18 +103,24 @@ def main(argv: list[str] | None = None) -> None:
                     "SELECT deadlocks, xact_rollback FROM pg_stat_database WHERE datname = 'bench'"
                 ).fetchone()
                 claims, claimed, mean, peak = statement(conn, "%SKIP LOCKED%")
-                completes, _, c_mean, c_peak = statement(conn, "%UPDATE%completed%")
+                top = conn.execute(
+                    "SELECT calls, mean_exec_time, max_exec_time, query FROM pg_stat_statements"
+                    " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'bench')"
+                    " ORDER BY total_exec_time DESC LIMIT 3"
+                ).fetchall()
             assert before is not None and after is not None
             samples = max(1, waits["samples"])
             print(
                 f"  {n} process(es): {rate:>8,.0f} jobs/s (worker CPU {cpu:.0%} of a core)\n"
                 f"    claims {claims:,}, rows per claim {claimed / max(1, claims):.2f},"
-                f" claim exec mean {mean:.3f} ms max {peak:.1f} ms;"
-                f" complete statements {completes:,}, mean {c_mean:.3f} ms max {c_peak:.1f} ms\n"
+                f" claim exec mean {mean:.3f} ms max {peak:.1f} ms\n"
                 f"    backends active per sample {waits['active'] / samples:.2f}, waiting on"
                 f" Lock {waits['Lock'] / samples:.3f}, on LWLock {waits['LWLock'] / samples:.3f};"
                 f" deadlocks {after[0] - before[0]}, rollbacks {after[1] - before[1]}"
             )
+            for calls, s_mean, s_max, query in top:
+                text = " ".join(query.split())[:70]
+                print(f"    {calls:>7,} x {s_mean:.3f} ms (max {s_max:.1f}): {text}")
     finally:
         cluster.close()
         shutil.rmtree(tmp, ignore_errors=True)

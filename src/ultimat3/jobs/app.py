@@ -421,6 +421,7 @@ class App(Enqueuer):
             clock=self.clock,
             app=self,
             config=config,
+            limited=any(h.concurrency is not None for h in self.registry.jobs.values()),
         )
 
     def scheduler(

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError, RegistrationError
+from ultimat3.jobs.limits import Limit
 from ultimat3.jobs.records import DEFAULT_QUEUE, EnqueueResult
 from ultimat3.jobs.retry import DEFAULT_RETRY, Retry
 from ultimat3.jobs.serialization import input_type
@@ -164,6 +165,7 @@ class JobHandle(Generic[InputT]):
         idempotency_key: Callable[[InputT], str] | None = None,
         timeout: DurationInput | None = None,
         priority: int = 0,
+        concurrency: Limit | None = None,
     ) -> None:
         if not callable(fn):
             raise ConfigurationError(
@@ -192,6 +194,12 @@ class JobHandle(Generic[InputT]):
                 fix="higher runs first; the default is 0",
             )
         self.priority = priority
+        if concurrency is not None and not isinstance(concurrency, Limit):
+            raise ConfigurationError(
+                f"concurrency= must be a Limit, got {type(concurrency).__name__}",
+                fix='write concurrency=Limit(2) or Limit(2, key=lambda o: o["account"])',
+            )
+        self.concurrency = concurrency
         self.is_async = inspect.iscoroutinefunction(fn)
         self.input_type = input_type(fn)
         self.wants_context = _wants_context(fn)
@@ -276,6 +284,7 @@ def job(
     idempotency_key: Callable[[Any], str] | None = None,
     timeout: DurationInput | None = None,
     priority: int = 0,
+    concurrency: Limit | None = None,
 ) -> Callable[[F], JobHandle[Any]]: ...
 
 
@@ -289,12 +298,14 @@ def job(
     idempotency_key: Callable[[Any], str] | None = None,
     timeout: DurationInput | None = None,
     priority: int = 0,
+    concurrency: Limit | None = None,
 ) -> JobHandle[Any] | Callable[[F], JobHandle[Any]]:
     """Define a job: ``@job`` or ``@job(queue="mail", retry=Retry(attempts=5))``.
 
     The function takes one JSON input (a dict, list, str, number, bool or None; or a dataclass
     or pydantic model when annotated so) and, optionally, a ``JobContext`` second. ``def``
     handlers run on the worker's threads, ``async def`` handlers on its event loop.
+    ``concurrency=Limit(...)`` bounds how many run at once across every worker (``limits``).
     """
 
     def wrap(f: Callable[..., Any]) -> JobHandle[Any]:
@@ -306,6 +317,7 @@ def job(
             idempotency_key=idempotency_key,
             timeout=timeout,
             priority=priority,
+            concurrency=concurrency,
         )
 
     if fn is not None:

@@ -136,10 +136,15 @@ def build_job(
         raise ConfigurationError(
             f"max_attempts={attempts!r} is not valid", fix=f"use an int from 1 to {MAX_ATTEMPTS}"
         )
+    queue = check_queue_name(options.queue) if options.queue is not None else handle.queue
+    limit = handle.concurrency
+    limit_key = None
+    if limit is not None:
+        limit_key = limit.key_for(job=handle.name, queue=queue, input=input, tenant_id=tenant)
     return NewJob(
         id=job_id,
         name=handle.name,
-        queue=check_queue_name(options.queue) if options.queue is not None else handle.queue,
+        queue=queue,
         input=payload,
         idempotency_key=stored_key,
         max_attempts=attempts,
@@ -147,6 +152,8 @@ def build_job(
         priority=priority,
         tenant_id=tenant,
         delay=delay,
+        limit_key=limit_key,
+        limit_max=0 if limit is None else limit.max,
     )
 
 
@@ -193,6 +200,14 @@ def insert(
         if reaches(joined.database, driver):
             return driver.job_insert_many(jobs, executor=joined, now=now)
         if store is not None and reaches(joined.database, store):
+            limited = next((job for job in jobs if job.limit_key is not None), None)
+            if limited is not None:
+                raise ConfigurationError(
+                    f"job {limited.name!r} has a concurrency limit, which an outbox on another "
+                    "database cannot carry yet",
+                    fix="enqueue it in a transaction on the job database, or outside any "
+                    "transaction (outbox=False)",
+                )
             # Another database: stage in its x_outbox, in the caller's transaction; the relay
             # publishes after commit. The id is final; whether it dedupes is known only then.
             store.stage(joined, jobs, now=now)

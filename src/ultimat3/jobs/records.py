@@ -52,6 +52,10 @@ class NewJob:
     tenant_id: str | None = None
     #: With ``run_at`` None: run this long after the insert, on the database's clock.
     delay: timedelta | None = None
+    #: The concurrency partition (``limits.Limit.key_for``), None for an unlimited job, and
+    #: how many of its jobs may run at once.
+    limit_key: str | None = None
+    limit_max: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +256,9 @@ class ClaimParams:
     #: caller that picks it (``ids.token()``) can give back a claim whose reply it lost
     #: (``Driver.job_release_claim``). Empty: the driver picks one.
     token: str = ""
+    #: Also claim jobs with a concurrency limit (see ``limits``); False claims only jobs
+    #: without one, by the same statement as before limits existed.
+    limited: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -230,8 +230,11 @@ class Worker:
         clock: Clock,
         app: Enqueuer,
         config: WorkerConfig | None = None,
+        limited: bool = False,
     ) -> None:
         self.driver = driver
+        #: Claim jobs with a concurrency limit too (some registered job has one: ``limits``).
+        self.limited = limited
         self.handles = handles
         self.serializer = serializer
         self.clock = clock
@@ -476,6 +479,7 @@ class Worker:
                 now=self.clock.pinned(),
                 isolated=isolated,
                 token=token(),
+                limited=self.limited,
             )
         try:
             result = self.driver.job_cycle(

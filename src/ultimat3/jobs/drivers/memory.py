@@ -101,6 +101,7 @@ class MemoryTransaction:
     keys: dict[_Key, str] = field(default_factory=dict)
     completions: list[tuple[Lease, datetime]] = field(default_factory=list)
     completed_ids: set[str] = field(default_factory=set)
+    limits: dict[str, tuple[str, int]] = field(default_factory=dict)
     open: bool = True
 
 
@@ -126,6 +127,7 @@ class MemoryDriver:
         self._identity = DatabaseId("memory", (id(self),), "memory://")
         self._isolated: set[str] = set()  # ids of jobs rescued after their worker died
         self._started: set[str] = set()  # running jobs whose worker recorded their start
+        self._limits: dict[str, tuple[str, int]] = {}  # id -> (limit_key, limit_max)
         self.stalls = StallTracker()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -187,6 +189,8 @@ class MemoryDriver:
                 continue
             self._put(job)
             self._keys[key] = job.id
+            if job.id in tx.limits:
+                self._limits[job.id] = tx.limits[job.id]
             inserted = True
         for lease, now in tx.completions:
             self._complete(lease, now)
@@ -215,6 +219,9 @@ class MemoryDriver:
                 if new.id in self._jobs or (tx is not None and new.id in tx.keys.values()):
                     raise ValueError(f"job id {new.id} is already stored under another key")
                 job = _new_job(new, at)
+                limits = self._limits if tx is None else tx.limits
+                if new.limit_key is not None:
+                    limits[job.id] = (new.limit_key, new.limit_max)
                 if tx is None:
                     self._put(job)
                     self._keys[key] = job.id
@@ -240,10 +247,12 @@ class MemoryDriver:
             and job.queue in queues
             and not self._paused.get(job.queue, False)
             and (job.id in self._isolated) is params.isolated
+            and (params.limited or job.id not in self._limits)
         )
-        best = heapq.nsmallest(
-            max(0, params.limit), due, key=lambda job: (-job.priority, job.run_at, job.id)
-        )
+        if params.limited:
+            best = self._within_limits(sorted(due, key=_order), max(0, params.limit), at)
+        else:
+            best = heapq.nsmallest(max(0, params.limit), due, key=_order)
         claimed: list[Job] = []
         claim = params.token or token()
         for job in best:
@@ -261,6 +270,29 @@ class MemoryDriver:
                 self._started.add(running.id)
             claimed.append(running)
         return claimed
+
+    def _within_limits(self, due: list[Job], limit: int, at: datetime) -> list[Job]:
+        """The first ``limit`` of ``due`` (in claim order) that fit their key's free slots: a
+        slot is held by a running job of the key whose lease has not expired."""
+        running: Counter[str] = Counter(
+            self._limits[job.id][0]
+            for job in self._jobs.values()
+            if job.state is JobState.RUNNING
+            and job.id in self._limits
+            and job.lease_expires_at is not None
+            and job.lease_expires_at > at
+        )
+        best: list[Job] = []
+        for job in due:
+            if len(best) >= limit:
+                break
+            if job.id in self._limits:
+                key, most = self._limits[job.id]
+                if running[key] >= most:
+                    continue
+                running[key] += 1
+            best.append(job)
+        return best
 
     def lease_extend(
         self, leases: Sequence[Lease], lease_for: timedelta, *, now: datetime | None = None
@@ -619,6 +651,8 @@ class MemoryDriver:
         if job is None:
             return False
         self._put(_unleased(replace(job, state=JobState.COMPLETED, finished_at=at)))
+        if job.id in self._limits:
+            self._notify()  # a slot is free: a worker waiting on a full limit may claim
         return True
 
     def _put(self, job: Job) -> None:
@@ -636,6 +670,7 @@ class MemoryDriver:
         self._waiting.discard(job.id)
         self._isolated.discard(job.id)
         self._started.discard(job.id)
+        self._limits.pop(job.id, None)
         self._keys.pop((job.tenant_id, job.idempotency_key), None)
 
 
@@ -647,6 +682,10 @@ def _utc(moment: datetime) -> datetime:
     if moment.tzinfo is None:
         raise ValueError(f"{moment!r} is naive; drivers take timezone-aware UTC datetimes")
     return moment.astimezone(UTC)
+
+
+def _order(job: Job) -> tuple[int, datetime, str]:
+    return (-job.priority, job.run_at, job.id)
 
 
 def _waiting(run_at: datetime, now: datetime) -> JobState:

@@ -80,6 +80,7 @@ call gets a fresh connection.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -111,6 +112,7 @@ from ultimat3.jobs.dialects.postgres import (
 from ultimat3.jobs.dialects.postgres import first_line as _first_line
 from ultimat3.jobs.driver import DatabaseId, Driver, Executor, Joined, StallTracker
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError, SerializationError
+from ultimat3.jobs.limits import KEYS_PER_CLAIM
 from ultimat3.jobs.records import (
     FINAL_STATES,
     AttemptError,
@@ -320,6 +322,14 @@ class PostgresDriver:
         )
         self._pool.open(wait=False)
         self._claim_one: dict[int, bytes] = {}
+        #: Limited claims: the last key looked at (``limits``, step 1), and the first half of
+        #: the two-part advisory lock keys of this schema's limits.
+        self._after = ""
+        self._limit_lock_class = int.from_bytes(
+            hashlib.blake2b(f"ultimat3-jobs:limits:{schema}".encode(), digest_size=4).digest(),
+            "big",
+            signed=True,
+        )
         self._reachable_at = 0.0
         self._closed = False
         self._identity: DatabaseId | None = None
@@ -483,8 +493,51 @@ class PostgresDriver:
     def job_claim(self, params: ClaimParams) -> list[Job]:
         if params.limit <= 0 or not params.queues:
             return []
-        query, values = self._claim_query(params, started=False)
-        return [_job(row) for row in self._fetch(query, values)]
+        steps = self._claim_steps(params, started=False)
+        if len(steps) == 1:
+            return [_job(row) for row in self._fetch(*steps[0])]
+        rows = self._pipelined(steps)
+        self._advance(params, rows[-2])
+        return [_job(row) for row in rows[-1]]
+
+    def _claim_steps(
+        self, params: ClaimParams, *, started: bool
+    ) -> list[tuple[bytes, dict[str, Any]]]:
+        """The claim's statements: one without limits; with them (``params.limited``), the key
+        locks (``job_limit_lock``) then the claim (``job_claim_limited``), in one transaction
+        (see ``limits``: the claim's snapshot must follow the locks)."""
+        if not params.limited:
+            return [self._claim_query(params, started=started)]
+        queues = _text_array(sorted(set(params.queues)))
+        lock = {
+            "queues": queues,
+            "now": params.now,
+            "isolated": params.isolated,
+            "after": self._after,
+            "keys": KEYS_PER_CLAIM,
+            "limit": params.limit,
+            "lock_class": self._limit_lock_class,
+        }
+        claim = {
+            "queues": queues,
+            "now": params.now,
+            "isolated": params.isolated,
+            "limit": params.limit,
+            "lease_for": params.lease_for,
+            "worker_id": params.worker_id,
+            "started": started,
+            "token": params.token or ids.token(),
+        }
+        return [(self._q["job_limit_lock"], lock), (self._q["job_claim_limited"], claim)]
+
+    def _advance(self, params: ClaimParams, lock_rows: list[Row]) -> None:
+        """Move the key cursor past the keys a limited claim looked at (``job_limit_lock``)."""
+        if params.limited and lock_rows:
+            _, fwd_last, back_last = lock_rows[0]
+            if back_last is not None:
+                self._after = back_last
+            elif fwd_last is not None:
+                self._after = fwd_last
 
     def _claim_query(self, params: ClaimParams, *, started: bool) -> tuple[bytes, dict[str, Any]]:
         """The claim statement for ``params`` and its parameters: one queue has its own,
@@ -523,11 +576,16 @@ class PostgresDriver:
         if relaxed:
             steps.append((b"SET LOCAL synchronous_commit = off", {}))
         if cycle.completes:
-            steps.append((self._q["job_complete"], {**_lease_arrays(cycle.completes), "now": now}))
+            steps.append(
+                (
+                    self._q["job_complete"],
+                    {**_lease_arrays(cycle.completes), "now": now, "channel": self._channel},
+                )
+            )
         if cycle.failures:
             steps.append((self._q["job_fail"], self._failure_params(cycle.failures, now)))
         if claim is not None:
-            steps.append(self._claim_query(claim, started=True))
+            steps.extend(self._claim_steps(claim, started=True))
         rows = self._pipelined(steps)
         result = CycleResult()
         at = 1 if relaxed else 0
@@ -539,6 +597,9 @@ class PostgresDriver:
                 changed.update(row[0] for row in rows[at])
                 at += 1
         if claim is not None:
+            if claim.limited:
+                self._advance(claim, rows[at])
+                at += 1
             result.claimed.extend(_job(row) for row in rows[at])
         return result
 
@@ -575,7 +636,7 @@ class PostgresDriver:
     ) -> set[str]:
         if not leases:
             return set()
-        params = {**_lease_arrays(leases), "now": now}
+        params = {**_lease_arrays(leases), "now": now, "channel": self._channel}
         if executor is not None:
             with self._joined(executor) as conn:
                 rows = self._exec(conn, self._q["job_complete"], params).fetchall()
@@ -608,6 +669,7 @@ class PostgresDriver:
             ),
             "ids": _text_array([f.lease.id for f in ordered]),
             "now": now,
+            "channel": self._channel,
         }
 
     def job_snooze(
@@ -1009,7 +1071,9 @@ class PostgresDriver:
         text parsed in C), betting that no key is stored yet. A duplicate in the batch, or a
         row that conflicts, returns None having written nothing, and the caller takes the
         ON CONFLICT path, which dedupes. Runs inside the caller's transaction."""
-        if len({(j.tenant_id, j.idempotency_key) for j in jobs}) != len(jobs):
+        if len({(j.tenant_id, j.idempotency_key) for j in jobs}) != len(jobs) or any(
+            j.limit_key is not None for j in jobs
+        ):
             return None
         row = self._exec(conn, self._q["clock"], {"now": now}).fetchone()
         assert row is not None
@@ -1092,6 +1156,8 @@ class PostgresDriver:
                 "delay": j.delay,
                 "now": now,
                 "channel": self._channel,
+                "limit_key": j.limit_key,
+                "limit_max": j.limit_max,
             }
         else:
             rows = [
@@ -1106,6 +1172,8 @@ class PostgresDriver:
                     j.max_attempts,
                     j.run_at.isoformat() if j.run_at is not None else None,
                     None if j.delay is None else f"{j.delay // _MICROSECOND} microseconds",
+                    j.limit_key,
+                    j.limit_max,
                 ]
                 for j in jobs
             ]

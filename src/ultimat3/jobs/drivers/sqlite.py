@@ -94,6 +94,7 @@ from ultimat3.jobs.dialects.sqlite import now_us as _now_us
 from ultimat3.jobs.dialects.sqlite import us as _us
 from ultimat3.jobs.driver import DatabaseId, Joined, StallTracker, current_tx
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
+from ultimat3.jobs.limits import KEYS_PER_CLAIM
 from ultimat3.jobs.records import (
     AttemptError,
     ClaimParams,
@@ -293,6 +294,8 @@ class SqliteDriver:
         self._closed = False
         self._checked_filesystem = False
         self._identity: DatabaseId | None = None
+        #: Per queue, the last key a limited claim looked at (see ``limits``, step 1).
+        self._after: dict[str, str] = {}
         #: A wait longer than this for the write lock counts as a stall (see StallTracker).
         self.stalls = StallTracker(threshold=0.5)
         _drivers.add(self)
@@ -753,12 +756,14 @@ class SqliteDriver:
             job.max_attempts,
             run_at,
             now_us,
+            job.limit_key,
+            job.limit_max,
         )
 
     def job_claim(self, params: ClaimParams) -> list[Job]:
         if params.limit <= 0 or not params.queues:
             return []
-        return self._write(lambda conn: _claim(conn, params, started=False))
+        return self._write(lambda conn: _claim(conn, params, started=False, after=self._after))
 
     def job_cycle(self, cycle: Cycle, *, now: datetime | None = None) -> CycleResult:
         now_us = _now_us(now)
@@ -775,7 +780,7 @@ class SqliteDriver:
             if fail_rows:
                 result.failed.update(_apply_each(conn, _Q["job_fail"], fail_rows, fail_ids))
             if claim is not None:
-                result.claimed.extend(_claim(conn, claim, started=True))
+                result.claimed.extend(_claim(conn, claim, started=True, after=self._after))
             return result
 
         if not (cycle.writes or claim is not None):
@@ -1131,8 +1136,11 @@ def _apply_each(
     return changed
 
 
-def _claim(conn: sqlite3.Connection, params: ClaimParams, *, started: bool) -> list[Job]:
-    """Claim for ``params`` in the open transaction, marking the jobs ``started`` or not."""
+def _claim(
+    conn: sqlite3.Connection, params: ClaimParams, *, started: bool, after: dict[str, str]
+) -> list[Job]:
+    """Claim for ``params`` in the open transaction, marking the jobs ``started`` or not.
+    ``after`` holds the per-queue key cursor of limited claims, and is advanced."""
     now_us = _now_us(params.now)
     args: dict[str, Any] = {
         "now": now_us,
@@ -1143,18 +1151,24 @@ def _claim(conn: sqlite3.Connection, params: ClaimParams, *, started: bool) -> l
         "started": int(started),
     }
     queues = sorted(set(params.queues))
-    if len(queues) == 1 and not params.isolated:
+    if len(queues) == 1 and not params.isolated and not params.limited:
         args["queue"] = queues[0]
         rows = conn.execute(_CLAIM_QUEUE, args).fetchall()
     else:
         args["isolated"] = int(params.isolated)
-        rows = _claim_queues(conn, queues, args)
+        rows = _claim_queues(conn, queues, args, after if params.limited else None)
     jobs = [_job(row) for row in rows]
     jobs.sort(key=_claim_order)
     return jobs
 
 
-def _claim_queues(conn: sqlite3.Connection, queues: list[str], args: dict[str, Any]) -> list[Any]:
+def _claim_queues(
+    conn: sqlite3.Connection,
+    queues: list[str],
+    args: dict[str, Any],
+    after: dict[str, str] | None,
+) -> list[Any]:
+    """Claim the best of several queues (or of one, with limits: ``after`` is not None)."""
     paused = {
         row[0] for row in conn.execute(_Q["queue_paused_among"], {"queues": json.dumps(queues)})
     }
@@ -1170,11 +1184,45 @@ def _claim_queues(conn: sqlite3.Connection, queues: list[str], args: dict[str, A
         }
         for id_, priority, run_at in conn.execute(_Q["job_claim_candidates"], query_args):
             candidates.append((-priority, run_at, id_))
+        if after is not None:
+            candidates.extend(_limited_candidates(conn, query_args, after))
     if not candidates:
         return []
     candidates.sort()
     chosen = [id_ for _, _, id_ in candidates[: args["limit"]]]
     return conn.execute(_Q["job_claim_ids"], {**args, "ids": json.dumps(chosen)}).fetchall()
+
+
+def _limited_candidates(
+    conn: sqlite3.Connection, args: dict[str, Any], after: dict[str, str]
+) -> list[tuple[int, int, str]]:
+    """The due jobs of one queue that fit their key's free slots (``limits``, steps 1 and 2):
+    up to ``KEYS_PER_CLAIM`` keys, from the one after the queue's cursor, wrapping around once.
+    The claim holds the write lock, so the counts are exact."""
+    queue = args["queue"]
+    start = after.get(queue, "")
+    cursor, wrapped = start, start == ""
+    looked = 0
+    found: list[tuple[int, int, str]] = []
+    while looked < KEYS_PER_CLAIM:
+        row = conn.execute(_Q["job_limit_next"], {**args, "after": cursor}).fetchone()
+        if row is None or (wrapped and start and row[0] > start):
+            if wrapped:
+                break
+            cursor, wrapped = "", True
+            continue
+        key, most, running = row
+        cursor = key
+        looked += 1
+        free = min(most - running, args["limit"])
+        if free > 0:
+            rows = conn.execute(
+                _Q["job_limit_candidates"], {**args, "key": key, "limit": free}
+            ).fetchall()
+            found.extend((-priority, run_at, id_) for id_, priority, run_at in rows)
+    if looked == KEYS_PER_CLAIM:
+        after[queue] = cursor  # the next claim goes on from here
+    return found
 
 
 def _filter_args(where: JobFilter) -> dict[str, Any]:

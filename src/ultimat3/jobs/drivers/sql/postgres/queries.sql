@@ -31,7 +31,7 @@ SELECT current_database(),
 
 -- name: job_insert
 -- %(rows)s is a JSON array of rows, each [id, name, queue, input text, tenant, key, priority,
--- max_attempts, run_at, delay] (a delay counts from now, on the database's clock): decoding it as jsonb costs the server less than binding nine arrays
+-- max_attempts, run_at, delay, limit_key, limit_max] (a delay counts from now, on the database's clock): decoding it as jsonb costs the server less than binding nine arrays
 -- (and the client far less: psycopg dumps list parameters element by element in Python), and
 -- positional rows cost less than objects, whose keys json_to_recordset hashes row by row.
 WITH rows AS (
@@ -45,19 +45,22 @@ WITH rows AS (
            (e.v ->> 6)::int AS priority,
            (e.v ->> 7)::int AS max_attempts,
            coalesce((e.v ->> 8)::timestamptz,
-                    coalesce(%(now)s::timestamptz, now()) + (e.v ->> 9)::interval) AS run_at
+                    coalesce(%(now)s::timestamptz, now()) + (e.v ->> 9)::interval) AS run_at,
+           e.v ->> 10 AS limit_key,
+           coalesce((e.v ->> 11)::int, 0) AS limit_max
     FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS e(v, ord)
 ),
 inserted AS (
     INSERT INTO {schema}.x_jobs AS j
         (id, name, queue, input, tenant_id, idempotency_key, priority, state,
-         max_attempts, run_at, created_at)
+         max_attempts, run_at, created_at, limit_key, limit_max)
     SELECT r.id, r.name, r.queue, r.input::json, r.tenant_id, r.idempotency_key, r.priority,
            CASE WHEN r.run_at > coalesce(%(now)s::timestamptz, now())
                 THEN 'scheduled' ELSE 'available' END,
            r.max_attempts,
            coalesce(r.run_at, %(now)s::timestamptz, now()),
-           coalesce(%(now)s::timestamptz, now())
+           coalesce(%(now)s::timestamptz, now()),
+           r.limit_key, r.limit_max
     FROM rows r
     ORDER BY r.ord
     ON CONFLICT ((coalesce('=' || tenant_id, '')), idempotency_key) DO NOTHING
@@ -77,7 +80,7 @@ SELECT i.id, (SELECT count(*) FROM woken) FROM inserted i
 WITH inserted AS (
     INSERT INTO {schema}.x_jobs AS j
         (id, name, queue, input, tenant_id, idempotency_key, priority, state,
-         max_attempts, run_at, created_at)
+         max_attempts, run_at, created_at, limit_key, limit_max)
     VALUES (
         %(id)s, %(name)s, %(queue)s, %(input)s::json, %(tenant_id)s, %(key)s, %(priority)s,
         CASE WHEN coalesce(%(run_at)s::timestamptz,
@@ -88,7 +91,8 @@ WITH inserted AS (
         coalesce(%(run_at)s::timestamptz,
                  coalesce(%(now)s::timestamptz, now()) + %(delay)s::interval,
                  %(now)s::timestamptz, now()),
-        coalesce(%(now)s::timestamptz, now())
+        coalesce(%(now)s::timestamptz, now()),
+        %(limit_key)s, %(limit_max)s
     )
     ON CONFLICT ((coalesce('=' || tenant_id, '')), idempotency_key) DO NOTHING
     RETURNING j.id, j.queue, j.state
@@ -100,7 +104,7 @@ SELECT coalesce(%(now)s::timestamptz, now())
 
 -- name: job_copy
 -- The bulk fast path: plain COPY, so the unique index refuses any duplicate key (the driver
--- then falls back to job_insert); every value, times and states included, comes from the
+-- then falls back to job_insert; so does a batch with a concurrency limit); every value, times and states included, comes from the
 -- driver, which read the clock in the same transaction.
 COPY {schema}.x_jobs
     (id, name, queue, input, tenant_id, idempotency_key, priority, state,
@@ -135,6 +139,7 @@ WITH due AS (
           AND j.state IN ('scheduled', 'available')
           AND j.run_at <= coalesce(%(now)s::timestamptz, now())
           AND NOT j.isolated  -- the driver derives job_claim_isolated: "AND j.isolated"
+          AND j.limit_key IS NULL  -- limited jobs: job_limit_lock, job_claim_limited
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -175,6 +180,7 @@ WITH due AS (
       AND j.state IN ('scheduled', 'available')
       AND j.run_at <= coalesce(%(now)s::timestamptz, now())
       AND NOT j.isolated
+      AND j.limit_key IS NULL
       AND NOT EXISTS (
           SELECT 1 FROM {schema}.x_queues p WHERE p.name = %(queue)s AND p.paused
       )
@@ -269,7 +275,9 @@ SET state = 'completed',
 WHERE j.id = ANY(%(ids)s::text[])
   AND j.lease_token = ANY(%(tokens)s::text[])
   AND j.state = 'running'
-RETURNING j.id
+-- A limited job frees a slot: wake the workers waiting on a full limit (the server sends one
+-- per queue and transaction). Unlimited jobs send nothing.
+RETURNING j.id, CASE WHEN j.limit_key IS NOT NULL THEN pg_notify(%(channel)s, j.queue) END
 
 -- name: job_fail
 UPDATE {schema}.x_jobs j
@@ -288,7 +296,7 @@ FROM json_to_recordset(%(failures)s::json)
        AS f(id text, token text, error jsonb, retry_at timestamptz, isolate boolean)
 WHERE j.id = ANY(%(ids)s::text[])
   AND j.id = f.id AND j.lease_token = f.token AND j.state = 'running'
-RETURNING j.id
+RETURNING j.id, CASE WHEN j.limit_key IS NOT NULL THEN pg_notify(%(channel)s, j.queue) END
 
 -- name: job_snooze
 WITH snoozed AS (
@@ -461,3 +469,164 @@ DELETE FROM {schema}.x_leaders WHERE name = %(name)s AND holder = %(holder)s
 -- The polling waiter's look (no LISTEN): the newest job id, one backward probe of the primary
 -- key. Ids are UUIDv7 text, so a new job's id sorts after the ones before it.
 SELECT max(id) FROM {schema}.x_jobs
+
+-- name: job_limit_lock
+-- Step 1 of a claim with limits (ultimat3/jobs/limits.py). Per queue, up to %(keys)s keys with
+-- due jobs, from the one after %(after)s (a skip scan: one seek of x_jobs_claim_limited_idx per
+-- key), then from the start up to %(after)s. Of those whose slots look free in this
+-- statement's snapshot, up to %(limit)s are locked without waiting (pg_try_advisory_xact_lock,
+-- held to the end of the transaction; a key another claim holds is skipped) and recorded in a
+-- transaction-local setting for job_claim_limited. That statement runs next in the same
+-- transaction, so with a snapshot taken after the locks: its count of running jobs is exact.
+-- Also returns the last key of each pass that was cut short (the next claim goes on there).
+WITH RECURSIVE fwd(queue, k, n) AS (
+    SELECT q.name,
+           (SELECT j.limit_key FROM {schema}.x_jobs j
+            WHERE j.queue = q.name AND j.state IN ('scheduled', 'available')
+              AND j.limit_key IS NOT NULL AND j.limit_key > %(after)s
+              AND j.run_at <= coalesce(%(now)s::timestamptz, now())
+              AND j.isolated = %(isolated)s
+            ORDER BY j.limit_key LIMIT 1),
+           1
+    FROM unnest(%(queues)s::text[]) AS q(name)
+    UNION ALL
+    SELECT f.queue,
+           (SELECT j.limit_key FROM {schema}.x_jobs j
+            WHERE j.queue = f.queue AND j.state IN ('scheduled', 'available')
+              AND j.limit_key IS NOT NULL AND j.limit_key > f.k
+              AND j.run_at <= coalesce(%(now)s::timestamptz, now())
+              AND j.isolated = %(isolated)s
+            ORDER BY j.limit_key LIMIT 1),
+           f.n + 1
+    FROM fwd f
+    WHERE f.k IS NOT NULL AND f.n < %(keys)s
+),
+back(queue, k, n) AS (
+    SELECT q.name,
+           (SELECT j.limit_key FROM {schema}.x_jobs j
+            WHERE j.queue = q.name AND j.state IN ('scheduled', 'available')
+              AND j.limit_key IS NOT NULL
+              AND j.run_at <= coalesce(%(now)s::timestamptz, now())
+              AND j.isolated = %(isolated)s
+            ORDER BY j.limit_key LIMIT 1),
+           1
+    FROM unnest(%(queues)s::text[]) AS q(name)
+    WHERE %(after)s <> ''
+    UNION ALL
+    SELECT b.queue,
+           (SELECT j.limit_key FROM {schema}.x_jobs j
+            WHERE j.queue = b.queue AND j.state IN ('scheduled', 'available')
+              AND j.limit_key IS NOT NULL AND j.limit_key > b.k
+              AND j.run_at <= coalesce(%(now)s::timestamptz, now())
+              AND j.isolated = %(isolated)s
+            ORDER BY j.limit_key LIMIT 1),
+           b.n + 1
+    FROM back b
+    WHERE b.k IS NOT NULL AND b.k <= %(after)s AND b.n < %(keys)s
+),
+looked AS (
+    SELECT k, 0 AS pass, n FROM fwd WHERE k IS NOT NULL
+    UNION ALL
+    SELECT k, 1, n FROM back WHERE k IS NOT NULL AND k <= %(after)s
+),
+open AS (
+    -- In pass order. A key that looks full now is left alone; one that looks free is counted
+    -- again, exactly, by the claim once its lock is held.
+    SELECT l.k, min(l.pass * %(keys)s + l.n) AS pos
+    FROM looked l
+    WHERE (SELECT count(*) FROM {schema}.x_jobs r
+           WHERE r.limit_key = l.k AND r.state = 'running'
+             AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now()))
+          < (SELECT max(j.limit_max) FROM {schema}.x_jobs j
+             WHERE j.limit_key = l.k AND j.state IN ('scheduled', 'available')
+               AND j.queue = ANY(%(queues)s::text[]))
+    GROUP BY l.k
+),
+got AS (
+    -- The subquery is sorted first: a volatile function is not pushed below its ORDER BY, so
+    -- locks are tried in order, and the LIMIT stops trying once enough are held.
+    SELECT o.k FROM (SELECT k FROM open ORDER BY pos) o
+    WHERE pg_try_advisory_xact_lock(%(lock_class)s, hashtext(o.k))
+    LIMIT %(limit)s
+)
+SELECT set_config('ultimat3_jobs.limit_keys',
+                  coalesce((SELECT json_agg(k) FROM got)::text, '[]'), true),
+       (SELECT max(k) FROM fwd WHERE n = %(keys)s),
+       (SELECT max(k) FROM back WHERE n = %(keys)s AND k <= %(after)s)
+
+-- name: job_claim_limited
+-- Steps 2 and 3: the unlimited due jobs (as job_claim) and, for each key job_limit_lock got,
+-- its first `limit_max - running` due jobs; then the best %(limit)s of both in claim order. The
+-- limited rows need no row lock (every claim of them holds their key's lock); the UPDATE checks
+-- their state again in case a cancel got there first.
+WITH free AS (
+    SELECT c.id, c.priority, c.run_at
+    FROM unnest(%(queues)s::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.run_at
+        FROM {schema}.x_jobs j
+        WHERE j.queue = q.name
+          AND j.state IN ('scheduled', 'available')
+          AND j.run_at <= coalesce(%(now)s::timestamptz, now())
+          AND j.isolated = %(isolated)s
+          AND j.limit_key IS NULL
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) c
+    WHERE NOT EXISTS (
+        SELECT 1 FROM {schema}.x_queues p WHERE p.name = q.name AND p.paused
+    )
+),
+held AS (
+    SELECT value AS k
+    FROM json_array_elements_text(
+        coalesce(nullif(current_setting('ultimat3_jobs.limit_keys', true), ''), '[]')::json
+    )
+),
+lim AS (
+    SELECT c.id, c.priority, c.run_at
+    FROM held h
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.run_at, j.limit_max,
+               row_number() OVER (ORDER BY j.priority DESC, j.run_at, j.id) AS rn
+        FROM {schema}.x_jobs j
+        WHERE j.limit_key = h.k
+          AND j.queue = ANY(%(queues)s::text[])
+          AND j.state IN ('scheduled', 'available')
+          AND j.run_at <= coalesce(%(now)s::timestamptz, now())
+          AND j.isolated = %(isolated)s
+          AND NOT EXISTS (
+              SELECT 1 FROM {schema}.x_queues p WHERE p.name = j.queue AND p.paused
+          )
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT %(limit)s
+    ) c
+    WHERE c.rn <= c.limit_max - (
+        SELECT count(*) FROM {schema}.x_jobs r
+        WHERE r.limit_key = h.k AND r.state = 'running'
+          AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now())
+    )
+),
+due AS (
+    SELECT a.id FROM (SELECT * FROM free UNION ALL SELECT * FROM lim) a
+    ORDER BY a.priority DESC, a.run_at, a.id
+    LIMIT %(limit)s
+),
+claimed AS (
+    UPDATE {schema}.x_jobs j
+    SET state = 'running',
+        attempt = j.attempt + 1,
+        attempted_at = coalesce(%(now)s::timestamptz, now()),
+        lease_token = %(token)s || '.' || j.id,
+        lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease_for)s::interval,
+        worker_id = %(worker_id)s,
+        started = %(started)s
+    WHERE j.id = ANY(ARRAY(SELECT id FROM due))
+      AND j.state IN ('scheduled', 'available')
+    RETURNING j.id, j.name, j.queue, j.input::text, j.tenant_id, j.idempotency_key,
+              j.priority, j.state, j.attempt, j.max_attempts, j.run_at, j.created_at,
+              j.attempted_at, j.finished_at, j.lease_token, j.lease_expires_at, j.worker_id,
+              j.errors::text, j.cancel_reason
+)
+SELECT * FROM claimed ORDER BY priority DESC, run_at, id

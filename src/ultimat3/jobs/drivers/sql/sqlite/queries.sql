@@ -18,8 +18,8 @@ VALUES (:version, CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER))
 -- name: job_insert
 -- Positional, in this order, because executemany binds tuples fastest.
 INSERT INTO x_jobs (id, tenant_id, name, queue, input, idempotency_key, priority, state,
-                    max_attempts, run_at, created_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    max_attempts, run_at, created_at, limit_key, limit_max)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (idempotency_key, tenant_id IS NULL, ifnull(tenant_id, '')) DO NOTHING;
 
 -- name: job_id_by_key
@@ -43,6 +43,7 @@ WHERE id IN (
       AND state IN ('scheduled', 'available')
       AND run_at <= :now
       AND isolated = 0
+      AND limit_key IS NULL  -- jobs with a concurrency limit: job_limit_next below
       AND NOT EXISTS (SELECT 1 FROM x_queues WHERE name = :queue AND paused = 1)
     ORDER BY priority DESC, run_at, id
     LIMIT :limit
@@ -60,6 +61,35 @@ WHERE paused = 1 AND name IN (SELECT value FROM json_each(:queues));
 -- :isolated picks ordinary jobs (0) or isolated ones (1), each from its own partial index.
 SELECT id, priority, run_at FROM x_jobs
 WHERE queue = :queue
+  AND state IN ('scheduled', 'available')
+  AND run_at <= :now
+  AND isolated = :isolated
+  AND limit_key IS NULL
+ORDER BY priority DESC, run_at, id
+LIMIT :limit;
+
+-- name: job_limit_next
+-- A claim with limits (ultimat3/jobs/limits.py): the next key after :after with a due job in
+-- the queue, one seek in x_jobs_claim_limited, with its maximum and how many of its jobs hold a
+-- slot (running, lease not expired). Exact: the claim holds the write lock.
+SELECT j.limit_key, j.limit_max,
+       (SELECT count(*) FROM x_jobs r
+        WHERE r.limit_key = j.limit_key AND r.state = 'running' AND r.lease_expires_at > :now)
+FROM x_jobs j
+WHERE j.queue = :queue
+  AND j.state IN ('scheduled', 'available')
+  AND j.limit_key IS NOT NULL
+  AND j.limit_key > :after
+  AND j.run_at <= :now
+  AND j.isolated = :isolated
+ORDER BY j.limit_key
+LIMIT 1;
+
+-- name: job_limit_candidates
+-- The due jobs of one key, in claim order; :limit is the key's free slots (at most the claim's).
+SELECT id, priority, run_at FROM x_jobs
+WHERE queue = :queue
+  AND limit_key = :key
   AND state IN ('scheduled', 'available')
   AND run_at <= :now
   AND isolated = :isolated

@@ -1,0 +1,158 @@
+"""Flow control: how many jobs of a kind may run at once, across every worker.
+
+``@job(concurrency=Limit(2, key=lambda o: o["account"]))`` allows at most two running jobs per
+account, whatever the number of worker processes and machines. The design, end to end:
+
+**Where a limit lives.** On the job definition, validated when ``@job`` runs (a bad limit fails
+at import, like a bad ``Retry``). The claim runs in the database and cannot call Python, so the
+partition is computed at enqueue time (``limit_key``, below) and stored in the job's row
+(``x_jobs.limit_key``, with the maximum in ``x_jobs.limit_max``; migration 0006). A job without
+a limit stores NULL and is claimed by the same statement as before: the claim of unlimited jobs
+only gained ``limit_key IS NULL``, which is the predicate of its partial index, so it walks the
+same index and pays nothing (measured in ``bench/drain.py``; see the CHANGELOG).
+
+**What holds a slot.** A *running* job of the same key whose lease has not expired. Nothing
+else is counted or stored: there is no counter to keep in step with every way a job leaves
+``running`` (completion, failure, snooze, cancel, release, rescue). A job whose worker died
+frees its slot when its lease expires, before the rescuer even looks at it; a rescue, like any
+other outcome, takes it out of ``running``. The count is an index probe
+(``x_jobs_limit_running``), bounded by the limit itself.
+
+**How a claim takes limited jobs** (``ClaimParams.limited``; a worker sets it when any job it
+has registered has a limit): in the claim's transaction,
+
+1. find up to ``KEYS_PER_CLAIM`` distinct keys with due jobs, per queue: a skip scan over the
+   partial index ``x_jobs_claim_limited (queue, limit_key, ...)``, one index seek per key,
+   starting after the last key this process looked at and wrapping around, so a saturated key
+   cannot hide the keys behind it: a key with due jobs and a free slot is looked at within
+   ``ceil(keys with due jobs / KEYS_PER_CLAIM)`` claims of each worker process;
+2. for each such key, ``free = limit_max - running`` (the count above), and take its first
+   ``free`` due jobs in claim order;
+3. merge them with the unlimited due jobs in claim order (priority, run_at, id) and claim the
+   best ``ClaimParams.limit``.
+
+The count must be exact against concurrent claims, which each database gets differently:
+
+- **SQLite**: every claim runs under the single write lock (``BEGIN IMMEDIATE``), so the count
+  read inside it is exact: no other claim can commit in between.
+- **PostgreSQL**: claims run concurrently under READ COMMITTED, where a count is only as new as
+  the statement's snapshot. The claim first takes a transaction-scoped advisory lock per key
+  (``pg_try_advisory_xact_lock``: a key another claim holds is skipped, never waited for, as
+  ``SKIP LOCKED`` skips rows), in one statement that records the keys it got with
+  ``set_config(..., true)``; the claim statement, *pipelined after it in the same
+  transaction*, takes a new snapshot, so it sees every claim of those keys that committed
+  before the lock was granted, and none can commit until this transaction ends. Counting and
+  claiming in the statement that takes the lock would not do: its snapshot predates the lock.
+  A hash collision between two keys only makes them share a lock.
+- **Memory**: one lock around everything.
+
+**Wake-ups.** A slot frees when a limited job completes or fails; on PostgreSQL that
+completion sends the queue's NOTIFY (only for limited jobs), on SQLite every commit is seen by
+the waiters already, and the memory driver wakes its waiters. A worker whose claim found every
+key saturated therefore sleeps until a slot frees, not in a poll loop.
+
+Not built yet (issue 15's later deliverables): rate limits, round-robin fairness across keys
+beyond the rotation above, uniqueness windows, and showing why a job waits in ``jobs show``.
+Staging a limited job in an outbox on another database is refused (the outbox rows do not carry
+the key yet).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ultimat3.jobs.errors import ConfigurationError
+
+__all__ = ["KEYS_PER_CLAIM", "LIMIT_KEY_LIMIT", "Limit"]
+
+#: How many distinct keys one claim looks at, per queue (step 1 above).
+KEYS_PER_CLAIM = 32
+#: The longest stored key, so it fits an index entry on every database.
+LIMIT_KEY_LIMIT = 300
+#: A generous ceiling: a limit above it is no limit worth a claim's count.
+_MAX = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """At most ``max`` jobs running at once, across every worker, per partition.
+
+    The partition is named by ``per`` and ``key``:
+
+    - ``per="job"`` (the default): this job's own limit;
+    - ``per="queue"``: shared by every job with ``per="queue"`` in the same queue;
+    - any other name (``per="smtp"``): shared by every job that names it.
+
+    ``key`` splits the partition further: a function of the job's input returning a str or an
+    int (``key=lambda o: o["account"]``), or the string ``"tenant"`` for the enqueue's
+    ``tenant_id``. Jobs that share a partition should agree on ``max``: each job's row carries
+    its own, and a claim compares the count with the row it looks at.
+    """
+
+    max: int
+    key: Callable[[Any], object] | str | None = None
+    per: str = "job"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max, bool) or not isinstance(self.max, int) or not 1 <= self.max <= _MAX:
+            raise ConfigurationError(
+                f"Limit(max={self.max!r}) is not valid",
+                fix=f"pass an int from 1 to {_MAX}: how many may run at once, e.g. Limit(2)",
+            )
+        if self.key is not None and self.key != "tenant" and not callable(self.key):
+            raise ConfigurationError(
+                f"Limit(key={self.key!r}) is not valid",
+                fix='pass a function of the input (key=lambda o: o["account"]) or key="tenant"',
+            )
+        if not isinstance(self.per, str) or not self.per or len(self.per) > 100:
+            raise ConfigurationError(
+                f"Limit(per={self.per!r}) is not valid",
+                fix='use per="job" (the default), per="queue", or a name shared by several jobs',
+            )
+
+    def describe(self) -> str:
+        """How the CLI shows it: ``2 per job``, ``4 per queue by tenant``."""
+        by = ""
+        if self.key == "tenant":
+            by = " by tenant"
+        elif self.key is not None:
+            by = " by key"
+        return f"{self.max} per {self.per}{by}"
+
+    def key_for(self, *, job: str, queue: str, input: Any, tenant_id: str | None) -> str:
+        """The stored key of one enqueue. Raises ``ConfigurationError`` when ``key`` fails."""
+        if self.per == "job":
+            base = f"job:{job}"
+        elif self.per == "queue":
+            base = f"queue:{queue}"
+        else:
+            base = f"name:{self.per}"
+        if self.key is None:
+            return base
+        if self.key == "tenant":
+            part: object = "" if tenant_id is None else tenant_id
+        else:
+            assert callable(self.key)
+            try:
+                part = self.key(input)
+            except Exception as exc:
+                raise ConfigurationError(
+                    f"the concurrency key function of job {job!r} raised "
+                    f"{type(exc).__name__}: {exc}",
+                    fix='make it return a str or an int for every input, e.g. o["account"]',
+                ) from exc
+            if isinstance(part, bool) or not isinstance(part, str | int):
+                raise ConfigurationError(
+                    f"the concurrency key function of job {job!r} returned {part!r}",
+                    fix="return a str or an int that names the partition, e.g. an account id",
+                )
+        stored = f"{base}={part}"
+        if len(stored) > LIMIT_KEY_LIMIT or "\x00" in stored:
+            raise ConfigurationError(
+                f"the concurrency key {stored[:80]!r} of job {job!r} is not valid",
+                fix=f"return a key of at most {LIMIT_KEY_LIMIT - len(base) - 1} characters "
+                "without NUL characters",
+            )
+        return stored

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError, RegistrationError
-from ultimat3.jobs.limits import Limit
+from ultimat3.jobs.limits import Limit, Unique
 from ultimat3.jobs.records import DEFAULT_QUEUE, EnqueueResult
 from ultimat3.jobs.retry import DEFAULT_RETRY, Retry
 from ultimat3.jobs.serialization import input_type
@@ -166,6 +166,7 @@ class JobHandle(Generic[InputT]):
         timeout: DurationInput | None = None,
         priority: int = 0,
         concurrency: Limit | None = None,
+        unique: Unique | None = None,
     ) -> None:
         if not callable(fn):
             raise ConfigurationError(
@@ -200,6 +201,12 @@ class JobHandle(Generic[InputT]):
                 fix='write concurrency=Limit(2) or Limit(2, key=lambda o: o["account"])',
             )
         self.concurrency = concurrency
+        if unique is not None and not isinstance(unique, Unique):
+            raise ConfigurationError(
+                f"unique= must be a Unique, got {type(unique).__name__}",
+                fix='write unique=Unique() or Unique(period="1h", key=lambda o: o["user"])',
+            )
+        self.unique = unique
         self.is_async = inspect.iscoroutinefunction(fn)
         self.input_type = input_type(fn)
         self.wants_context = _wants_context(fn)
@@ -285,6 +292,7 @@ def job(
     timeout: DurationInput | None = None,
     priority: int = 0,
     concurrency: Limit | None = None,
+    unique: Unique | None = None,
 ) -> Callable[[F], JobHandle[Any]]: ...
 
 
@@ -299,13 +307,15 @@ def job(
     timeout: DurationInput | None = None,
     priority: int = 0,
     concurrency: Limit | None = None,
+    unique: Unique | None = None,
 ) -> JobHandle[Any] | Callable[[F], JobHandle[Any]]:
     """Define a job: ``@job`` or ``@job(queue="mail", retry=Retry(attempts=5))``.
 
     The function takes one JSON input (a dict, list, str, number, bool or None; or a dataclass
     or pydantic model when annotated so) and, optionally, a ``JobContext`` second. ``def``
     handlers run on the worker's threads, ``async def`` handlers on its event loop.
-    ``concurrency=Limit(...)`` bounds how many run at once across every worker (``limits``).
+    ``concurrency=Limit(...)`` bounds how many run at once across every worker, and
+    ``unique=Unique(...)`` how many may exist at once (``limits``).
     """
 
     def wrap(f: Callable[..., Any]) -> JobHandle[Any]:
@@ -318,6 +328,7 @@ def job(
             timeout=timeout,
             priority=priority,
             concurrency=concurrency,
+            unique=unique,
         )
 
     if fn is not None:

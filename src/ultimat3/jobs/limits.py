@@ -59,13 +59,16 @@ the key yet).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal
 
+from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError
 
-__all__ = ["KEYS_PER_CLAIM", "LIMIT_KEY_LIMIT", "Limit"]
+__all__ = ["KEYS_PER_CLAIM", "LIMIT_KEY_LIMIT", "STATE_BITS", "Limit", "Unique"]
 
 #: How many distinct keys one claim looks at, per queue (step 1 above).
 KEYS_PER_CLAIM = 32
@@ -155,4 +158,113 @@ class Limit:
                 fix=f"return a key of at most {LIMIT_KEY_LIMIT - len(base) - 1} characters "
                 "without NUL characters",
             )
+        return stored
+
+
+#: The bit of each job state in ``x_jobs.unique_states`` (the unique index's predicate spells
+#: the same table out in SQL: migration 0006).
+STATE_BITS = {
+    "scheduled": 1,
+    "available": 2,
+    "running": 4,
+    "completed": 8,
+    "dead": 16,
+    "cancelled": 32,
+}
+_WAITING_OR_RUNNING = ("scheduled", "available", "running")
+
+
+@dataclass(frozen=True, slots=True)
+class Unique:
+    """At most one job with the same unique key in the given ``states`` (and ``period``).
+
+    - ``key``: a function of the input naming what must be unique (``lambda o: o["user"]``);
+      default: the whole input.
+    - ``period``: unique per window of this length (``"1h"``: one job per key per clock hour,
+      counted from the epoch, by the enqueue's time); default: no window, unique while the
+      job is in ``states``.
+    - ``states``: which states count; default: scheduled, available and running, plus
+      completed when a ``period`` is given (so a finished job still holds its window).
+    - ``on_conflict``: ``"existing"`` returns the job already there (``deduped=True``);
+      ``"replace"`` (debounce) also replaces its input, ``run_at`` and priority when it is
+      still waiting; a running one is returned as it is.
+
+    Enforced by a unique partial index (``x_jobs_unique``) whose predicate reads each row's
+    state, so a job leaving ``states`` frees its key in the same write: never a read then a
+    write. Keys are scoped to the job's name and tenant.
+    """
+
+    key: Callable[[Any], object] | None = None
+    period: DurationInput | None = None
+    states: tuple[str, ...] | None = None
+    on_conflict: Literal["existing", "replace"] = "existing"
+    _period: timedelta | None = field(init=False, repr=False, compare=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.key is not None and not callable(self.key):
+            raise ConfigurationError(
+                f"Unique(key={self.key!r}) is not valid",
+                fix='pass a function of the input, e.g. key=lambda o: o["user"]',
+            )
+        period = None if self.period is None else to_timedelta(self.period, name="period")
+        if period is not None and period <= timedelta(0):
+            raise ConfigurationError(
+                f"Unique(period={self.period!r}) is not valid",
+                fix='pass a positive duration, e.g. period="1h"',
+            )
+        object.__setattr__(self, "_period", period)
+        states = self.states
+        if states is None:
+            states = (*_WAITING_OR_RUNNING, "completed") if period else _WAITING_OR_RUNNING
+        if isinstance(states, str) or not states or not set(states) <= set(STATE_BITS):
+            raise ConfigurationError(
+                f"Unique(states={self.states!r}) is not valid",
+                fix=f"pass a tuple of some of {', '.join(STATE_BITS)}",
+            )
+        object.__setattr__(self, "states", tuple(states))
+        if self.on_conflict not in ("existing", "replace"):
+            raise ConfigurationError(
+                f"Unique(on_conflict={self.on_conflict!r}) is not valid",
+                fix='use "existing" (return the job already there) or "replace" (debounce)',
+            )
+
+    @property
+    def mask(self) -> int:
+        """The states as ``x_jobs.unique_states`` stores them."""
+        mask = 0
+        for state in self.states or ():
+            mask |= STATE_BITS[state]
+        return mask
+
+    def describe(self) -> str:
+        window = f" per {self.period}" if self.period is not None else ""
+        return f"unique{window} while {'/'.join(self.states or ())}, on conflict {self.on_conflict}"
+
+    def key_for(
+        self, *, job: str, payload: str, input: Any, tenant_id: str | None, now: datetime
+    ) -> str:
+        """The stored unique key of one enqueue: the job, the tenant, a digest of the key (or
+        of the input's JSON text), and the window's number when there is a period."""
+        if self.key is None:
+            part = payload
+        else:
+            try:
+                value = self.key(input)
+            except Exception as exc:
+                raise ConfigurationError(
+                    f"the unique key function of job {job!r} raised {type(exc).__name__}: {exc}",
+                    fix='make it return a str or an int for every input, e.g. o["user"]',
+                ) from exc
+            if isinstance(value, bool) or not isinstance(value, str | int):
+                raise ConfigurationError(
+                    f"the unique key function of job {job!r} returned {value!r}",
+                    fix="return a str or an int that names what must be unique",
+                )
+            part = f"{type(value).__name__}:{value}"
+        digest = hashlib.blake2b(part.encode(), digest_size=16).hexdigest()
+        tenant = "" if tenant_id is None else f"={tenant_id}"
+        stored = f"{job}{tenant}:{digest}"
+        if self._period is not None:
+            seconds = self._period.total_seconds()
+            stored += f"@{int(now.timestamp() // seconds)}"
         return stored

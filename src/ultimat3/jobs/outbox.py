@@ -141,6 +141,12 @@ def build_job(
     limit_key = None
     if limit is not None:
         limit_key = limit.key_for(job=handle.name, queue=queue, input=input, tenant_id=tenant)
+    unique = handle.unique
+    unique_key = None
+    if unique is not None:
+        unique_key = unique.key_for(
+            job=handle.name, payload=payload, input=input, tenant_id=tenant, now=now
+        )
     return NewJob(
         id=job_id,
         name=handle.name,
@@ -154,6 +160,9 @@ def build_job(
         delay=delay,
         limit_key=limit_key,
         limit_max=0 if limit is None else limit.max,
+        unique_key=unique_key,
+        unique_states=0 if unique is None else unique.mask,
+        unique_replace=unique is not None and unique.on_conflict == "replace",
     )
 
 
@@ -200,11 +209,14 @@ def insert(
         if reaches(joined.database, driver):
             return driver.job_insert_many(jobs, executor=joined, now=now)
         if store is not None and reaches(joined.database, store):
-            limited = next((job for job in jobs if job.limit_key is not None), None)
+            limited = next(
+                (job for job in jobs if job.limit_key is not None or job.unique_key is not None),
+                None,
+            )
             if limited is not None:
                 raise ConfigurationError(
-                    f"job {limited.name!r} has a concurrency limit, which an outbox on another "
-                    "database cannot carry yet",
+                    f"job {limited.name!r} has a concurrency limit or a uniqueness window, which "
+                    "an outbox on another database cannot carry yet",
                     fix="enqueue it in a transaction on the job database, or outside any "
                     "transaction (outbox=False)",
                 )

@@ -56,6 +56,12 @@ class NewJob:
     #: how many of its jobs may run at once.
     limit_key: str | None = None
     limit_max: int = 0
+    #: The uniqueness key (``limits.Unique.key_for``), None for none; the states it holds in
+    #: (``limits.STATE_BITS``); and whether a conflict replaces the waiting job's input,
+    #: ``run_at`` and priority (debounce) instead of only returning it.
+    unique_key: str | None = None
+    unique_states: int = 0
+    unique_replace: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,6 +57,7 @@ from ultimat3.jobs.clock import SystemClock, utcnow
 from ultimat3.jobs.driver import DatabaseId, Driver, Executor, Joined, StallTracker
 from ultimat3.jobs.errors import ConfigurationError
 from ultimat3.jobs.ids import token
+from ultimat3.jobs.limits import STATE_BITS
 from ultimat3.jobs.records import (
     ACTIVE_STATES,
     FINAL_STATES,
@@ -102,6 +103,9 @@ class MemoryTransaction:
     completions: list[tuple[Lease, datetime]] = field(default_factory=list)
     completed_ids: set[str] = field(default_factory=set)
     limits: dict[str, tuple[str, int]] = field(default_factory=dict)
+    uniques: dict[str, tuple[str, int]] = field(default_factory=dict)
+    #: Debounces of committed jobs, applied at commit if the job still waits then.
+    replaces: list[tuple[str, Job]] = field(default_factory=list)
     open: bool = True
 
 
@@ -128,6 +132,8 @@ class MemoryDriver:
         self._isolated: set[str] = set()  # ids of jobs rescued after their worker died
         self._started: set[str] = set()  # running jobs whose worker recorded their start
         self._limits: dict[str, tuple[str, int]] = {}  # id -> (limit_key, limit_max)
+        self._uniques: dict[str, tuple[str, int]] = {}  # id -> (unique_key, unique_states)
+        self._unique_ids: dict[str, set[str]] = {}  # unique_key -> ids
         self.stalls = StallTracker()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -187,11 +193,18 @@ class MemoryDriver:
             # Another writer committed the key or id since staging: the committed row wins.
             if key in self._keys or job.id in self._jobs:
                 continue
+            unique = tx.uniques.get(job.id)
+            if unique is not None and self._unique_holder(unique[0], None) is not None:
+                continue  # likewise a committed holder of its unique key
             self._put(job)
             self._keys[key] = job.id
             if job.id in tx.limits:
                 self._limits[job.id] = tx.limits[job.id]
+            if unique is not None:
+                self._hold(job.id, unique)
             inserted = True
+        for holder, new in tx.replaces:
+            inserted = self._debounce(holder, new) or inserted
         for lease, now in tx.completions:
             self._complete(lease, now)
         if inserted:
@@ -219,6 +232,18 @@ class MemoryDriver:
                 if new.id in self._jobs or (tx is not None and new.id in tx.keys.values()):
                     raise ValueError(f"job id {new.id} is already stored under another key")
                 job = _new_job(new, at)
+                if new.unique_key is not None:
+                    holder = self._unique_holder(new.unique_key, tx)
+                    if holder is not None:
+                        if new.unique_replace:
+                            self._replace_holder(holder, job, tx)
+                        results.append(InsertResult(holder, deduped=True))
+                        continue
+                    unique = (new.unique_key, new.unique_states)
+                    if tx is None:
+                        self._hold(job.id, unique)
+                    else:
+                        tx.uniques[job.id] = unique
                 limits = self._limits if tx is None else tx.limits
                 if new.limit_key is not None:
                     limits[job.id] = (new.limit_key, new.limit_max)
@@ -232,6 +257,46 @@ class MemoryDriver:
             if tx is None and any(not r.deduped for r in results):
                 self._notify()
             return results
+
+    def _unique_holder(self, key: str, tx: MemoryTransaction | None) -> str | None:
+        """The job holding ``key`` (its state is among its unique states): committed, or
+        staged in ``tx``."""
+        for id_ in self._unique_ids.get(key, ()):
+            if self._uniques[id_][1] & STATE_BITS[self._jobs[id_].state.value]:
+                return id_
+        if tx is not None:
+            for job in tx.inserts:
+                unique = tx.uniques.get(job.id)
+                if (
+                    unique is not None
+                    and unique[0] == key
+                    and unique[1] & STATE_BITS[job.state.value]
+                ):
+                    return job.id
+        return None
+
+    def _hold(self, job_id: str, unique: tuple[str, int]) -> None:
+        self._uniques[job_id] = unique
+        self._unique_ids.setdefault(unique[0], set()).add(job_id)
+
+    def _replace_holder(self, holder: str, new: Job, tx: MemoryTransaction | None) -> None:
+        """Debounce: the holder, if still waiting, takes ``new``'s input, run_at and priority."""
+        if tx is None:
+            if self._debounce(holder, new):
+                self._notify()
+            return
+        for i, job in enumerate(tx.inserts):
+            if job.id == holder:
+                tx.inserts[i] = _debounced(job, new)
+                return
+        tx.replaces.append((holder, new))
+
+    def _debounce(self, holder: str, new: Job) -> bool:
+        job = self._jobs.get(holder)
+        if job is None or job.state not in _WAITING:
+            return False
+        self._put(_debounced(job, new))
+        return True
 
     def job_claim(self, params: ClaimParams) -> list[Job]:
         with self._lock:
@@ -671,6 +736,9 @@ class MemoryDriver:
         self._isolated.discard(job.id)
         self._started.discard(job.id)
         self._limits.pop(job.id, None)
+        unique = self._uniques.pop(job.id, None)
+        if unique is not None:
+            self._unique_ids[unique[0]].discard(job.id)
         self._keys.pop((job.tenant_id, job.idempotency_key), None)
 
 
@@ -682,6 +750,10 @@ def _utc(moment: datetime) -> datetime:
     if moment.tzinfo is None:
         raise ValueError(f"{moment!r} is naive; drivers take timezone-aware UTC datetimes")
     return moment.astimezone(UTC)
+
+
+def _debounced(job: Job, new: Job) -> Job:
+    return replace(job, input=new.input, run_at=new.run_at, state=new.state, priority=new.priority)
 
 
 def _order(job: Job) -> tuple[int, datetime, str]:

@@ -295,6 +295,23 @@ class PostgresDriver:
         self._q["job_claim_isolated"] = self._q["job_claim"].replace(
             b"AND NOT j.isolated", b"AND j.isolated"
         )
+        # A job with a uniqueness window: job_insert_one with its two columns, and DO NOTHING
+        # on any conflict (its idempotency key, or its unique key held: see _insert).
+        unique_one = self._q["job_insert_one"]
+        for old, new in (
+            (b"limit_key, limit_max)", b"limit_key, limit_max, unique_key, unique_states)"),
+            (
+                b"%(limit_key)s, %(limit_max)s\n",
+                b"%(limit_key)s, %(limit_max)s, %(unique_key)s, %(unique_states)s\n",
+            ),
+            (
+                b"ON CONFLICT ((coalesce('=' || tenant_id, '')), idempotency_key) DO",
+                b"ON CONFLICT DO",
+            ),
+        ):
+            assert unique_one.count(old) == 1, old
+            unique_one = unique_one.replace(old, new)
+        self._q["job_insert_unique"] = unique_one
         self._migrations, self._migrate_key = migration_plan(
             sql_files.migrations(_NAME),
             quoted_schema=quoted,
@@ -1054,6 +1071,11 @@ class PostgresDriver:
                     pending.append(i)
                 else:
                     results[i] = InsertResult(found, deduped=True)
+            for i in [i for i in pending if jobs[i].unique_key is not None]:
+                holder = self._unique_holder(conn, jobs[i], now, bounded=bounded)
+                if holder is not None:
+                    pending.remove(i)
+                    results[i] = InsertResult(holder, deduped=True)
             if not pending:
                 break
         if any(result is None for result in results):
@@ -1072,7 +1094,7 @@ class PostgresDriver:
         row that conflicts, returns None having written nothing, and the caller takes the
         ON CONFLICT path, which dedupes. Runs inside the caller's transaction."""
         if len({(j.tenant_id, j.idempotency_key) for j in jobs}) != len(jobs) or any(
-            j.limit_key is not None for j in jobs
+            j.limit_key is not None or j.unique_key is not None for j in jobs
         ):
             return None
         row = self._exec(conn, self._q["clock"], {"now": now}).fetchone()
@@ -1140,9 +1162,14 @@ class PostgresDriver:
     ) -> list[Row]:
         query: bytes
         params: dict[str, Any]
+        if len(jobs) > 1 and any(j.unique_key is not None for j in jobs):
+            # One by one: each unique key is resolved by its own statement.
+            return [
+                row for j in jobs for row in self._execute_insert(conn, [j], now, bounded=bounded)
+            ]
         if len(jobs) == 1:
             [j] = jobs
-            query = self._q["job_insert_one"]
+            query = self._q["job_insert_one" if j.unique_key is None else "job_insert_unique"]
             params = {
                 "id": j.id,
                 "name": j.name,
@@ -1158,6 +1185,8 @@ class PostgresDriver:
                 "channel": self._channel,
                 "limit_key": j.limit_key,
                 "limit_max": j.limit_max,
+                "unique_key": j.unique_key,
+                "unique_states": j.unique_states,
             }
         else:
             rows = [
@@ -1192,6 +1221,30 @@ class PostgresDriver:
                 f"PostgreSQL refused the job: {_first_line(exc)}",
                 fix="pass the JSON text the serializer made, and numbers that fit in 32 bits",
             ) from None
+
+    def _unique_holder(
+        self, conn: Conn, job: NewJob, now: datetime | None, *, bounded: bool
+    ) -> str | None:
+        """The job holding ``job``'s unique key, debounced to ``job`` first when it asks to
+        replace (see ``job_debounce``); None when the key is free again (insert once more)."""
+        row = self._exec(
+            conn, self._q["job_unique_holder"], {"key": job.unique_key}, bounded=bounded
+        ).fetchone()
+        if row is None:
+            return None
+        holder: str = row[0]
+        if job.unique_replace:
+            params = {
+                "id": holder,
+                "input": job.input,
+                "priority": job.priority,
+                "run_at": job.run_at,
+                "delay": job.delay,
+                "now": now,
+                "channel": self._channel,
+            }
+            self._exec(conn, self._q["job_debounce"], params, bounded=bounded)
+        return holder
 
     def _ids_by_key(
         self, conn: Conn, jobs: Sequence[NewJob], *, bounded: bool

@@ -1074,7 +1074,7 @@ class SqliteDriver:
 def _insert(
     conn: sqlite3.Connection, jobs: Sequence[NewJob], rows: list[tuple[Any, ...]]
 ) -> list[InsertResult]:
-    if len(rows) > 1:
+    if len(rows) > 1 and not any(job.unique_key is not None for job in jobs):
         conn.execute(f"SAVEPOINT {_SAVEPOINT}_insert")
         try:
             if conn.executemany(_INSERT, rows).rowcount == len(rows):
@@ -1090,8 +1090,13 @@ def _insert(
 
 
 def _insert_one(conn: sqlite3.Connection, job: NewJob, row: tuple[Any, ...]) -> InsertResult:
+    unique = job.unique_key is not None
     try:
-        inserted = conn.execute(_INSERT, row).rowcount == 1
+        if unique:
+            row = (*row, job.unique_key, job.unique_states)
+            inserted = conn.execute(_Q["job_insert_unique"], row).rowcount == 1
+        else:
+            inserted = conn.execute(_INSERT, row).rowcount == 1
     except sqlite3.IntegrityError as exc:
         if "x_jobs.id" in str(exc):
             raise ValueError(f"job id {job.id} is already stored under another key") from exc
@@ -1099,6 +1104,12 @@ def _insert_one(conn: sqlite3.Connection, job: NewJob, row: tuple[Any, ...]) -> 
     if inserted:
         return InsertResult(job.id, False)
     found = conn.execute(_Q["job_id_by_key"], {"tenant_id": row[1], "key": row[5]}).fetchone()
+    if found is None and unique:
+        # The unique key is held (the write lock is ours: the holder cannot move meanwhile).
+        found = conn.execute(_Q["job_unique_holder"], {"key": job.unique_key}).fetchone()
+        if found is not None and job.unique_replace:
+            args = {"id": found[0], "input": row[4], "run_at": row[9], "priority": row[6]}
+            conn.execute(_Q["job_debounce"], {**args, "now": row[10]})
     return InsertResult(found[0], True)
 
 

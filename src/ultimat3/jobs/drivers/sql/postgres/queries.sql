@@ -99,6 +99,35 @@ WITH inserted AS (
 )
 SELECT id, CASE WHEN state = 'available' THEN pg_notify(%(channel)s, queue) END FROM inserted
 
+-- name: job_unique_holder
+-- The job holding a unique key (limits.Unique): the predicate of x_jobs_unique_idx.
+SELECT id FROM {schema}.x_jobs
+WHERE unique_key = %(key)s
+  AND unique_key IS NOT NULL
+  AND (unique_states & CASE state WHEN 'scheduled' THEN 1 WHEN 'available' THEN 2
+                                  WHEN 'running' THEN 4 WHEN 'completed' THEN 8
+                                  WHEN 'dead' THEN 16 ELSE 32 END) <> 0
+
+-- name: job_debounce
+-- on_conflict="replace": the holder, if it still waits, takes the new input, run_at and
+-- priority (a conditional write: a holder claimed meanwhile is left as it is).
+WITH changed AS (
+    UPDATE {schema}.x_jobs j
+    SET input = %(input)s::json,
+        priority = %(priority)s,
+        run_at = coalesce(%(run_at)s::timestamptz,
+                          coalesce(%(now)s::timestamptz, now()) + %(delay)s::interval,
+                          %(now)s::timestamptz, now()),
+        state = CASE WHEN coalesce(%(run_at)s::timestamptz,
+                                   coalesce(%(now)s::timestamptz, now()) + %(delay)s::interval)
+                          > coalesce(%(now)s::timestamptz, now())
+                     THEN 'scheduled' ELSE 'available' END
+    WHERE j.id = %(id)s AND j.state IN ('scheduled', 'available')
+    RETURNING j.queue, j.state
+)
+SELECT count(*), count(CASE WHEN state = 'available' THEN pg_notify(%(channel)s, queue) END)
+FROM changed
+
 -- name: clock
 SELECT coalesce(%(now)s::timestamptz, now())
 

@@ -22,6 +22,40 @@ INSERT INTO x_jobs (id, tenant_id, name, queue, input, idempotency_key, priority
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (idempotency_key, tenant_id IS NULL, ifnull(tenant_id, '')) DO NOTHING;
 
+-- name: job_insert_unique
+-- job_insert for a job with a uniqueness window (limits.Unique): a second conflict target, the
+-- partial index x_jobs_unique, whose predicate is repeated here word for word.
+INSERT INTO x_jobs (id, tenant_id, name, queue, input, idempotency_key, priority, state,
+                    max_attempts, run_at, created_at, limit_key, limit_max,
+                    unique_key, unique_states)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (idempotency_key, tenant_id IS NULL, ifnull(tenant_id, '')) DO NOTHING
+ON CONFLICT (unique_key)
+    WHERE unique_key IS NOT NULL
+      AND (unique_states & CASE state WHEN 'scheduled' THEN 1 WHEN 'available' THEN 2
+                                      WHEN 'running' THEN 4 WHEN 'completed' THEN 8
+                                      WHEN 'dead' THEN 16 ELSE 32 END) <> 0
+DO NOTHING;
+
+-- name: job_unique_holder
+-- The job holding a unique key: read in the insert's write transaction, so nothing moves
+-- between the refused insert and this read.
+SELECT id FROM x_jobs
+WHERE unique_key = :key
+  AND unique_key IS NOT NULL
+  AND (unique_states & CASE state WHEN 'scheduled' THEN 1 WHEN 'available' THEN 2
+                                  WHEN 'running' THEN 4 WHEN 'completed' THEN 8
+                                  WHEN 'dead' THEN 16 ELSE 32 END) <> 0;
+
+-- name: job_debounce
+-- on_conflict="replace": the waiting holder takes the new input, run_at and priority.
+UPDATE x_jobs
+SET input = :input,
+    run_at = :run_at,
+    priority = :priority,
+    state = CASE WHEN :run_at > :now THEN 'scheduled' ELSE 'available' END
+WHERE id = :id AND state IN ('scheduled', 'available');
+
 -- name: job_id_by_key
 SELECT id FROM x_jobs WHERE idempotency_key = :key AND tenant_id IS :tenant_id;
 

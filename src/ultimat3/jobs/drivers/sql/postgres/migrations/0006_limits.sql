@@ -19,3 +19,16 @@ CREATE INDEX x_jobs_claim_limited_idx
 -- The running jobs of a key: the count that says whether a slot is free.
 CREATE INDEX x_jobs_limit_running_idx ON {schema}.x_jobs (limit_key, lease_expires_at)
     WHERE state = 'running' AND limit_key IS NOT NULL;
+
+-- Uniqueness windows (limits.Unique): unique_key, NULL for none, and the states in which a job
+-- holds its key (bits as limits.STATE_BITS). The index's predicate reads the row's state, so a
+-- job that leaves those states frees its key in the same write. INSERT ... ON CONFLICT must
+-- repeat this predicate word for word.
+ALTER TABLE {schema}.x_jobs ADD COLUMN unique_key text COLLATE "C";
+ALTER TABLE {schema}.x_jobs ADD COLUMN unique_states integer NOT NULL DEFAULT 0;
+
+CREATE UNIQUE INDEX x_jobs_unique_idx ON {schema}.x_jobs (unique_key)
+    WHERE unique_key IS NOT NULL
+      AND (unique_states & CASE state WHEN 'scheduled' THEN 1 WHEN 'available' THEN 2
+                                      WHEN 'running' THEN 4 WHEN 'completed' THEN 8
+                                      WHEN 'dead' THEN 16 ELSE 32 END) <> 0;

@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any
 
-from ultimat3.jobs import App, Limit, job
+from ultimat3.jobs import App, Limit, Rate, job
 
 LEDGER = os.environ.get("LIMIT_LEDGER", "")
 
@@ -32,6 +32,11 @@ def per_account(input: dict[str, Any]) -> None:
 @job(concurrency=Limit(3))
 def whole_job(input: dict[str, Any]) -> None:
     _ran("whole_job", time.time(), float(input["sleep"]))
+
+
+@job(rate=Rate(5, per="1s"))
+def rated(input: dict[str, Any]) -> None:
+    _ran("rated", time.time(), float(input["sleep"]))
 
 
 @job

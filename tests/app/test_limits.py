@@ -106,18 +106,28 @@ def test_six_worker_processes_never_exceed_the_limits(
     )
     limit_app.enqueue_many(limitjobs.whole_job, [{"sleep": 0.05} for _ in range(30)])
     limit_app.enqueue_many(limitjobs.unlimited, [{"sleep": 0.05} for _ in range(30)])
+    limit_app.enqueue_many(limitjobs.rated, [{"sleep": 0.01} for _ in range(20)])
     procs = workers()
-    wait_until(lambda: limit_app.count_jobs(state="completed") == 120, 180, "every job to complete")
+    wait_until(lambda: limit_app.count_jobs(state="completed") == 140, 180, "every job to complete")
     rows = read_ledger(env)
-    assert len(rows) == 120
+    assert len(rows) == 140
     peaks = {
         partition: max_overlap([(s, e) for p, _, s, e in rows if p == partition])
         for partition in {p for p, _, _, _ in rows}
     }
     print("max overlap per partition:", dict(sorted(peaks.items())))
+    starts = sorted(s for p, _, s, _ in rows if p == "rated")
+    # At most 5 starts per second: a handler starts a little after its claim, so any window
+    # somewhat shorter than the second holds at most 5 handler starts.
+    busiest = max(sum(1 for t in starts if s <= t < s + 0.9) for s in starts)
+    span = starts[-1] - starts[0]
+    print(f"rated: busiest 0.9 s window {busiest} starts; 20 starts over {span:.2f} s")
+    assert busiest <= 5, starts
+    assert span >= 2.9, f"20 starts at 5 per second take at least 3 windows, not {span:.2f} s"
     for account in ("account=0", "account=1", "account=2"):
         assert peaks[account] <= 2, peaks
     assert peaks["whole_job"] <= 3, peaks
+    del peaks["rated"]
     # The limits bound what runs together, not what runs at all: work spread over processes.
     assert len({pid for _, pid, _, _ in rows}) >= 2
     assert max(peaks.values()) >= 2, f"nothing ran in parallel: {peaks}"

@@ -10,8 +10,8 @@ from dataclasses import replace
 from datetime import timedelta
 
 from ultimat3.jobs.driver import Driver
-from ultimat3.jobs.limits import KEYS_PER_CLAIM
-from ultimat3.jobs.records import ClaimParams, Cycle, Job, JobState, NewJob
+from ultimat3.jobs.limits import KEYS_PER_CLAIM, NO_LIMIT
+from ultimat3.jobs.records import ClaimParams, Cycle, CycleResult, Job, JobState, NewJob
 
 from .helpers import LEASE, at, fail, get, insert, new_job
 
@@ -179,3 +179,55 @@ def test_a_lease_for_longer_than_the_claim_is_still_counted(driver: Driver) -> N
     )
     assert len(driver.job_claim(params)) == 1
     assert driver.job_claim(replace(params, now=at(600))) == []
+
+
+def rated(key: str, most: int, per_seconds: float, **options: object) -> NewJob:
+    return replace(
+        new_job(**options),  # type: ignore[arg-type]
+        limit_key=key,
+        limit_max=NO_LIMIT,
+        rate_max=most,
+        rate_period=timedelta(seconds=per_seconds),
+    )
+
+
+def cycle_limited(driver: Driver, seconds: float, limit: int = 10) -> CycleResult:
+    params = ClaimParams(
+        queues=("default",),
+        limit=limit,
+        lease_for=LEASE,
+        worker_id="w",
+        now=at(seconds),
+        limited=True,
+    )
+    return driver.job_cycle(Cycle(claim=params), now=at(seconds))
+
+
+def test_a_rate_limit_counts_starts_in_a_sliding_window(driver: Driver) -> None:
+    jobs = [rated("api", 3, 10) for _ in range(8)]
+    insert(driver, *jobs)
+    first = cycle_limited(driver, 1)
+    assert len(first.claimed) == 3
+    assert first.wake_at is None or first.wake_at == at(11)
+    for job in first.claimed:
+        driver.job_complete_many([job.lease], now=at(2))
+    held = cycle_limited(driver, 5)
+    assert held.claimed == [], "completed jobs still count: they started in the window"
+    assert held.wake_at == at(11), "the window reopens when its oldest start leaves it"
+    assert cycle_limited(driver, 10.5).claimed == []
+    assert len(cycle_limited(driver, 11.5).claimed) == 3
+    [job] = cycle_limited(driver, 30, limit=1).claimed
+    assert job.attempt == 1, "no attempt was spent waiting"
+
+
+def test_a_rate_and_a_concurrency_limit_together(driver: Driver) -> None:
+    both = [replace(rated("k", 2, 60), limit_max=1) for _ in range(4)]
+    insert(driver, *both)
+    [job] = cycle_limited(driver, 1).claimed
+    blocked = cycle_limited(driver, 2)
+    assert blocked.claimed == [] and blocked.wake_at is None, "held by concurrency, not rate"
+    driver.job_complete_many([job.lease], now=at(3))
+    [second] = cycle_limited(driver, 4).claimed
+    driver.job_complete_many([second.lease], now=at(5))
+    held = cycle_limited(driver, 6)
+    assert held.claimed == [] and held.wake_at == at(61)

@@ -28,7 +28,7 @@ from ultimat3.jobs.errors import (
     SerializationError,
 )
 from ultimat3.jobs.job import Cancel, EnqueueResult, JobContext, JobHandle, Snooze, job
-from ultimat3.jobs.limits import Limit
+from ultimat3.jobs.limits import Limit, Rate, Unique
 from ultimat3.jobs.records import DEFAULT_QUEUE, AttemptError, Job, JobState, QueueInfo
 from ultimat3.jobs.retry import DEFAULT_RETRY, Retry, next_retry, retry_schedule
 from ultimat3.jobs.serialization import DATE, DATETIME, DECIMAL, UUID, Codec
@@ -64,12 +64,14 @@ __all__ = [
     "OutboxNoTxError",
     "PayloadTooLargeError",
     "QueueInfo",
+    "Rate",
     "RegistrationError",
     "Retry",
     "SerializationError",
     "Snooze",
     "SystemClock",
     "TaskHandle",
+    "Unique",
     "Worker",
     "job",
     "next_retry",

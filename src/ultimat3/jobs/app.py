@@ -421,7 +421,9 @@ class App(Enqueuer):
             clock=self.clock,
             app=self,
             config=config,
-            limited=any(h.concurrency is not None for h in self.registry.jobs.values()),
+            limited=any(
+                h.concurrency is not None or h.rate is not None for h in self.registry.jobs.values()
+            ),
         )
 
     def scheduler(

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError, RegistrationError
-from ultimat3.jobs.limits import Limit, Unique
+from ultimat3.jobs.limits import Limit, Rate, Unique
 from ultimat3.jobs.records import DEFAULT_QUEUE, EnqueueResult
 from ultimat3.jobs.retry import DEFAULT_RETRY, Retry
 from ultimat3.jobs.serialization import input_type
@@ -167,6 +167,7 @@ class JobHandle(Generic[InputT]):
         priority: int = 0,
         concurrency: Limit | None = None,
         unique: Unique | None = None,
+        rate: Rate | None = None,
     ) -> None:
         if not callable(fn):
             raise ConfigurationError(
@@ -207,6 +208,19 @@ class JobHandle(Generic[InputT]):
                 fix='write unique=Unique() or Unique(period="1h", key=lambda o: o["user"])',
             )
         self.unique = unique
+        if rate is not None and not isinstance(rate, Rate):
+            raise ConfigurationError(
+                f"rate= must be a Rate, got {type(rate).__name__}",
+                fix='write rate=Rate(100, per="1m")',
+            )
+        if rate is not None and concurrency is not None and (rate.key, rate.scope) != (None, "job"):
+            raise ConfigurationError(
+                "rate= names its own partition, but a job with concurrency= counts its starts "
+                "in the concurrency partition",
+                fix="drop key= and scope= from the Rate (it counts per concurrency key); two "
+                "partitions on one job are not supported yet",
+            )
+        self.rate = rate
         self.is_async = inspect.iscoroutinefunction(fn)
         self.input_type = input_type(fn)
         self.wants_context = _wants_context(fn)
@@ -293,6 +307,7 @@ def job(
     priority: int = 0,
     concurrency: Limit | None = None,
     unique: Unique | None = None,
+    rate: Rate | None = None,
 ) -> Callable[[F], JobHandle[Any]]: ...
 
 
@@ -308,6 +323,7 @@ def job(
     priority: int = 0,
     concurrency: Limit | None = None,
     unique: Unique | None = None,
+    rate: Rate | None = None,
 ) -> JobHandle[Any] | Callable[[F], JobHandle[Any]]:
     """Define a job: ``@job`` or ``@job(queue="mail", retry=Retry(attempts=5))``.
 
@@ -315,7 +331,8 @@ def job(
     or pydantic model when annotated so) and, optionally, a ``JobContext`` second. ``def``
     handlers run on the worker's threads, ``async def`` handlers on its event loop.
     ``concurrency=Limit(...)`` bounds how many run at once across every worker, and
-    ``unique=Unique(...)`` how many may exist at once (``limits``).
+    ``rate=Rate(...)`` how many start per period, and ``unique=Unique(...)`` how many may exist
+    at once (``limits``).
     """
 
     def wrap(f: Callable[..., Any]) -> JobHandle[Any]:
@@ -329,6 +346,7 @@ def job(
             priority=priority,
             concurrency=concurrency,
             unique=unique,
+            rate=rate,
         )
 
     if fn is not None:

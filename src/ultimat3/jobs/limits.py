@@ -68,7 +68,7 @@ from typing import Any, Literal
 from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError
 
-__all__ = ["KEYS_PER_CLAIM", "LIMIT_KEY_LIMIT", "STATE_BITS", "Limit", "Unique"]
+__all__ = ["KEYS_PER_CLAIM", "LIMIT_KEY_LIMIT", "NO_LIMIT", "STATE_BITS", "Limit", "Rate", "Unique"]
 
 #: How many distinct keys one claim looks at, per queue (step 1 above).
 KEYS_PER_CLAIM = 32
@@ -76,6 +76,8 @@ KEYS_PER_CLAIM = 32
 LIMIT_KEY_LIMIT = 300
 #: A generous ceiling: a limit above it is no limit worth a claim's count.
 _MAX = 100_000
+#: The stored concurrency maximum of a job that has only a rate limit.
+NO_LIMIT = _MAX
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,3 +270,49 @@ class Unique:
             seconds = self._period.total_seconds()
             stored += f"@{int(now.timestamp() // seconds)}"
         return stored
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """At most ``max`` starts per ``per`` (a sliding window), across every worker.
+
+    ``@job(rate=Rate(100, per="1m"))``: a claim counts the starts of the partition within the
+    last ``per`` (the ``attempted_at`` of its jobs, kept in the jobs table itself) and skips
+    what would exceed ``max``; the skipped jobs wait without losing an attempt, and the worker
+    is woken when the window reopens. The partition is the job's concurrency partition when it
+    has one (``concurrency=Limit(...)``); otherwise ``key`` and ``scope`` name it the way
+    ``Limit``'s ``key`` and ``per`` do. A retried job counts its latest start only, and finished
+    rows must outlive the window (``retention`` longer than ``per``).
+    """
+
+    max: int
+    per: DurationInput
+    key: Callable[[Any], object] | str | None = None
+    scope: str = "job"
+    _period: timedelta = field(init=False, repr=False, compare=False, default=timedelta(0))
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max, bool) or not isinstance(self.max, int) or not 1 <= self.max <= _MAX:
+            raise ConfigurationError(
+                f"Rate(max={self.max!r}) is not valid",
+                fix=f'pass an int from 1 to {_MAX}: how many may start per period, e.g. Rate(100, per="1m")',
+            )
+        period = to_timedelta(self.per, name="per")
+        if period < timedelta(milliseconds=1):
+            raise ConfigurationError(
+                f"Rate(per={self.per!r}) is not valid",
+                fix='pass a period of at least 1ms, e.g. per="1s" or per="1m"',
+            )
+        object.__setattr__(self, "_period", period)
+        Limit(1, key=self.key, per=self.scope)  # the same checks of key and scope
+
+    @property
+    def period(self) -> timedelta:
+        return self._period
+
+    def as_limit(self) -> Limit:
+        """The partition it counts in, as a ``Limit`` without a concurrency cap."""
+        return Limit(NO_LIMIT, key=self.key, per=self.scope)
+
+    def describe(self) -> str:
+        return f"{self.max} starts per {self.per}"

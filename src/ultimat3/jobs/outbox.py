@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from ultimat3.jobs.driver import DatabaseId, Driver, Joined, current_tx
@@ -137,7 +137,8 @@ def build_job(
             f"max_attempts={attempts!r} is not valid", fix=f"use an int from 1 to {MAX_ATTEMPTS}"
         )
     queue = check_queue_name(options.queue) if options.queue is not None else handle.queue
-    limit = handle.concurrency
+    rate = handle.rate
+    limit = handle.concurrency or (rate.as_limit() if rate is not None else None)
     limit_key = None
     if limit is not None:
         limit_key = limit.key_for(job=handle.name, queue=queue, input=input, tenant_id=tenant)
@@ -160,6 +161,8 @@ def build_job(
         delay=delay,
         limit_key=limit_key,
         limit_max=0 if limit is None else limit.max,
+        rate_max=0 if rate is None else rate.max,
+        rate_period=timedelta(0) if rate is None else rate.period,
         unique_key=unique_key,
         unique_states=0 if unique is None else unique.mask,
         unique_replace=unique is not None and unique.on_conflict == "replace",

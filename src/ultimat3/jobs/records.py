@@ -56,6 +56,9 @@ class NewJob:
     #: how many of its jobs may run at once.
     limit_key: str | None = None
     limit_max: int = 0
+    #: At most ``rate_max`` starts of the partition per ``rate_period`` (0: no rate limit).
+    rate_max: int = 0
+    rate_period: timedelta = timedelta(0)
     #: The uniqueness key (``limits.Unique.key_for``), None for none; the states it holds in
     #: (``limits.STATE_BITS``); and whether a conflict replaces the waiting job's input,
     #: ``run_at`` and priority (debounce) instead of only returning it.
@@ -297,3 +300,6 @@ class CycleResult:
     completed: set[str] = field(default_factory=set)
     failed: set[str] = field(default_factory=set)
     claimed: list[Job] = field(default_factory=list)
+    #: With limits: when a due job held back by a full rate window may next be claimed (the
+    #: worker's wait ends then at the latest); None when nothing waits on a rate limit.
+    wake_at: datetime | None = None

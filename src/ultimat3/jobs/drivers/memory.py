@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ultimat3.jobs.clock import SystemClock, utcnow
 from ultimat3.jobs.driver import DatabaseId, Driver, Executor, Joined, StallTracker
@@ -90,6 +90,16 @@ _ADOPT_FIX = (
 )
 
 
+class _Flow(NamedTuple):
+    """A job's limits: its partition, how many may run at once, and how many may start per
+    ``rate_period`` (0: no rate limit)."""
+
+    key: str
+    most: int
+    rate_max: int
+    rate_period: timedelta
+
+
 @dataclass(eq=False)
 class MemoryTransaction:
     """A staging buffer for one memory transaction: the executor ``transaction()`` yields.
@@ -102,7 +112,7 @@ class MemoryTransaction:
     keys: dict[_Key, str] = field(default_factory=dict)
     completions: list[tuple[Lease, datetime]] = field(default_factory=list)
     completed_ids: set[str] = field(default_factory=set)
-    limits: dict[str, tuple[str, int]] = field(default_factory=dict)
+    limits: dict[str, _Flow] = field(default_factory=dict)
     uniques: dict[str, tuple[str, int]] = field(default_factory=dict)
     #: Debounces of committed jobs, applied at commit if the job still waits then.
     replaces: list[tuple[str, Job]] = field(default_factory=list)
@@ -131,7 +141,7 @@ class MemoryDriver:
         self._identity = DatabaseId("memory", (id(self),), "memory://")
         self._isolated: set[str] = set()  # ids of jobs rescued after their worker died
         self._started: set[str] = set()  # running jobs whose worker recorded their start
-        self._limits: dict[str, tuple[str, int]] = {}  # id -> (limit_key, limit_max)
+        self._limits: dict[str, _Flow] = {}  # the jobs with a limit
         self._uniques: dict[str, tuple[str, int]] = {}  # id -> (unique_key, unique_states)
         self._unique_ids: dict[str, set[str]] = {}  # unique_key -> ids
         self.stalls = StallTracker()
@@ -246,7 +256,9 @@ class MemoryDriver:
                         tx.uniques[job.id] = unique
                 limits = self._limits if tx is None else tx.limits
                 if new.limit_key is not None:
-                    limits[job.id] = (new.limit_key, new.limit_max)
+                    limits[job.id] = _Flow(
+                        new.limit_key, new.limit_max, new.rate_max, new.rate_period
+                    )
                 if tx is None:
                     self._put(job)
                     self._keys[key] = job.id
@@ -303,6 +315,12 @@ class MemoryDriver:
             return self._claim(params, started=False)
 
     def _claim(self, params: ClaimParams, *, started: bool) -> list[Job]:
+        return self._claim_until(params, started=started)[0]
+
+    def _claim_until(
+        self, params: ClaimParams, *, started: bool
+    ) -> tuple[list[Job], datetime | None]:
+        """The claimed jobs, and when a job held back by a rate limit may be claimed."""
         at = _now(params.now)
         queues = set(params.queues)
         due = (
@@ -314,8 +332,9 @@ class MemoryDriver:
             and (job.id in self._isolated) is params.isolated
             and (params.limited or job.id not in self._limits)
         )
+        wake_at = None
         if params.limited:
-            best = self._within_limits(sorted(due, key=_order), max(0, params.limit), at)
+            best, wake_at = self._within_limits(sorted(due, key=_order), max(0, params.limit), at)
         else:
             best = heapq.nsmallest(max(0, params.limit), due, key=_order)
         claimed: list[Job] = []
@@ -334,30 +353,48 @@ class MemoryDriver:
             if started:
                 self._started.add(running.id)
             claimed.append(running)
-        return claimed
+        return claimed, wake_at
 
-    def _within_limits(self, due: list[Job], limit: int, at: datetime) -> list[Job]:
+    def _within_limits(
+        self, due: list[Job], limit: int, at: datetime
+    ) -> tuple[list[Job], datetime | None]:
         """The first ``limit`` of ``due`` (in claim order) that fit their key's free slots: a
-        slot is held by a running job of the key whose lease has not expired."""
-        running: Counter[str] = Counter(
-            self._limits[job.id][0]
-            for job in self._jobs.values()
-            if job.state is JobState.RUNNING
-            and job.id in self._limits
-            and job.lease_expires_at is not None
-            and job.lease_expires_at > at
-        )
+        slot is held by a running job of the key whose lease has not expired, and, under a
+        rate limit, by each start within the window. Also when the first window held full
+        reopens (its oldest start leaves it)."""
+        running: Counter[str] = Counter()
+        starts: dict[str, list[datetime]] = {}
+        for job in self._jobs.values():
+            flow = self._limits.get(job.id)
+            if flow is None:
+                continue
+            if (
+                job.state is JobState.RUNNING
+                and job.lease_expires_at is not None
+                and job.lease_expires_at > at
+            ):
+                running[flow.key] += 1
+            if job.attempted_at is not None:
+                starts.setdefault(flow.key, []).append(job.attempted_at)
         best: list[Job] = []
+        wake_at: datetime | None = None
         for job in due:
             if len(best) >= limit:
                 break
-            if job.id in self._limits:
-                key, most = self._limits[job.id]
-                if running[key] >= most:
+            flow = self._limits.get(job.id)
+            if flow is not None:
+                if running[flow.key] >= flow.most:
                     continue
-                running[key] += 1
+                if flow.rate_max:
+                    recent = [t for t in starts.get(flow.key, ()) if t > at - flow.rate_period]
+                    if len(recent) >= flow.rate_max:
+                        opens = min(recent) + flow.rate_period
+                        wake_at = opens if wake_at is None else min(wake_at, opens)
+                        continue
+                    starts.setdefault(flow.key, []).append(at)
+                running[flow.key] += 1
             best.append(job)
-        return best
+        return best, wake_at
 
     def lease_extend(
         self, leases: Sequence[Lease], lease_for: timedelta, *, now: datetime | None = None
@@ -426,10 +463,11 @@ class MemoryDriver:
         with self._lock:  # one lock: no reader can tell the parts apart from one transaction
             completed = {lease.id for lease in cycle.completes if self._complete(lease, at)}
             failed = self._fail(cycle.failures, at)
-            claimed = []
+            claimed: list[Job] = []
+            wake_at = None
             if cycle.claims is not None:
-                claimed = self._claim(cycle.claims, started=True)
-        return CycleResult(completed, failed, claimed)
+                claimed, wake_at = self._claim_until(cycle.claims, started=True)
+        return CycleResult(completed, failed, claimed, wake_at)
 
     def job_release_unstarted(self, *, now: datetime | None = None) -> list[str]:
         at = _now(now)

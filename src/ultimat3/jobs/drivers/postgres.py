@@ -91,6 +91,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -299,10 +300,10 @@ class PostgresDriver:
         # on any conflict (its idempotency key, or its unique key held: see _insert).
         unique_one = self._q["job_insert_one"]
         for old, new in (
-            (b"limit_key, limit_max)", b"limit_key, limit_max, unique_key, unique_states)"),
+            (b"rate_period)\n", b"rate_period, unique_key, unique_states)\n"),
             (
-                b"%(limit_key)s, %(limit_max)s\n",
-                b"%(limit_key)s, %(limit_max)s, %(unique_key)s, %(unique_states)s\n",
+                b"%(rate_period)s\n",
+                b"%(rate_period)s, %(unique_key)s, %(unique_states)s\n",
             ),
             (
                 b"ON CONFLICT ((coalesce('=' || tenant_id, '')), idempotency_key) DO",
@@ -547,14 +548,17 @@ class PostgresDriver:
         }
         return [(self._q["job_limit_lock"], lock), (self._q["job_claim_limited"], claim)]
 
-    def _advance(self, params: ClaimParams, lock_rows: list[Row]) -> None:
-        """Move the key cursor past the keys a limited claim looked at (``job_limit_lock``)."""
-        if params.limited and lock_rows:
-            _, fwd_last, back_last = lock_rows[0]
-            if back_last is not None:
-                self._after = back_last
-            elif fwd_last is not None:
-                self._after = fwd_last
+    def _advance(self, params: ClaimParams, lock_rows: list[Row]) -> datetime | None:
+        """Move the key cursor past the keys a limited claim looked at (``job_limit_lock``);
+        return when a full rate window reopens."""
+        if not (params.limited and lock_rows):
+            return None
+        _, fwd_last, back_last, wake_at = lock_rows[0]
+        if back_last is not None:
+            self._after = back_last
+        elif fwd_last is not None:
+            self._after = fwd_last
+        return wake_at  # type: ignore[no-any-return]
 
     def _claim_query(self, params: ClaimParams, *, started: bool) -> tuple[bytes, dict[str, Any]]:
         """The claim statement for ``params`` and its parameters: one queue has its own,
@@ -605,6 +609,7 @@ class PostgresDriver:
             steps.extend(self._claim_steps(claim, started=True))
         rows = self._pipelined(steps)
         result = CycleResult()
+        wake_at = None
         at = 1 if relaxed else 0
         for changed, present in (
             (result.completed, cycle.completes),
@@ -615,10 +620,10 @@ class PostgresDriver:
                 at += 1
         if claim is not None:
             if claim.limited:
-                self._advance(claim, rows[at])
+                wake_at = self._advance(claim, rows[at])
                 at += 1
             result.claimed.extend(_job(row) for row in rows[at])
-        return result
+        return replace(result, wake_at=wake_at) if wake_at is not None else result
 
     def job_release_unstarted(self, *, now: datetime | None = None) -> list[str]:
         rows = self._fetch("job_release_unstarted", {"now": now, "channel": self._channel})
@@ -1185,6 +1190,8 @@ class PostgresDriver:
                 "channel": self._channel,
                 "limit_key": j.limit_key,
                 "limit_max": j.limit_max,
+                "rate_max": j.rate_max,
+                "rate_period": j.rate_period // _MICROSECOND,
                 "unique_key": j.unique_key,
                 "unique_states": j.unique_states,
             }
@@ -1203,6 +1210,8 @@ class PostgresDriver:
                     None if j.delay is None else f"{j.delay // _MICROSECOND} microseconds",
                     j.limit_key,
                     j.limit_max,
+                    j.rate_max,
+                    j.rate_period // _MICROSECOND,
                 ]
                 for j in jobs
             ]

@@ -758,12 +758,14 @@ class SqliteDriver:
             now_us,
             job.limit_key,
             job.limit_max,
+            job.rate_max,
+            job.rate_period // MICROSECOND,
         )
 
     def job_claim(self, params: ClaimParams) -> list[Job]:
         if params.limit <= 0 or not params.queues:
             return []
-        return self._write(lambda conn: _claim(conn, params, started=False, after=self._after))
+        return self._write(lambda conn: _claim(conn, params, started=False, after=self._after)[0])
 
     def job_cycle(self, cycle: Cycle, *, now: datetime | None = None) -> CycleResult:
         now_us = _now_us(now)
@@ -774,14 +776,17 @@ class SqliteDriver:
         claim = cycle.claims
 
         def body(conn: sqlite3.Connection) -> CycleResult:
-            result = CycleResult()
+            completed: set[str] = set()
+            failed: set[str] = set()
             if done_rows:
-                result.completed.update(_apply_each(conn, _COMPLETE, done_rows, done_ids))
+                completed = _apply_each(conn, _COMPLETE, done_rows, done_ids)
             if fail_rows:
-                result.failed.update(_apply_each(conn, _Q["job_fail"], fail_rows, fail_ids))
+                failed = _apply_each(conn, _Q["job_fail"], fail_rows, fail_ids)
+            claimed: list[Job] = []
+            wake_at = None
             if claim is not None:
-                result.claimed.extend(_claim(conn, claim, started=True, after=self._after))
-            return result
+                claimed, wake_at = _claim(conn, claim, started=True, after=self._after)
+            return CycleResult(completed, failed, claimed, wake_at)
 
         if not (cycle.writes or claim is not None):
             return CycleResult()
@@ -1149,9 +1154,10 @@ def _apply_each(
 
 def _claim(
     conn: sqlite3.Connection, params: ClaimParams, *, started: bool, after: dict[str, str]
-) -> list[Job]:
-    """Claim for ``params`` in the open transaction, marking the jobs ``started`` or not.
-    ``after`` holds the per-queue key cursor of limited claims, and is advanced."""
+) -> tuple[list[Job], datetime | None]:
+    """Claim for ``params`` in the open transaction, marking the jobs ``started`` or not; and
+    when a job held back by a rate limit may be claimed. ``after`` holds the per-queue key
+    cursor of limited claims, and is advanced."""
     now_us = _now_us(params.now)
     args: dict[str, Any] = {
         "now": now_us,
@@ -1162,15 +1168,16 @@ def _claim(
         "started": int(started),
     }
     queues = sorted(set(params.queues))
+    wake: list[int] = []
     if len(queues) == 1 and not params.isolated and not params.limited:
         args["queue"] = queues[0]
         rows = conn.execute(_CLAIM_QUEUE, args).fetchall()
     else:
         args["isolated"] = int(params.isolated)
-        rows = _claim_queues(conn, queues, args, after if params.limited else None)
+        rows = _claim_queues(conn, queues, args, after if params.limited else None, wake)
     jobs = [_job(row) for row in rows]
     jobs.sort(key=_claim_order)
-    return jobs
+    return jobs, (_dt(min(wake)) if wake else None)
 
 
 def _claim_queues(
@@ -1178,8 +1185,10 @@ def _claim_queues(
     queues: list[str],
     args: dict[str, Any],
     after: dict[str, str] | None,
+    wake: list[int],
 ) -> list[Any]:
-    """Claim the best of several queues (or of one, with limits: ``after`` is not None)."""
+    """Claim the best of several queues (or of one, with limits: ``after`` is not None; the
+    times rate windows reopen go to ``wake``)."""
     paused = {
         row[0] for row in conn.execute(_Q["queue_paused_among"], {"queues": json.dumps(queues)})
     }
@@ -1196,7 +1205,7 @@ def _claim_queues(
         for id_, priority, run_at in conn.execute(_Q["job_claim_candidates"], query_args):
             candidates.append((-priority, run_at, id_))
         if after is not None:
-            candidates.extend(_limited_candidates(conn, query_args, after))
+            candidates.extend(_limited_candidates(conn, query_args, after, wake))
     if not candidates:
         return []
     candidates.sort()
@@ -1205,7 +1214,7 @@ def _claim_queues(
 
 
 def _limited_candidates(
-    conn: sqlite3.Connection, args: dict[str, Any], after: dict[str, str]
+    conn: sqlite3.Connection, args: dict[str, Any], after: dict[str, str], wake: list[int]
 ) -> list[tuple[int, int, str]]:
     """The due jobs of one queue that fit their key's free slots (``limits``, steps 1 and 2):
     up to ``KEYS_PER_CLAIM`` keys, from the one after the queue's cursor, wrapping around once.
@@ -1222,10 +1231,14 @@ def _limited_candidates(
                 break
             cursor, wrapped = "", True
             continue
-        key, most, running = row
+        key, most, running, rate_max, rate_period, starts, oldest = row
         cursor = key
         looked += 1
         free = min(most - running, args["limit"])
+        if rate_max:
+            if starts >= rate_max and running < most:
+                wake.append(oldest + rate_period)  # when the oldest start leaves the window
+            free = min(free, rate_max - starts)
         if free > 0:
             rows = conn.execute(
                 _Q["job_limit_candidates"], {**args, "key": key, "limit": free}

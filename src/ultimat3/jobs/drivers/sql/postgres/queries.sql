@@ -31,7 +31,7 @@ SELECT current_database(),
 
 -- name: job_insert
 -- %(rows)s is a JSON array of rows, each [id, name, queue, input text, tenant, key, priority,
--- max_attempts, run_at, delay, limit_key, limit_max] (a delay counts from now, on the database's clock): decoding it as jsonb costs the server less than binding nine arrays
+-- max_attempts, run_at, delay, limit_key, limit_max, rate_max, rate_period] (a delay counts from now, on the database's clock): decoding it as jsonb costs the server less than binding nine arrays
 -- (and the client far less: psycopg dumps list parameters element by element in Python), and
 -- positional rows cost less than objects, whose keys json_to_recordset hashes row by row.
 WITH rows AS (
@@ -47,20 +47,22 @@ WITH rows AS (
            coalesce((e.v ->> 8)::timestamptz,
                     coalesce(%(now)s::timestamptz, now()) + (e.v ->> 9)::interval) AS run_at,
            e.v ->> 10 AS limit_key,
-           coalesce((e.v ->> 11)::int, 0) AS limit_max
+           coalesce((e.v ->> 11)::int, 0) AS limit_max,
+           coalesce((e.v ->> 12)::int, 0) AS rate_max,
+           coalesce((e.v ->> 13)::bigint, 0) AS rate_period
     FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS e(v, ord)
 ),
 inserted AS (
     INSERT INTO {schema}.x_jobs AS j
         (id, name, queue, input, tenant_id, idempotency_key, priority, state,
-         max_attempts, run_at, created_at, limit_key, limit_max)
+         max_attempts, run_at, created_at, limit_key, limit_max, rate_max, rate_period)
     SELECT r.id, r.name, r.queue, r.input::json, r.tenant_id, r.idempotency_key, r.priority,
            CASE WHEN r.run_at > coalesce(%(now)s::timestamptz, now())
                 THEN 'scheduled' ELSE 'available' END,
            r.max_attempts,
            coalesce(r.run_at, %(now)s::timestamptz, now()),
            coalesce(%(now)s::timestamptz, now()),
-           r.limit_key, r.limit_max
+           r.limit_key, r.limit_max, r.rate_max, r.rate_period
     FROM rows r
     ORDER BY r.ord
     ON CONFLICT ((coalesce('=' || tenant_id, '')), idempotency_key) DO NOTHING
@@ -80,7 +82,7 @@ SELECT i.id, (SELECT count(*) FROM woken) FROM inserted i
 WITH inserted AS (
     INSERT INTO {schema}.x_jobs AS j
         (id, name, queue, input, tenant_id, idempotency_key, priority, state,
-         max_attempts, run_at, created_at, limit_key, limit_max)
+         max_attempts, run_at, created_at, limit_key, limit_max, rate_max, rate_period)
     VALUES (
         %(id)s, %(name)s, %(queue)s, %(input)s::json, %(tenant_id)s, %(key)s, %(priority)s,
         CASE WHEN coalesce(%(run_at)s::timestamptz,
@@ -92,7 +94,7 @@ WITH inserted AS (
                  coalesce(%(now)s::timestamptz, now()) + %(delay)s::interval,
                  %(now)s::timestamptz, now()),
         coalesce(%(now)s::timestamptz, now()),
-        %(limit_key)s, %(limit_max)s
+        %(limit_key)s, %(limit_max)s, %(rate_max)s, %(rate_period)s
     )
     ON CONFLICT ((coalesce('=' || tenant_id, '')), idempotency_key) DO NOTHING
     RETURNING j.id, j.queue, j.state
@@ -558,18 +560,36 @@ looked AS (
     UNION ALL
     SELECT k, 1, n FROM back WHERE k IS NOT NULL AND k <= %(after)s
 ),
+flows AS (
+    -- Each key once, in pass order, with the limits of one of its waiting jobs, how many of
+    -- its jobs run, and (under a rate limit) its starts within the window and the oldest one.
+    SELECT h.k, h.pos, f.limit_max, f.rate_max, f.rate_period, u.running, u.starts, u.oldest
+    FROM (SELECT k, min(pass * %(keys)s + n) AS pos FROM looked GROUP BY k) h
+    CROSS JOIN LATERAL (
+        SELECT j.limit_max, j.rate_max, j.rate_period FROM {schema}.x_jobs j
+        WHERE j.limit_key = h.k AND j.state IN ('scheduled', 'available')
+          AND j.queue = ANY(%(queues)s::text[])
+        LIMIT 1
+    ) f
+    CROSS JOIN LATERAL (
+        SELECT (SELECT count(*) FROM {schema}.x_jobs r
+                WHERE r.limit_key = h.k AND r.state = 'running'
+                  AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now())) AS running,
+               (SELECT count(*) FROM {schema}.x_jobs r
+                WHERE f.rate_max > 0 AND r.limit_key = h.k AND r.attempted_at IS NOT NULL
+                  AND r.attempted_at > coalesce(%(now)s::timestamptz, now())
+                                       - f.rate_period * interval '1 microsecond') AS starts,
+               (SELECT min(r.attempted_at) FROM {schema}.x_jobs r
+                WHERE f.rate_max > 0 AND r.limit_key = h.k AND r.attempted_at IS NOT NULL
+                  AND r.attempted_at > coalesce(%(now)s::timestamptz, now())
+                                       - f.rate_period * interval '1 microsecond') AS oldest
+    ) u
+),
 open AS (
-    -- In pass order. A key that looks full now is left alone; one that looks free is counted
-    -- again, exactly, by the claim once its lock is held.
-    SELECT l.k, min(l.pass * %(keys)s + l.n) AS pos
-    FROM looked l
-    WHERE (SELECT count(*) FROM {schema}.x_jobs r
-           WHERE r.limit_key = l.k AND r.state = 'running'
-             AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now()))
-          < (SELECT max(j.limit_max) FROM {schema}.x_jobs j
-             WHERE j.limit_key = l.k AND j.state IN ('scheduled', 'available')
-               AND j.queue = ANY(%(queues)s::text[]))
-    GROUP BY l.k
+    -- A key that looks full now is left alone; one that looks free is counted again,
+    -- exactly, by the claim once its lock is held.
+    SELECT k, pos FROM flows
+    WHERE running < limit_max AND (rate_max = 0 OR starts < rate_max)
 ),
 got AS (
     -- The subquery is sorted first: a volatile function is not pushed below its ORDER BY, so
@@ -581,11 +601,15 @@ got AS (
 SELECT set_config('ultimat3_jobs.limit_keys',
                   coalesce((SELECT json_agg(k) FROM got)::text, '[]'), true),
        (SELECT max(k) FROM fwd WHERE n = %(keys)s),
-       (SELECT max(k) FROM back WHERE n = %(keys)s AND k <= %(after)s)
+       (SELECT max(k) FROM back WHERE n = %(keys)s AND k <= %(after)s),
+       -- When the first full rate window reopens: its oldest start leaves it.
+       (SELECT min(oldest + rate_period * interval '1 microsecond') FROM flows
+        WHERE rate_max > 0 AND starts >= rate_max AND running < limit_max)
 
 -- name: job_claim_limited
 -- Steps 2 and 3: the unlimited due jobs (as job_claim) and, for each key job_limit_lock got,
--- its first `limit_max - running` due jobs; then the best %(limit)s of both in claim order. The
+-- its first `free` due jobs (free slots by running jobs, and by starts within a rate window);
+-- then the best %(limit)s of both in claim order. The
 -- limited rows need no row lock (every claim of them holds their key's lock); the UPDATE checks
 -- their state again in case a cancel got there first.
 WITH free AS (
@@ -617,8 +641,29 @@ lim AS (
     SELECT c.id, c.priority, c.run_at
     FROM held h
     CROSS JOIN LATERAL (
-        SELECT j.id, j.priority, j.run_at, j.limit_max,
-               row_number() OVER (ORDER BY j.priority DESC, j.run_at, j.id) AS rn
+        SELECT j.limit_max, j.rate_max, j.rate_period FROM {schema}.x_jobs j
+        WHERE j.limit_key = h.k AND j.state IN ('scheduled', 'available')
+          AND j.queue = ANY(%(queues)s::text[])
+        LIMIT 1
+    ) f
+    CROSS JOIN LATERAL (
+        -- The key's free slots: by its running jobs, and by its starts within the window.
+        SELECT least(
+            f.limit_max - (
+                SELECT count(*) FROM {schema}.x_jobs r
+                WHERE r.limit_key = h.k AND r.state = 'running'
+                  AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now())
+            ),
+            CASE WHEN f.rate_max = 0 THEN f.limit_max ELSE f.rate_max - (
+                SELECT count(*) FROM {schema}.x_jobs r
+                WHERE r.limit_key = h.k AND r.attempted_at IS NOT NULL
+                  AND r.attempted_at > coalesce(%(now)s::timestamptz, now())
+                                       - f.rate_period * interval '1 microsecond'
+            ) END
+        ) AS free
+    ) s
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.run_at
         FROM {schema}.x_jobs j
         WHERE j.limit_key = h.k
           AND j.queue = ANY(%(queues)s::text[])
@@ -629,13 +674,8 @@ lim AS (
               SELECT 1 FROM {schema}.x_queues p WHERE p.name = j.queue AND p.paused
           )
         ORDER BY j.priority DESC, j.run_at, j.id
-        LIMIT %(limit)s
+        LIMIT least(%(limit)s, greatest(s.free, 0))
     ) c
-    WHERE c.rn <= c.limit_max - (
-        SELECT count(*) FROM {schema}.x_jobs r
-        WHERE r.limit_key = h.k AND r.state = 'running'
-          AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now())
-    )
 ),
 due AS (
     SELECT a.id FROM (SELECT * FROM free UNION ALL SELECT * FROM lim) a

@@ -18,17 +18,18 @@ VALUES (:version, CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER))
 -- name: job_insert
 -- Positional, in this order, because executemany binds tuples fastest.
 INSERT INTO x_jobs (id, tenant_id, name, queue, input, idempotency_key, priority, state,
-                    max_attempts, run_at, created_at, limit_key, limit_max)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    max_attempts, run_at, created_at, limit_key, limit_max, rate_max,
+                    rate_period)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (idempotency_key, tenant_id IS NULL, ifnull(tenant_id, '')) DO NOTHING;
 
 -- name: job_insert_unique
 -- job_insert for a job with a uniqueness window (limits.Unique): a second conflict target, the
 -- partial index x_jobs_unique, whose predicate is repeated here word for word.
 INSERT INTO x_jobs (id, tenant_id, name, queue, input, idempotency_key, priority, state,
-                    max_attempts, run_at, created_at, limit_key, limit_max,
-                    unique_key, unique_states)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    max_attempts, run_at, created_at, limit_key, limit_max, rate_max,
+                    rate_period, unique_key, unique_states)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (idempotency_key, tenant_id IS NULL, ifnull(tenant_id, '')) DO NOTHING
 ON CONFLICT (unique_key)
     WHERE unique_key IS NOT NULL
@@ -105,10 +106,18 @@ LIMIT :limit;
 -- name: job_limit_next
 -- A claim with limits (ultimat3/jobs/limits.py): the next key after :after with a due job in
 -- the queue, one seek in x_jobs_claim_limited, with its maximum and how many of its jobs hold a
--- slot (running, lease not expired). Exact: the claim holds the write lock.
+-- slot (running, lease not expired); with a rate limit, its starts within the window and the
+-- oldest of them. Exact: the claim holds the write lock.
 SELECT j.limit_key, j.limit_max,
        (SELECT count(*) FROM x_jobs r
-        WHERE r.limit_key = j.limit_key AND r.state = 'running' AND r.lease_expires_at > :now)
+        WHERE r.limit_key = j.limit_key AND r.state = 'running' AND r.lease_expires_at > :now),
+       j.rate_max, j.rate_period,
+       (SELECT count(*) FROM x_jobs r
+        WHERE j.rate_max > 0 AND r.limit_key = j.limit_key AND r.attempted_at IS NOT NULL
+          AND r.attempted_at > :now - j.rate_period),
+       (SELECT min(r.attempted_at) FROM x_jobs r
+        WHERE j.rate_max > 0 AND r.limit_key = j.limit_key AND r.attempted_at IS NOT NULL
+          AND r.attempted_at > :now - j.rate_period)
 FROM x_jobs j
 WHERE j.queue = :queue
   AND j.state IN ('scheduled', 'available')

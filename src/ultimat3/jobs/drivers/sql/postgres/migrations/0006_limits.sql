@@ -20,6 +20,14 @@ CREATE INDEX x_jobs_claim_limited_idx
 CREATE INDEX x_jobs_limit_running_idx ON {schema}.x_jobs (limit_key, lease_expires_at)
     WHERE state = 'running' AND limit_key IS NOT NULL;
 
+-- Rate limits (limits.Rate): at most rate_max starts per rate_period (microseconds) in the
+-- partition; 0 is none. A start is a job's attempted_at, so the window is counted from the jobs
+-- themselves, through this index.
+ALTER TABLE {schema}.x_jobs ADD COLUMN rate_max INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE {schema}.x_jobs ADD COLUMN rate_period bigint NOT NULL DEFAULT 0;
+CREATE INDEX x_jobs_limit_starts_idx ON {schema}.x_jobs (limit_key, attempted_at)
+    WHERE limit_key IS NOT NULL AND attempted_at IS NOT NULL;
+
 -- Uniqueness windows (limits.Unique): unique_key, NULL for none, and the states in which a job
 -- holds its key (bits as limits.STATE_BITS). The index's predicate reads the row's state, so a
 -- job that leaves those states frees its key in the same write. INSERT ... ON CONFLICT must

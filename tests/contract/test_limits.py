@@ -9,6 +9,8 @@ from collections import Counter
 from dataclasses import replace
 from datetime import timedelta
 
+import pytest
+
 from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.limits import KEYS_PER_CLAIM, NO_LIMIT
 from ultimat3.jobs.records import ClaimParams, Cycle, CycleResult, Job, JobState, NewJob
@@ -231,3 +233,27 @@ def test_a_rate_and_a_concurrency_limit_together(driver: Driver) -> None:
     driver.job_complete_many([second.lease], now=at(5))
     held = cycle_limited(driver, 6)
     assert held.claimed == [] and held.wake_at == at(61)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_keys_take_turns_so_a_backlog_cannot_starve_a_small_tenant(
+    driver: Driver, batch: int
+) -> None:
+    """Fairness, measured as the claim position of the small tenant's jobs: 300 jobs of a big
+    tenant enqueued first, then 10 of a small one, both under a limit that never binds."""
+    big = [limited("job:x=big", NO_LIMIT) for _ in range(300)]
+    small = [limited("job:x=small", NO_LIMIT) for _ in range(10)]
+    insert(driver, *big)
+    insert(driver, *small, now=at(1))
+    small_ids = {job.id for job in small}
+    claimed = 0
+    positions: list[int] = []  # the claim position of each small job (its batch's first)
+    while claimed < 40:
+        got = claim_limited(driver, 2, limit=batch)
+        assert got, "jobs are due"
+        positions += [claimed + 1 for job in got if job.id in small_ids]
+        claimed += len(got)
+        driver.job_complete_many([job.lease for job in got], now=at(2))
+    assert len(positions) == 10, positions
+    # Two keys take turns: the small tenant's j-th job is claimed by the time 2j jobs are.
+    assert all(p <= 2 * j for j, p in enumerate(positions, start=1)), positions

@@ -47,7 +47,7 @@ from __future__ import annotations
 import heapq
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -144,6 +144,7 @@ class MemoryDriver:
         self._limits: dict[str, _Flow] = {}  # the jobs with a limit
         self._uniques: dict[str, tuple[str, int]] = {}  # id -> (unique_key, unique_states)
         self._unique_ids: dict[str, set[str]] = {}  # unique_key -> ids
+        self._after = ""  # limited claims: the last key taken (keys take turns after it)
         self.stalls = StallTracker()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -334,7 +335,10 @@ class MemoryDriver:
         )
         wake_at = None
         if params.limited:
-            best, wake_at = self._within_limits(sorted(due, key=_order), max(0, params.limit), at)
+            best, wake_at = self._within_limits(self._turns(due), max(0, params.limit), at)
+            taken = [self._limits[job.id].key for job in best if job.id in self._limits]
+            if taken:
+                self._after = taken[-1]
         else:
             best = heapq.nsmallest(max(0, params.limit), due, key=_order)
         claimed: list[Job] = []
@@ -354,6 +358,30 @@ class MemoryDriver:
                 self._started.add(running.id)
             claimed.append(running)
         return claimed, wake_at
+
+    def _turns(self, due: Iterable[Job]) -> list[Job]:
+        """``due`` in round-robin order: within a priority, every key's first job (the keys in
+        order after the cursor, the unlimited jobs first as one key), then every key's second,
+        and so on."""
+        ordered = sorted(due, key=_order)
+        rank: dict[str, int] = {}
+        seen: Counter[str | None] = Counter()
+        for job in ordered:
+            flow = self._limits.get(job.id)
+            key = None if flow is None else flow.key
+            rank[job.id] = seen[key]
+            seen[key] += 1
+        keys = sorted(key for key in seen if key is not None)
+        rotated = [k for k in keys if k > self._after] + [k for k in keys if k <= self._after]
+        turn: dict[str | None, int] = {key: i for i, key in enumerate(rotated)}
+        turn[None] = -1
+
+        def place(job: Job) -> tuple[int, int, int, datetime, str]:
+            flow = self._limits.get(job.id)
+            key = None if flow is None else flow.key
+            return (-job.priority, rank[job.id], turn[key], job.run_at, job.id)
+
+        return sorted(ordered, key=place)
 
     def _within_limits(
         self, due: list[Job], limit: int, at: datetime

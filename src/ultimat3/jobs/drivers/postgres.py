@@ -549,15 +549,13 @@ class PostgresDriver:
         return [(self._q["job_limit_lock"], lock), (self._q["job_claim_limited"], claim)]
 
     def _advance(self, params: ClaimParams, lock_rows: list[Row]) -> datetime | None:
-        """Move the key cursor past the keys a limited claim looked at (``job_limit_lock``);
-        return when a full rate window reopens."""
+        """Move the key cursor where a limited claim says (``job_limit_lock``: after the last
+        key it got, round-robin); return when a full rate window reopens."""
         if not (params.limited and lock_rows):
             return None
-        _, fwd_last, back_last, wake_at = lock_rows[0]
-        if back_last is not None:
-            self._after = back_last
-        elif fwd_last is not None:
-            self._after = fwd_last
+        _, cursor, wake_at = lock_rows[0]
+        if cursor is not None:
+            self._after = cursor
         return wake_at  # type: ignore[no-any-return]
 
     def _claim_query(self, params: ClaimParams, *, started: bool) -> tuple[bytes, dict[str, Any]]:

@@ -1192,7 +1192,10 @@ def _claim_queues(
     paused = {
         row[0] for row in conn.execute(_Q["queue_paused_among"], {"queues": json.dumps(queues)})
     }
-    candidates: list[tuple[int, int, str]] = []
+    # (-priority, rank within its key, the key's turn, run_at, id): with limits, keys take
+    # turns within a priority (the unlimited jobs of a queue go first, as one key); without,
+    # rank and turn are 0 and this is claim order.
+    candidates: list[tuple[int, int, int, int, str]] = []
     for queue in queues:
         if queue in paused:
             continue
@@ -1202,29 +1205,32 @@ def _claim_queues(
             "limit": args["limit"],
             "isolated": args["isolated"],
         }
-        for id_, priority, run_at in conn.execute(_Q["job_claim_candidates"], query_args):
-            candidates.append((-priority, run_at, id_))
+        rows = conn.execute(_Q["job_claim_candidates"], query_args)
+        for rank, (id_, priority, run_at) in enumerate(rows):
+            candidates.append((-priority, 0 if after is None else rank, -1, run_at, id_))
         if after is not None:
             candidates.extend(_limited_candidates(conn, query_args, after, wake))
     if not candidates:
         return []
     candidates.sort()
-    chosen = [id_ for _, _, id_ in candidates[: args["limit"]]]
+    chosen = [candidate[-1] for candidate in candidates[: args["limit"]]]
     return conn.execute(_Q["job_claim_ids"], {**args, "ids": json.dumps(chosen)}).fetchall()
 
 
 def _limited_candidates(
     conn: sqlite3.Connection, args: dict[str, Any], after: dict[str, str], wake: list[int]
-) -> list[tuple[int, int, str]]:
-    """The due jobs of one queue that fit their key's free slots (``limits``, steps 1 and 2):
-    up to ``KEYS_PER_CLAIM`` keys, from the one after the queue's cursor, wrapping around once.
+) -> list[tuple[int, int, int, int, str]]:
+    """The due jobs of one queue that fit their key's free slots (``limits``, steps 1 and 2),
+    from the first ``limit`` keys with a free slot among up to ``KEYS_PER_CLAIM``, from the one
+    after the queue's cursor, wrapping around once; the cursor moves to the last key taken.
     The claim holds the write lock, so the counts are exact."""
     queue = args["queue"]
     start = after.get(queue, "")
     cursor, wrapped = start, start == ""
     looked = 0
-    found: list[tuple[int, int, str]] = []
-    while looked < KEYS_PER_CLAIM:
+    found: list[tuple[int, int, int, int, str]] = []
+    taken: list[str] = []
+    while looked < KEYS_PER_CLAIM and len(taken) < args["limit"]:
         row = conn.execute(_Q["job_limit_next"], {**args, "after": cursor}).fetchone()
         if row is None or (wrapped and start and row[0] > start):
             if wrapped:
@@ -1243,9 +1249,16 @@ def _limited_candidates(
             rows = conn.execute(
                 _Q["job_limit_candidates"], {**args, "key": key, "limit": free}
             ).fetchall()
-            found.extend((-priority, run_at, id_) for id_, priority, run_at in rows)
-    if looked == KEYS_PER_CLAIM:
-        after[queue] = cursor  # the next claim goes on from here
+            turn = len(taken)
+            found.extend(
+                (-priority, rank, turn, run_at, id_)
+                for rank, (id_, priority, run_at) in enumerate(rows)
+            )
+            taken.append(key)
+    if taken:
+        after[queue] = taken[-1]  # round-robin: the next claim starts after the last key taken
+    elif looked == KEYS_PER_CLAIM:
+        after[queue] = cursor  # past the full keys looked at
     return found
 
 

@@ -509,7 +509,7 @@ SELECT max(id) FROM {schema}.x_jobs
 -- held to the end of the transaction; a key another claim holds is skipped) and recorded in a
 -- transaction-local setting for job_claim_limited. That statement runs next in the same
 -- transaction, so with a snapshot taken after the locks: its count of running jobs is exact.
--- Also returns the last key of each pass that was cut short (the next claim goes on there).
+-- Also returns where the next claim goes on (the cursor), and when a full rate window reopens.
 WITH RECURSIVE fwd(queue, k, n) AS (
     SELECT q.name,
            (SELECT j.limit_key FROM {schema}.x_jobs j
@@ -594,14 +594,17 @@ open AS (
 got AS (
     -- The subquery is sorted first: a volatile function is not pushed below its ORDER BY, so
     -- locks are tried in order, and the LIMIT stops trying once enough are held.
-    SELECT o.k FROM (SELECT k FROM open ORDER BY pos) o
+    SELECT o.k, o.pos FROM (SELECT k, pos FROM open ORDER BY pos) o
     WHERE pg_try_advisory_xact_lock(%(lock_class)s, hashtext(o.k))
     LIMIT %(limit)s
 )
 SELECT set_config('ultimat3_jobs.limit_keys',
-                  coalesce((SELECT json_agg(k) FROM got)::text, '[]'), true),
-       (SELECT max(k) FROM fwd WHERE n = %(keys)s),
-       (SELECT max(k) FROM back WHERE n = %(keys)s AND k <= %(after)s),
+                  coalesce((SELECT json_agg(k ORDER BY pos) FROM got)::text, '[]'), true),
+       -- Round-robin: the next claim starts after the last key got; with none, past the
+       -- full keys looked at.
+       coalesce((SELECT k FROM got ORDER BY pos DESC LIMIT 1),
+                (SELECT max(k) FROM back WHERE n = %(keys)s AND k <= %(after)s),
+                (SELECT max(k) FROM fwd WHERE n = %(keys)s)),
        -- When the first full rate window reopens: its oldest start leaves it.
        (SELECT min(oldest + rate_period * interval '1 microsecond') FROM flows
         WHERE rate_max > 0 AND starts >= rate_max AND running < limit_max)
@@ -609,11 +612,14 @@ SELECT set_config('ultimat3_jobs.limit_keys',
 -- name: job_claim_limited
 -- Steps 2 and 3: the unlimited due jobs (as job_claim) and, for each key job_limit_lock got,
 -- its first `free` due jobs (free slots by running jobs, and by starts within a rate window);
--- then the best %(limit)s of both in claim order. The
+-- then the best %(limit)s of both, keys taking turns within a priority. The
 -- limited rows need no row lock (every claim of them holds their key's lock); the UPDATE checks
 -- their state again in case a cancel got there first.
 WITH free AS (
-    SELECT c.id, c.priority, c.run_at
+    -- The unlimited jobs take turns as one key, first (turn -1).
+    SELECT c.id, c.priority, c.run_at,
+           row_number() OVER (PARTITION BY q.name ORDER BY c.priority DESC, c.run_at, c.id) AS rank,
+           -1::bigint AS turn
     FROM unnest(%(queues)s::text[]) AS q(name)
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at
@@ -632,13 +638,13 @@ WITH free AS (
     )
 ),
 held AS (
-    SELECT value AS k
+    SELECT value AS k, turn
     FROM json_array_elements_text(
         coalesce(nullif(current_setting('ultimat3_jobs.limit_keys', true), ''), '[]')::json
-    )
+    ) WITH ORDINALITY AS e(value, turn)
 ),
 lim AS (
-    SELECT c.id, c.priority, c.run_at
+    SELECT c.id, c.priority, c.run_at, c.rank, h.turn
     FROM held h
     CROSS JOIN LATERAL (
         SELECT j.limit_max, j.rate_max, j.rate_period FROM {schema}.x_jobs j
@@ -663,7 +669,8 @@ lim AS (
         ) AS free
     ) s
     CROSS JOIN LATERAL (
-        SELECT j.id, j.priority, j.run_at
+        SELECT j.id, j.priority, j.run_at,
+               row_number() OVER (ORDER BY j.priority DESC, j.run_at, j.id) AS rank
         FROM {schema}.x_jobs j
         WHERE j.limit_key = h.k
           AND j.queue = ANY(%(queues)s::text[])
@@ -678,8 +685,10 @@ lim AS (
     ) c
 ),
 due AS (
+    -- Within a priority, keys take turns (round-robin): every key's first job, in the order
+    -- of the keys after the cursor, then every key's second, and so on.
     SELECT a.id FROM (SELECT * FROM free UNION ALL SELECT * FROM lim) a
-    ORDER BY a.priority DESC, a.run_at, a.id
+    ORDER BY a.priority DESC, a.rank, a.turn, a.run_at, a.id
     LIMIT %(limit)s
 ),
 claimed AS (

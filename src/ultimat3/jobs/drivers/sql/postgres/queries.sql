@@ -566,9 +566,16 @@ flows AS (
     SELECT h.k, h.pos, f.limit_max, f.rate_max, f.rate_period, u.running, u.starts, u.oldest
     FROM (SELECT k, min(pass * %(keys)s + n) AS pos FROM looked GROUP BY k) h
     CROSS JOIN LATERAL (
-        SELECT j.limit_max, j.rate_max, j.rate_period FROM {schema}.x_jobs j
-        WHERE j.limit_key = h.k AND j.state IN ('scheduled', 'available')
-          AND j.queue = ANY(%(queues)s::text[])
+        -- Per queue, so that (queue, limit_key) is an index prefix of x_jobs_claim_limited_idx.
+        SELECT j.limit_max, j.rate_max, j.rate_period
+        FROM unnest(%(queues)s::text[]) AS fq(name)
+        CROSS JOIN LATERAL (
+            SELECT j.limit_max, j.rate_max, j.rate_period FROM {schema}.x_jobs j
+            WHERE j.queue = fq.name AND j.limit_key = h.k
+              AND j.state IN ('scheduled', 'available')
+            ORDER BY j.priority DESC, j.run_at, j.id  -- the head job, by index
+            LIMIT 1
+        ) j
         LIMIT 1
     ) f
     CROSS JOIN LATERAL (
@@ -598,8 +605,12 @@ got AS (
     WHERE pg_try_advisory_xact_lock(%(lock_class)s, hashtext(o.k))
     LIMIT %(limit)s
 )
+-- The claim after it is planned with rough row counts (lateral LIMITs), whose cost would make
+-- the server JIT-compile it: over a second for a statement that runs in a millisecond. So
+-- jit is off for the rest of this transaction.
 SELECT set_config('ultimat3_jobs.limit_keys',
-                  coalesce((SELECT json_agg(k ORDER BY pos) FROM got)::text, '[]'), true),
+                  coalesce((SELECT json_agg(k ORDER BY pos) FROM got)::text, '[]'), true)
+       || set_config('jit', 'off', true),
        -- Round-robin: the next claim starts after the last key got; with none, past the
        -- full keys looked at.
        coalesce((SELECT k FROM got ORDER BY pos DESC LIMIT 1),
@@ -643,13 +654,20 @@ held AS (
         coalesce(nullif(current_setting('ultimat3_jobs.limit_keys', true), ''), '[]')::json
     ) WITH ORDINALITY AS e(value, turn)
 ),
-lim AS (
-    SELECT c.id, c.priority, c.run_at, c.rank, h.turn
+lim_keys AS (
+    SELECT h.k, h.turn, s.free
     FROM held h
     CROSS JOIN LATERAL (
-        SELECT j.limit_max, j.rate_max, j.rate_period FROM {schema}.x_jobs j
-        WHERE j.limit_key = h.k AND j.state IN ('scheduled', 'available')
-          AND j.queue = ANY(%(queues)s::text[])
+        -- Per queue, so that (queue, limit_key) is an index prefix of x_jobs_claim_limited_idx.
+        SELECT j.limit_max, j.rate_max, j.rate_period
+        FROM unnest(%(queues)s::text[]) AS fq(name)
+        CROSS JOIN LATERAL (
+            SELECT j.limit_max, j.rate_max, j.rate_period FROM {schema}.x_jobs j
+            WHERE j.queue = fq.name AND j.limit_key = h.k
+              AND j.state IN ('scheduled', 'available')
+            ORDER BY j.priority DESC, j.run_at, j.id  -- the head job, by index
+            LIMIT 1
+        ) j
         LIMIT 1
     ) f
     CROSS JOIN LATERAL (
@@ -668,21 +686,37 @@ lim AS (
             ) END
         ) AS free
     ) s
+),
+lim_rows AS (
+    -- Each key's first `free` due jobs, per queue (an index walk in claim order each)...
+    SELECT k.k, k.turn, k.free, c.id, c.priority, c.run_at
+    FROM lim_keys k
+    CROSS JOIN unnest(%(queues)s::text[]) AS q(name)
     CROSS JOIN LATERAL (
-        SELECT j.id, j.priority, j.run_at,
-               row_number() OVER (ORDER BY j.priority DESC, j.run_at, j.id) AS rank
+        SELECT j.id, j.priority, j.run_at
         FROM {schema}.x_jobs j
-        WHERE j.limit_key = h.k
-          AND j.queue = ANY(%(queues)s::text[])
+        WHERE j.queue = q.name
+          AND j.limit_key = k.k
           AND j.state IN ('scheduled', 'available')
           AND j.run_at <= coalesce(%(now)s::timestamptz, now())
           AND j.isolated = %(isolated)s
-          AND NOT EXISTS (
-              SELECT 1 FROM {schema}.x_queues p WHERE p.name = j.queue AND p.paused
-          )
         ORDER BY j.priority DESC, j.run_at, j.id
-        LIMIT least(%(limit)s, greatest(s.free, 0))
+        LIMIT least(%(limit)s, greatest(k.free, 0))
     ) c
+    WHERE NOT EXISTS (
+        SELECT 1 FROM {schema}.x_queues p WHERE p.name = q.name AND p.paused
+    )
+),
+lim AS (
+    -- ... and across its queues, its first `free` of them.
+    SELECT r.id, r.priority, r.run_at, r.rank, r.turn
+    FROM (
+        SELECT lr.*, row_number() OVER (
+            PARTITION BY lr.k ORDER BY lr.priority DESC, lr.run_at, lr.id
+        ) AS rank
+        FROM lim_rows lr
+    ) r
+    WHERE r.rank <= r.free
 ),
 due AS (
     -- Within a priority, keys take turns (round-robin): every key's first job, in the order

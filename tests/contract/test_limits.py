@@ -257,3 +257,25 @@ def test_keys_take_turns_so_a_backlog_cannot_starve_a_small_tenant(
     assert len(positions) == 10, positions
     # Two keys take turns: the small tenant's j-th job is claimed by the time 2j jobs are.
     assert all(p <= 2 * j for j, p in enumerate(positions, start=1)), positions
+
+
+def test_job_flow_says_why_a_job_waits(driver: Driver) -> None:
+    held, waiting = limited("acct=42", 1), limited("acct=42", 1)
+    plain = new_job()
+    insert(driver, held, waiting, plain)
+    assert driver.job_flow(plain.id, now=at(1)) is None
+    assert driver.job_flow("no-such-job", now=at(1)) is None
+    free = driver.job_flow(waiting.id, now=at(1))
+    assert free is not None and (free.running, free.why_waiting()) == (0, None)
+    assert len(claim_limited(driver, 1, limit=2)) == 2, "the plain job and one of acct=42"
+    full = driver.job_flow(waiting.id, now=at(2))
+    assert full is not None
+    assert full.why_waiting() == "concurrency 1/1 on acct=42"
+    rate = [rated("api", 2, 10) for _ in range(3)]
+    insert(driver, *rate)
+    cycle_limited(driver, 3)
+    state = driver.job_flow(rate[2].id, now=at(4))
+    assert state is not None and (state.starts, state.reopens_at) == (2, at(13))
+    assert state.why_waiting() == (
+        f"rate-limited until {at(13):%H:%M:%S} UTC (2/2 starts in 0:00:10 on api)"
+    )

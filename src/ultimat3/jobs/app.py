@@ -45,7 +45,7 @@ from ultimat3.jobs.maintenance import MaintenanceConfig
 from ultimat3.jobs.outbox import EnqueueOptions, Mode, bind, build_job, insert
 from ultimat3.jobs.outbox_store import OutboxStore
 from ultimat3.jobs.outboxes import open_store
-from ultimat3.jobs.records import Job, JobFilter, JobState, NewJob, QueueInfo
+from ultimat3.jobs.records import FlowState, Job, JobFilter, JobState, NewJob, QueueInfo
 from ultimat3.jobs.relay import Relay
 from ultimat3.jobs.scheduler import DatabaseLeader, Scheduler, SoleLeader
 from ultimat3.jobs.serialization import Codec, Serializer
@@ -481,6 +481,11 @@ class App(Enqueuer):
         if found is None:
             raise JobNotFoundError(f"no job has the id {job_id!r}")
         return found
+
+    def job_flow(self, job_id: str) -> FlowState | None:
+        """Where the partition of a job's limits stands now (``FlowState.why_waiting()`` says
+        what holds it back), or None for a job without limits."""
+        return self.driver.job_flow(job_id, now=self.clock.pinned())
 
     def list_jobs(
         self,

@@ -253,6 +253,42 @@ class ScheduleState:
 
 
 @dataclass(frozen=True, slots=True)
+class FlowState:
+    """Where a job's partition stands against its limits now (``Driver.job_flow``)."""
+
+    limit_key: str
+    #: How many of the partition may run at once (``limits.NO_LIMIT``: only a rate limit),
+    #: and how many hold a slot now (running, lease not expired).
+    limit_max: int
+    running: int
+    #: At most ``rate_max`` starts per ``rate_period`` (0: no rate limit); the starts within
+    #: the window now, and when its oldest start leaves it.
+    rate_max: int = 0
+    rate_period: timedelta = timedelta(0)
+    starts: int = 0
+    oldest_start: datetime | None = None
+
+    @property
+    def reopens_at(self) -> datetime | None:
+        """When a full rate window lets the next job start; None when it is not full."""
+        if not self.rate_max or self.starts < self.rate_max or self.oldest_start is None:
+            return None
+        return self.oldest_start + self.rate_period
+
+    def why_waiting(self) -> str | None:
+        """What holds a waiting job back, in words; None when nothing does."""
+        if self.running >= self.limit_max:
+            return f"concurrency {self.running}/{self.limit_max} on {self.limit_key}"
+        reopens = self.reopens_at
+        if reopens is not None:
+            return (
+                f"rate-limited until {reopens.strftime('%H:%M:%S')} UTC "
+                f"({self.starts}/{self.rate_max} starts in {self.rate_period} on {self.limit_key})"
+            )
+        return None
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimParams:
     queues: tuple[str, ...]
     limit: int

@@ -65,6 +65,7 @@ from ultimat3.jobs.records import (
     Cycle,
     CycleResult,
     Failure,
+    FlowState,
     InsertResult,
     Job,
     JobFilter,
@@ -532,6 +533,40 @@ class MemoryDriver:
             if released:
                 self._notify()
         return sorted(released)
+
+    def job_flow(self, job_id: str, *, now: datetime | None = None) -> FlowState | None:
+        at = _now(now)
+        with self._lock:
+            flow = self._limits.get(job_id)
+            if flow is None or job_id not in self._jobs:
+                return None
+            running = 0
+            starts: list[datetime] = []
+            for job in self._jobs.values():
+                other = self._limits.get(job.id)
+                if other is None or other.key != flow.key:
+                    continue
+                if (
+                    job.state is JobState.RUNNING
+                    and job.lease_expires_at is not None
+                    and job.lease_expires_at > at
+                ):
+                    running += 1
+                if (
+                    flow.rate_max
+                    and job.attempted_at is not None
+                    and job.attempted_at > at - flow.rate_period
+                ):
+                    starts.append(job.attempted_at)
+        return FlowState(
+            flow.key,
+            flow.most,
+            running,
+            flow.rate_max,
+            flow.rate_period,
+            len(starts),
+            min(starts, default=None),
+        )
 
     def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:
         at = _now(now)

@@ -121,6 +121,7 @@ from ultimat3.jobs.records import (
     Cycle,
     CycleResult,
     Failure,
+    FlowState,
     InsertResult,
     Job,
     JobFilter,
@@ -630,6 +631,21 @@ class PostgresDriver:
     def job_release_claim(self, token: str, *, now: datetime | None = None) -> list[str]:
         params = {"token": token, "now": now, "channel": self._channel}
         return sorted(row[0] for row in self._fetch("job_release_claim", params))
+
+    def job_flow(self, job_id: str, *, now: datetime | None = None) -> FlowState | None:
+        rows = self._fetch("job_flow", {"id": job_id, "now": now})
+        if not rows:
+            return None
+        key, most, running, rate_max, period, starts, oldest = rows[0]
+        return FlowState(
+            key,
+            most,
+            running,
+            rate_max,
+            period * _MICROSECOND,
+            starts,
+            None if oldest is None else _utc(oldest),
+        )
 
     def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:
         rows = self._fetch(

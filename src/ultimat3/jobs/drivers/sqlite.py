@@ -101,6 +101,7 @@ from ultimat3.jobs.records import (
     Cycle,
     CycleResult,
     Failure,
+    FlowState,
     InsertResult,
     Job,
     JobFilter,
@@ -810,6 +811,22 @@ class SqliteDriver:
         args = {"now": _now_us(now), "token": token}
         rows = self._write(lambda conn: conn.execute(_Q["job_release_claim"], args).fetchall())
         return sorted(row[0] for row in rows)
+
+    def job_flow(self, job_id: str, *, now: datetime | None = None) -> FlowState | None:
+        args = {"id": job_id, "now": _now_us(now)}
+        row = self._read(lambda conn: conn.execute(_Q["job_flow"], args).fetchone())
+        if row is None:
+            return None
+        key, most, running, rate_max, period, starts, oldest = row
+        return FlowState(
+            key,
+            most,
+            running,
+            rate_max,
+            period * MICROSECOND,
+            starts,
+            None if oldest is None else _dt(oldest),
+        )
 
     def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:
         args = {"queues": json.dumps(sorted(set(queues))), "now": _now_us(now)}

@@ -501,6 +501,24 @@ DELETE FROM {schema}.x_leaders WHERE name = %(name)s AND holder = %(holder)s
 -- key. Ids are UUIDv7 text, so a new job's id sorts after the ones before it.
 SELECT max(id) FROM {schema}.x_jobs
 
+-- name: job_flow
+-- Where a job's partition stands (Driver.job_flow): the counts a limited claim makes.
+SELECT j.limit_key, j.limit_max,
+       (SELECT count(*) FROM {schema}.x_jobs r
+        WHERE r.limit_key = j.limit_key AND r.state = 'running'
+          AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now())),
+       j.rate_max, j.rate_period,
+       (SELECT count(*) FROM {schema}.x_jobs r
+        WHERE j.rate_max > 0 AND r.limit_key = j.limit_key AND r.attempted_at IS NOT NULL
+          AND r.attempted_at > coalesce(%(now)s::timestamptz, now())
+                               - j.rate_period * interval '1 microsecond'),
+       (SELECT min(r.attempted_at) FROM {schema}.x_jobs r
+        WHERE j.rate_max > 0 AND r.limit_key = j.limit_key AND r.attempted_at IS NOT NULL
+          AND r.attempted_at > coalesce(%(now)s::timestamptz, now())
+                               - j.rate_period * interval '1 microsecond')
+FROM {schema}.x_jobs j
+WHERE j.id = %(id)s AND j.limit_key IS NOT NULL
+
 -- name: job_limit_lock
 -- Step 1 of a claim with limits (ultimat3/jobs/limits.py). Per queue, up to %(keys)s keys with
 -- due jobs, from the one after %(after)s (a skip scan: one seek of x_jobs_claim_limited_idx per

@@ -128,6 +128,21 @@ WHERE j.queue = :queue
 ORDER BY j.limit_key
 LIMIT 1;
 
+-- name: job_flow
+-- Where a job's partition stands (Driver.job_flow): job_limit_next's counts, for one job.
+SELECT j.limit_key, j.limit_max,
+       (SELECT count(*) FROM x_jobs r
+        WHERE r.limit_key = j.limit_key AND r.state = 'running' AND r.lease_expires_at > :now),
+       j.rate_max, j.rate_period,
+       (SELECT count(*) FROM x_jobs r
+        WHERE j.rate_max > 0 AND r.limit_key = j.limit_key AND r.attempted_at IS NOT NULL
+          AND r.attempted_at > :now - j.rate_period),
+       (SELECT min(r.attempted_at) FROM x_jobs r
+        WHERE j.rate_max > 0 AND r.limit_key = j.limit_key AND r.attempted_at IS NOT NULL
+          AND r.attempted_at > :now - j.rate_period)
+FROM x_jobs j
+WHERE j.id = :id AND j.limit_key IS NOT NULL;
+
 -- name: job_limit_candidates
 -- The due jobs of one key, in claim order; :limit is the key's free slots (at most the claim's).
 SELECT id, priority, run_at FROM x_jobs

@@ -255,8 +255,9 @@ def test_keys_take_turns_so_a_backlog_cannot_starve_a_small_tenant(
         claimed += len(got)
         driver.job_complete_many([job.lease for job in got], now=at(2))
     assert len(positions) == 10, positions
-    # Two keys take turns: the small tenant's j-th job is claimed by the time 2j jobs are.
-    assert all(p <= 2 * j for j, p in enumerate(positions, start=1)), positions
+    # Two keys take turns, a claim (of `batch`) at a time: the small tenant's j-th job is
+    # claimed by the time 2j + batch jobs are (D keys: D*j + (D-1)*batch).
+    assert all(p <= 2 * j + batch for j, p in enumerate(positions, start=1)), positions
 
 
 def test_job_flow_says_why_a_job_waits(driver: Driver) -> None:

@@ -68,10 +68,28 @@ from typing import Any, Literal
 from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError
 
-__all__ = ["KEYS_PER_CLAIM", "LIMIT_KEY_LIMIT", "NO_LIMIT", "STATE_BITS", "Limit", "Rate", "Unique"]
+__all__ = [
+    "KEYS_PER_CLAIM",
+    "LIMIT_KEY_LIMIT",
+    "NO_LIMIT",
+    "STATE_BITS",
+    "Limit",
+    "Rate",
+    "Unique",
+    "keys_to_look",
+]
 
-#: How many distinct keys one claim looks at, per queue (step 1 above).
+#: The most distinct keys one claim looks at, per queue (step 1 above).
 KEYS_PER_CLAIM = 32
+
+
+def keys_to_look(limit: int) -> int:
+    """How many keys a claim of ``limit`` jobs looks at, at most: twice its limit (at least 8,
+    at most ``KEYS_PER_CLAIM``), so that its work grows with what it can take, and the full
+    keys it passes over are behind the cursor for the next claim."""
+    return min(KEYS_PER_CLAIM, max(8, 2 * limit))
+
+
 #: The longest stored key, so it fits an index entry on every database.
 LIMIT_KEY_LIMIT = 300
 #: A generous ceiling: a limit above it is no limit worth a claim's count.

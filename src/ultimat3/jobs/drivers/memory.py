@@ -24,6 +24,14 @@ Semantics this driver pins down (the SQL drivers follow them):
   passed ``executor=tx`` are staged on it and applied together, under the lock, at commit, or
   dropped when the ``with`` block raises. Dedupe inside the transaction sees committed rows and
   the rows this transaction staged.
+- **Limits** (``ultimat3.jobs.limits``). A claim with ``limited`` takes a job with a
+  ``limit_key`` only while its key has fewer than ``limit_max`` running jobs with unexpired
+  leases and, under a rate limit, fewer than ``rate_max`` starts (``attempted_at``) within
+  ``rate_period``; within a priority, keys take turns (every key's first due job, then every
+  key's second; the unlimited jobs first, as one key; keys in order after the last key the
+  previous claim took). A claim without ``limited`` never takes a job with a key. A unique key
+  is held by a job in one of its ``unique_states``; a conflict returns the holder, after
+  giving it the new input, ``run_at`` and priority if ``unique_replace`` and it waits.
 - **Wake-ups.** ``wait_for_jobs`` returns early after an insert (a staged one at its commit), a
   failure, a snooze, a manual retry or a resumed queue: every change that can make a job
   claimable.
@@ -57,7 +65,7 @@ from ultimat3.jobs.clock import SystemClock, utcnow
 from ultimat3.jobs.driver import DatabaseId, Driver, Executor, Joined, StallTracker
 from ultimat3.jobs.errors import ConfigurationError
 from ultimat3.jobs.ids import token
-from ultimat3.jobs.limits import STATE_BITS
+from ultimat3.jobs.limits import STATE_BITS, keys_to_look
 from ultimat3.jobs.records import (
     ACTIVE_STATES,
     FINAL_STATES,
@@ -336,10 +344,7 @@ class MemoryDriver:
         )
         wake_at = None
         if params.limited:
-            best, wake_at = self._within_limits(self._turns(due), max(0, params.limit), at)
-            taken = [self._limits[job.id].key for job in best if job.id in self._limits]
-            if taken:
-                self._after = taken[-1]
+            best, wake_at = self._within_limits(due, max(0, params.limit), at)
         else:
             best = heapq.nsmallest(max(0, params.limit), due, key=_order)
         claimed: list[Job] = []
@@ -360,42 +365,31 @@ class MemoryDriver:
             claimed.append(running)
         return claimed, wake_at
 
-    def _turns(self, due: Iterable[Job]) -> list[Job]:
-        """``due`` in round-robin order: within a priority, every key's first job (the keys in
-        order after the cursor, the unlimited jobs first as one key), then every key's second,
-        and so on."""
+    def _within_limits(
+        self, due: Iterable[Job], limit: int, at: datetime
+    ) -> tuple[list[Job], datetime | None]:
+        """The jobs a claim with limits takes (``limits``): the unlimited due jobs, and key by
+        key from the one after the cursor, each key's first due jobs up to its free slots until
+        the claim is full; of those, the first ``limit`` with keys taking turns within a
+        priority (every key's first job, the unlimited jobs first as one key, then every key's
+        second...). A slot is held by a running job of the key whose lease has not expired,
+        and, under a rate limit, by each start within the window. Also returns when the first
+        full window looked at reopens (its oldest start leaves it)."""
         ordered = sorted(due, key=_order)
-        rank: dict[str, int] = {}
-        seen: Counter[str | None] = Counter()
+        plain: list[Job] = []
+        by_key: dict[str, list[Job]] = {}
         for job in ordered:
             flow = self._limits.get(job.id)
-            key = None if flow is None else flow.key
-            rank[job.id] = seen[key]
-            seen[key] += 1
-        keys = sorted(key for key in seen if key is not None)
-        rotated = [k for k in keys if k > self._after] + [k for k in keys if k <= self._after]
-        turn: dict[str | None, int] = {key: i for i, key in enumerate(rotated)}
-        turn[None] = -1
-
-        def place(job: Job) -> tuple[int, int, int, datetime, str]:
-            flow = self._limits.get(job.id)
-            key = None if flow is None else flow.key
-            return (-job.priority, rank[job.id], turn[key], job.run_at, job.id)
-
-        return sorted(ordered, key=place)
-
-    def _within_limits(
-        self, due: list[Job], limit: int, at: datetime
-    ) -> tuple[list[Job], datetime | None]:
-        """The first ``limit`` of ``due`` (in claim order) that fit their key's free slots: a
-        slot is held by a running job of the key whose lease has not expired, and, under a
-        rate limit, by each start within the window. Also when the first window held full
-        reopens (its oldest start leaves it)."""
+            if flow is None:
+                if len(plain) < limit:
+                    plain.append(job)
+            else:
+                by_key.setdefault(flow.key, []).append(job)
         running: Counter[str] = Counter()
         starts: dict[str, list[datetime]] = {}
         for job in self._jobs.values():
             flow = self._limits.get(job.id)
-            if flow is None:
+            if flow is None or flow.key not in by_key:
                 continue
             if (
                 job.state is JobState.RUNNING
@@ -405,25 +399,38 @@ class MemoryDriver:
                 running[flow.key] += 1
             if job.attempted_at is not None:
                 starts.setdefault(flow.key, []).append(job.attempted_at)
-        best: list[Job] = []
-        wake_at: datetime | None = None
-        for job in due:
-            if len(best) >= limit:
+        keys = sorted(by_key)
+        rotated = [k for k in keys if k > self._after] + [k for k in keys if k <= self._after]
+        places: list[tuple[int, int, int, datetime, str, Job]] = [
+            (-job.priority, rank, -1, job.run_at, job.id, job) for rank, job in enumerate(plain)
+        ]
+        need, taken, wake_at = limit, 0, None
+        looked = rotated[: keys_to_look(limit)]
+        for key in looked:
+            if need <= 0:
                 break
-            flow = self._limits.get(job.id)
-            if flow is not None:
-                if running[flow.key] >= flow.most:
-                    continue
-                if flow.rate_max:
-                    recent = [t for t in starts.get(flow.key, ()) if t > at - flow.rate_period]
-                    if len(recent) >= flow.rate_max:
-                        opens = min(recent) + flow.rate_period
-                        wake_at = opens if wake_at is None else min(wake_at, opens)
-                        continue
-                    starts.setdefault(flow.key, []).append(at)
-                running[flow.key] += 1
-            best.append(job)
-        return best, wake_at
+            head = self._limits[by_key[key][0].id]
+            free = head.most - running[key]
+            if head.rate_max:
+                recent = [t for t in starts.get(key, ()) if t > at - head.rate_period]
+                if len(recent) >= head.rate_max and running[key] < head.most:
+                    opens = min(recent) + head.rate_period
+                    wake_at = opens if wake_at is None else min(wake_at, opens)
+                free = min(free, head.rate_max - len(recent))
+            if free <= 0:
+                continue
+            take = by_key[key][: min(free, need)]
+            places += [
+                (-job.priority, rank, taken, job.run_at, job.id, job)
+                for rank, job in enumerate(take)
+            ]
+            taken += 1
+            need -= len(take)
+            self._after = key  # round-robin: the next claim starts after the last key taken
+        if not taken and looked and len(looked) == keys_to_look(limit):
+            self._after = looked[-1]  # past the full keys looked at
+        places.sort(key=lambda place: place[:5])
+        return [place[-1] for place in places[:limit]], wake_at
 
     def lease_extend(
         self, leases: Sequence[Lease], lease_for: timedelta, *, now: datetime | None = None

@@ -20,6 +20,11 @@ Guarantees (beyond the ``Driver`` protocol's rules, which this driver keeps):
   commits it. A connection in autocommit mode with no transaction open is accepted: the
   insert then commits on its own. A non-autocommit connection with no transaction yet gets the
   implicit one psycopg opens, left open for the caller to commit.
+- **Limits** (``ultimat3.jobs.limits``): a limited claim is two pipelined statements in one
+  transaction, per-key ``pg_try_advisory_xact_lock`` then the claim, whose fresh snapshot makes
+  its counts exact; the completion or failure of a limited job NOTIFYs its queue (a slot
+  freed). A unique key is a partial unique index (``x_jobs_unique_idx``): ``ON CONFLICT DO
+  NOTHING``, then a look-up of the holder (and a conditional debounce).
 - **Wake-ups.** Inserts (of due jobs), retries, snoozes and resumed queues ``pg_notify`` the
   channel named like the schema, with the queue name as the only payload, in the same
   transaction: a rollback sends nothing. ``wait_for_jobs`` LISTENs on one dedicated
@@ -113,7 +118,7 @@ from ultimat3.jobs.dialects.postgres import (
 from ultimat3.jobs.dialects.postgres import first_line as _first_line
 from ultimat3.jobs.driver import DatabaseId, Driver, Executor, Joined, StallTracker
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError, SerializationError
-from ultimat3.jobs.limits import KEYS_PER_CLAIM
+from ultimat3.jobs.limits import keys_to_look
 from ultimat3.jobs.records import (
     FINAL_STATES,
     AttemptError,
@@ -533,7 +538,7 @@ class PostgresDriver:
             "now": params.now,
             "isolated": params.isolated,
             "after": self._after,
-            "keys": KEYS_PER_CLAIM,
+            "keys": keys_to_look(params.limit),
             "limit": params.limit,
             "lock_class": self._limit_lock_class,
         }

@@ -26,6 +26,9 @@ What it guarantees:
   caller calls ``commit()``, and gone on ``rollback()`` or close. A connection in autocommit mode
   (``isolation_level=None``) outside a transaction commits our write at once, as its own INSERT
   would.
+- **Limits** (``ultimat3.jobs.limits``): a limited claim counts each key's running jobs and
+  recent starts under the write lock it already holds, so the counts are exact; a unique key is
+  a partial unique index (``x_jobs_unique``) named as a second ``ON CONFLICT`` target.
 - **Wake-ups across processes.** ``wait_for_jobs`` polls ``PRAGMA data_version`` on a
   connection of its own: every 1 ms for a second after the last change, then every 4 ms (an
   idle worker, all its threads together, used 1.5% of a core here; a commit is noticed within
@@ -94,7 +97,7 @@ from ultimat3.jobs.dialects.sqlite import now_us as _now_us
 from ultimat3.jobs.dialects.sqlite import us as _us
 from ultimat3.jobs.driver import DatabaseId, Joined, StallTracker, current_tx
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
-from ultimat3.jobs.limits import KEYS_PER_CLAIM
+from ultimat3.jobs.limits import keys_to_look
 from ultimat3.jobs.records import (
     AttemptError,
     ClaimParams,
@@ -1206,16 +1209,11 @@ def _claim_queues(
 ) -> list[Any]:
     """Claim the best of several queues (or of one, with limits: ``after`` is not None; the
     times rate windows reopen go to ``wake``)."""
-    paused = {
-        row[0] for row in conn.execute(_Q["queue_paused_among"], {"queues": json.dumps(queues)})
-    }
     # (-priority, rank within its key, the key's turn, run_at, id): with limits, keys take
     # turns within a priority (the unlimited jobs of a queue go first, as one key); without,
     # rank and turn are 0 and this is claim order.
     candidates: list[tuple[int, int, int, int, str]] = []
-    for queue in queues:
-        if queue in paused:
-            continue
+    for queue in queues:  # a paused queue yields nothing (the queries say so)
         query_args = {
             "queue": queue,
             "now": args["now"],
@@ -1237,45 +1235,51 @@ def _claim_queues(
 def _limited_candidates(
     conn: sqlite3.Connection, args: dict[str, Any], after: dict[str, str], wake: list[int]
 ) -> list[tuple[int, int, int, int, str]]:
-    """The due jobs of one queue that fit their key's free slots (``limits``, steps 1 and 2),
-    from the first ``limit`` keys with a free slot among up to ``KEYS_PER_CLAIM``, from the one
-    after the queue's cursor, wrapping around once; the cursor moves to the last key taken.
-    The claim holds the write lock, so the counts are exact."""
+    """The due jobs of one queue that fit their key's free slots (``limits``, steps 1 and 2):
+    key by key from the one after the queue's cursor (wrapping around once, at most
+    ``KEYS_PER_CLAIM`` keys), each key's first due jobs up to its free slots, until the claim's
+    ``limit`` is met (at most ``keys_to_look(limit)`` keys); the cursor moves to the last key
+    taken. The keys are read lazily, so the
+    walk stops where the claim is full. The claim holds the write lock: the counts are exact."""
     queue = args["queue"]
+    need = args["limit"]
+    most_keys = keys_to_look(need)
     start = after.get(queue, "")
-    cursor, wrapped = start, start == ""
-    looked = 0
-    found: list[tuple[int, int, int, int, str]] = []
     taken: list[str] = []
-    while looked < KEYS_PER_CLAIM and len(taken) < args["limit"]:
-        row = conn.execute(_Q["job_limit_next"], {**args, "after": cursor}).fetchone()
-        if row is None or (wrapped and start and row[0] > start):
-            if wrapped:
-                break
-            cursor, wrapped = "", True
-            continue
-        key, most, running, rate_max, rate_period, starts, oldest = row
-        cursor = key
-        looked += 1
-        free = min(most - running, args["limit"])
-        if rate_max:
-            if starts >= rate_max and running < most:
-                wake.append(oldest + rate_period)  # when the oldest start leaves the window
-            free = min(free, rate_max - starts)
-        if free > 0:
-            rows = conn.execute(
-                _Q["job_limit_candidates"], {**args, "key": key, "limit": free}
-            ).fetchall()
+    looked: list[str] = []
+    found: list[tuple[int, int, int, int, str]] = []
+    passes = [(start, None)] + ([("", start)] if start else [])
+    for begin, upto in passes:
+        keys = conn.execute(
+            _Q["job_limit_keys"],
+            {**args, "after": begin, "upto": upto, "keys": most_keys - len(looked)},
+        )
+        for key, most, running, rate_max, rate_period, starts, oldest, due in keys:
+            looked.append(key)
+            free = most - running
+            if rate_max:
+                if starts >= rate_max and running < most:
+                    wake.append(oldest + rate_period)  # when the oldest start leaves the window
+                free = min(free, rate_max - starts)
+            if free <= 0 or due is None:
+                continue
+            rows = sorted(json.loads(due), key=lambda r: (-r[1], r[2], r[0]))[: min(free, need)]
             turn = len(taken)
             found.extend(
                 (-priority, rank, turn, run_at, id_)
                 for rank, (id_, priority, run_at) in enumerate(rows)
             )
             taken.append(key)
+            need -= len(rows)
+            if need <= 0:
+                break
+        keys.close()  # ends the walk where it is
+        if need <= 0 or len(looked) >= most_keys:
+            break
     if taken:
         after[queue] = taken[-1]  # round-robin: the next claim starts after the last key taken
-    elif looked == KEYS_PER_CLAIM:
-        after[queue] = cursor  # past the full keys looked at
+    elif len(looked) >= most_keys:
+        after[queue] = looked[-1]  # past the full keys looked at
     return found
 
 

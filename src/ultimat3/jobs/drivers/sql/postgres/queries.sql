@@ -571,7 +571,8 @@ back(queue, k, n) AS (
             ORDER BY j.limit_key LIMIT 1),
            b.n + 1
     FROM back b
-    WHERE b.k IS NOT NULL AND b.k <= %(after)s AND b.n < %(keys)s
+    WHERE b.k IS NOT NULL AND b.k <= %(after)s
+      AND b.n < %(keys)s - (SELECT count(*) FROM fwd WHERE k IS NOT NULL)  -- keys in all
 ),
 looked AS (
     SELECT k, 0 AS pass, n FROM fwd WHERE k IS NOT NULL
@@ -581,7 +582,8 @@ looked AS (
 flows AS (
     -- Each key once, in pass order, with the limits of one of its waiting jobs, how many of
     -- its jobs run, and (under a rate limit) its starts within the window and the oldest one.
-    SELECT h.k, h.pos, f.limit_max, f.rate_max, f.rate_period, u.running, u.starts, u.oldest
+    SELECT h.k, h.pos, f.limit_max, f.rate_max, f.rate_period, u.running, u.starts, u.oldest,
+           u.due
     FROM (SELECT k, min(pass * %(keys)s + n) AS pos FROM looked GROUP BY k) h
     CROSS JOIN LATERAL (
         -- Per queue, so that (queue, limit_key) is an index prefix of x_jobs_claim_limited_idx.
@@ -607,27 +609,56 @@ flows AS (
                (SELECT min(r.attempted_at) FROM {schema}.x_jobs r
                 WHERE f.rate_max > 0 AND r.limit_key = h.k AND r.attempted_at IS NOT NULL
                   AND r.attempted_at > coalesce(%(now)s::timestamptz, now())
-                                       - f.rate_period * interval '1 microsecond') AS oldest
+                                       - f.rate_period * interval '1 microsecond') AS oldest,
+               (SELECT count(*) FROM unnest(%(queues)s::text[]) AS dq(name)
+                CROSS JOIN LATERAL (
+                    SELECT 1 FROM {schema}.x_jobs j
+                    WHERE j.queue = dq.name AND j.limit_key = h.k
+                      AND j.state IN ('scheduled', 'available')
+                      AND j.run_at <= coalesce(%(now)s::timestamptz, now())
+                      AND j.isolated = %(isolated)s
+                    LIMIT %(limit)s
+                ) d) AS due
     ) u
 ),
 open AS (
-    -- A key that looks full now is left alone; one that looks free is counted again,
-    -- exactly, by the claim once its lock is held.
-    SELECT k, pos FROM flows
-    WHERE running < limit_max AND (rate_max = 0 OR starts < rate_max)
+    -- How many each key could give: its free slots (by running jobs, by starts in a rate
+    -- window) and its due jobs. A key that looks full now is left alone; one that looks free
+    -- is counted again, exactly, by the claim once its lock is held.
+    SELECT k, pos,
+           least(limit_max - running,
+                 CASE WHEN rate_max > 0 THEN rate_max - starts ELSE limit_max END,
+                 due) AS avail
+    FROM flows
+),
+walk(k, pos, need, n, locked) AS (
+    -- The open keys in order, one lock tried at a time (without waiting: a key another claim
+    -- holds is skipped), until the keys got can fill the claim; n: how many the claim takes
+    -- from the key at most (what it gives, and what the claim still needs).
+    SELECT NULL::text COLLATE "C", -1::bigint, %(limit)s::bigint, 0::bigint, false
+    UNION ALL
+    SELECT o.k, o.pos,
+           w.need - CASE WHEN l.locked THEN least(o.avail, w.need) ELSE 0 END,
+           least(o.avail, w.need), l.locked
+    FROM walk w
+    CROSS JOIN LATERAL (
+        SELECT k, pos, avail FROM open WHERE pos > w.pos AND avail > 0 ORDER BY pos LIMIT 1
+    ) o
+    CROSS JOIN LATERAL (
+        SELECT pg_try_advisory_xact_lock(%(lock_class)s, hashtext(o.k)) AS locked
+    ) l
+    WHERE w.need > 0
 ),
 got AS (
-    -- The subquery is sorted first: a volatile function is not pushed below its ORDER BY, so
-    -- locks are tried in order, and the LIMIT stops trying once enough are held.
-    SELECT o.k, o.pos FROM (SELECT k, pos FROM open ORDER BY pos) o
-    WHERE pg_try_advisory_xact_lock(%(lock_class)s, hashtext(o.k))
-    LIMIT %(limit)s
+    SELECT k, pos, n FROM walk WHERE locked
 )
 -- The claim after it is planned with rough row counts (lateral LIMITs), whose cost would make
 -- the server JIT-compile it: over a second for a statement that runs in a millisecond. So
 -- jit is off for the rest of this transaction.
 SELECT set_config('ultimat3_jobs.limit_keys',
-                  coalesce((SELECT json_agg(k ORDER BY pos) FROM got)::text, '[]'), true)
+                  coalesce((SELECT json_agg(json_build_array(k, n) ORDER BY pos) FROM got)::text,
+                           '[]'),
+                  true)
        || set_config('jit', 'off', true),
        -- Round-robin: the next claim starts after the last key got; with none, past the
        -- full keys looked at.
@@ -667,13 +698,13 @@ WITH free AS (
     )
 ),
 held AS (
-    SELECT value AS k, turn
-    FROM json_array_elements_text(
+    SELECT e.value ->> 0 AS k, (e.value ->> 1)::bigint AS n, e.turn
+    FROM json_array_elements(
         coalesce(nullif(current_setting('ultimat3_jobs.limit_keys', true), ''), '[]')::json
     ) WITH ORDINALITY AS e(value, turn)
 ),
 lim_keys AS (
-    SELECT h.k, h.turn, s.free
+    SELECT h.k, h.turn, least(s.free, h.n) AS free
     FROM held h
     CROSS JOIN LATERAL (
         -- Per queue, so that (queue, limit_key) is an index prefix of x_jobs_claim_limited_idx.

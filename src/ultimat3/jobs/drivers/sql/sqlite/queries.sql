@@ -100,33 +100,70 @@ WHERE queue = :queue
   AND run_at <= :now
   AND isolated = :isolated
   AND limit_key IS NULL
+  AND NOT EXISTS (SELECT 1 FROM x_queues WHERE name = :queue AND paused = 1)
 ORDER BY priority DESC, run_at, id
 LIMIT :limit;
 
--- name: job_limit_next
--- A claim with limits (ultimat3/jobs/limits.py): the next key after :after with a due job in
--- the queue, one seek in x_jobs_claim_limited, with its maximum and how many of its jobs hold a
--- slot (running, lease not expired); with a rate limit, its starts within the window and the
--- oldest of them. Exact: the claim holds the write lock.
-SELECT j.limit_key, j.limit_max,
+-- name: job_limit_keys
+-- A claim with limits (ultimat3/jobs/limits.py): the keys with a due job in the queue, from
+-- the one after :after (up to :upto when not NULL: the second pass of a wrap), one seek of
+-- x_jobs_claim_limited per key, at most :keys of them; each with its head job's limits, how
+-- many of its jobs hold a slot (running, lease not expired), and under a rate limit its starts
+-- within the window and the oldest one. A co-routine: the driver stops reading once it has
+-- enough keys with a free slot, and the recursion stops with it. Exact: the claim holds the
+-- write lock.
+WITH RECURSIVE keys(k, n) AS (
+    SELECT (SELECT limit_key FROM x_jobs
+            WHERE queue = :queue AND state IN ('scheduled', 'available')
+              AND limit_key IS NOT NULL AND limit_key > :after
+              AND run_at <= :now AND isolated = :isolated
+            ORDER BY limit_key LIMIT 1),
+           1
+    WHERE NOT EXISTS (SELECT 1 FROM x_queues WHERE name = :queue AND paused = 1)
+    UNION ALL
+    SELECT (SELECT j.limit_key FROM x_jobs j
+            WHERE j.queue = :queue AND j.state IN ('scheduled', 'available')
+              AND j.limit_key IS NOT NULL AND j.limit_key > keys.k
+              AND j.run_at <= :now AND j.isolated = :isolated
+            ORDER BY j.limit_key LIMIT 1),
+           keys.n + 1
+    FROM keys
+    WHERE keys.k IS NOT NULL AND keys.n < :keys AND (:upto IS NULL OR keys.k <= :upto)
+)
+SELECT keys.k, h.limit_max,
        (SELECT count(*) FROM x_jobs r
-        WHERE r.limit_key = j.limit_key AND r.state = 'running' AND r.lease_expires_at > :now),
-       j.rate_max, j.rate_period,
-       (SELECT count(*) FROM x_jobs r
-        WHERE j.rate_max > 0 AND r.limit_key = j.limit_key AND r.attempted_at IS NOT NULL
-          AND r.attempted_at > :now - j.rate_period),
-       (SELECT min(r.attempted_at) FROM x_jobs r
-        WHERE j.rate_max > 0 AND r.limit_key = j.limit_key AND r.attempted_at IS NOT NULL
-          AND r.attempted_at > :now - j.rate_period)
-FROM x_jobs j
-WHERE j.queue = :queue
-  AND j.state IN ('scheduled', 'available')
-  AND j.limit_key IS NOT NULL
-  AND j.limit_key > :after
-  AND j.run_at <= :now
-  AND j.isolated = :isolated
-ORDER BY j.limit_key
-LIMIT 1;
+        WHERE r.limit_key = keys.k AND r.state = 'running' AND r.lease_expires_at > :now),
+       h.rate_max, h.rate_period,
+       CASE WHEN h.rate_max > 0 THEN
+           (SELECT count(*) FROM x_jobs r
+            WHERE r.limit_key = keys.k AND r.attempted_at IS NOT NULL
+              AND r.attempted_at > :now - h.rate_period)
+       ELSE 0 END,
+       CASE WHEN h.rate_max > 0 THEN
+           (SELECT min(r.attempted_at) FROM x_jobs r
+            WHERE r.limit_key = keys.k AND r.attempted_at IS NOT NULL
+              AND r.attempted_at > :now - h.rate_period)
+       END,
+       -- Its first :limit due jobs in claim order, as [[id, priority, run_at], ...], unless its
+       -- slots are all held (the driver takes as many as are free and still needed).
+       CASE WHEN (SELECT count(*) FROM x_jobs r
+                  WHERE r.limit_key = keys.k AND r.state = 'running'
+                    AND r.lease_expires_at > :now) < h.limit_max THEN
+           (SELECT json_group_array(json_array(c.id, c.priority, c.run_at)) FROM (
+                SELECT id, priority, run_at FROM x_jobs
+                WHERE queue = :queue AND limit_key = keys.k
+                  AND state IN ('scheduled', 'available')
+                  AND run_at <= :now AND isolated = :isolated
+                ORDER BY priority DESC, run_at, id
+                LIMIT :limit) c)
+       END
+FROM keys
+CROSS JOIN x_jobs h ON h.id = (  -- the key's head job (CROSS: keys stays outer, lazy)
+    SELECT x.id FROM x_jobs x
+    WHERE x.queue = :queue AND x.limit_key = keys.k AND x.state IN ('scheduled', 'available')
+    ORDER BY x.priority DESC, x.run_at, x.id LIMIT 1
+)
+WHERE keys.k IS NOT NULL AND (:upto IS NULL OR keys.k <= :upto);
 
 -- name: job_flow
 -- Where a job's partition stands (Driver.job_flow): job_limit_next's counts, for one job.
@@ -142,17 +179,6 @@ SELECT j.limit_key, j.limit_max,
           AND r.attempted_at > :now - j.rate_period)
 FROM x_jobs j
 WHERE j.id = :id AND j.limit_key IS NOT NULL;
-
--- name: job_limit_candidates
--- The due jobs of one key, in claim order; :limit is the key's free slots (at most the claim's).
-SELECT id, priority, run_at FROM x_jobs
-WHERE queue = :queue
-  AND limit_key = :key
-  AND state IN ('scheduled', 'available')
-  AND run_at <= :now
-  AND isolated = :isolated
-ORDER BY priority DESC, run_at, id
-LIMIT :limit;
 
 -- name: job_peek_isolated
 SELECT 1 FROM x_jobs

@@ -527,9 +527,10 @@ class PostgresDriver:
     def _claim_steps(
         self, params: ClaimParams, *, started: bool
     ) -> list[tuple[bytes, dict[str, Any]]]:
-        """The claim's statements: one without limits; with them (``params.limited``), the key
-        locks (``job_limit_lock``) then the claim (``job_claim_limited``), in one transaction
-        (see ``limits``: the claim's snapshot must follow the locks)."""
+        """The claim's statements: one without limits; with them (``params.limited``), the
+        planner settings (``job_claim_limited_setup``), the key locks (``job_limit_lock``) then
+        the claim (``job_claim_limited``), in one transaction (see ``limits``: the claim's
+        snapshot must follow the locks)."""
         if not params.limited:
             return [self._claim_query(params, started=started)]
         queues = _text_array(sorted(set(params.queues)))
@@ -552,7 +553,11 @@ class PostgresDriver:
             "started": started,
             "token": params.token or ids.token(),
         }
-        return [(self._q["job_limit_lock"], lock), (self._q["job_claim_limited"], claim)]
+        return [
+            (self._q["job_claim_limited_setup"], {}),
+            (self._q["job_limit_lock"], lock),
+            (self._q["job_claim_limited"], claim),
+        ]
 
     def _advance(self, params: ClaimParams, lock_rows: list[Row]) -> datetime | None:
         """Move the key cursor where a limited claim says (``job_limit_lock``: after the last
@@ -624,8 +629,8 @@ class PostgresDriver:
                 at += 1
         if claim is not None:
             if claim.limited:
-                wake_at = self._advance(claim, rows[at])
-                at += 1
+                wake_at = self._advance(claim, rows[at + 1])
+                at += 2
             result.claimed.extend(_job(row) for row in rows[at])
         return replace(result, wake_at=wake_at) if wake_at is not None else result
 

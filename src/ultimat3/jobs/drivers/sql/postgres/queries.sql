@@ -31,7 +31,9 @@ SELECT current_database(),
 
 -- name: job_insert
 -- %(rows)s is a JSON array of rows, each [id, name, queue, input text, tenant, key, priority,
--- max_attempts, run_at, delay, limit_key, limit_max, rate_max, rate_period] (a delay counts from now, on the database's clock): decoding it as jsonb costs the server less than binding nine arrays
+-- max_attempts, run_at, delay, limit_key, limit_max, rate_max, rate_period] (a delay counts
+-- from now, on the database's clock): decoding it as jsonb costs the server less than binding
+-- nine arrays
 -- (and the client far less: psycopg dumps list parameters element by element in Python), and
 -- positional rows cost less than objects, whose keys json_to_recordset hashes row by row.
 WITH rows AS (
@@ -135,8 +137,9 @@ SELECT coalesce(%(now)s::timestamptz, now())
 
 -- name: job_copy
 -- The bulk fast path: plain COPY, so the unique index refuses any duplicate key (the driver
--- then falls back to job_insert; so does a batch with a concurrency limit); every value, times and states included, comes from the
--- driver, which read the clock in the same transaction.
+-- then falls back to job_insert; so does a batch with limits or unique keys); every value,
+-- times and states included, comes from the driver, which read the clock in the same
+-- transaction.
 COPY {schema}.x_jobs
     (id, name, queue, input, tenant_id, idempotency_key, priority, state,
      max_attempts, run_at, created_at)
@@ -509,15 +512,26 @@ SELECT j.limit_key, j.limit_max,
           AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now())),
        j.rate_max, j.rate_period,
        (SELECT count(*) FROM {schema}.x_jobs r
-        WHERE j.rate_max > 0 AND r.limit_key = j.limit_key AND r.attempted_at IS NOT NULL
+        WHERE j.rate_max > 0 AND r.limit_key = j.limit_key
+          AND r.attempted_at IS NOT NULL AND r.rate_max > 0
           AND r.attempted_at > coalesce(%(now)s::timestamptz, now())
                                - j.rate_period * interval '1 microsecond'),
        (SELECT min(r.attempted_at) FROM {schema}.x_jobs r
-        WHERE j.rate_max > 0 AND r.limit_key = j.limit_key AND r.attempted_at IS NOT NULL
+        WHERE j.rate_max > 0 AND r.limit_key = j.limit_key
+          AND r.attempted_at IS NOT NULL AND r.rate_max > 0
           AND r.attempted_at > coalesce(%(now)s::timestamptz, now())
                                - j.rate_period * interval '1 microsecond')
 FROM {schema}.x_jobs j
 WHERE j.id = %(id)s AND j.limit_key IS NOT NULL
+
+-- name: job_claim_limited_setup
+-- Before a claim with limits, for the rest of its transaction. Its two statements are planned
+-- with rough row counts (lateral LIMITs): planning them afresh each time cost more than running
+-- them (milliseconds), and their estimated cost made the server JIT-compile them (over a
+-- second for statements that run in a millisecond). Their generic plans are index walks
+-- whatever the parameters.
+SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
+       set_config('jit', 'off', true)
 
 -- name: job_limit_lock
 -- Step 1 of a claim with limits (ultimat3/jobs/limits.py). Per queue, up to %(keys)s keys with
@@ -603,11 +617,13 @@ flows AS (
                 WHERE r.limit_key = h.k AND r.state = 'running'
                   AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now())) AS running,
                (SELECT count(*) FROM {schema}.x_jobs r
-                WHERE f.rate_max > 0 AND r.limit_key = h.k AND r.attempted_at IS NOT NULL
+                WHERE f.rate_max > 0 AND r.limit_key = h.k
+                  AND r.attempted_at IS NOT NULL AND r.rate_max > 0
                   AND r.attempted_at > coalesce(%(now)s::timestamptz, now())
                                        - f.rate_period * interval '1 microsecond') AS starts,
                (SELECT min(r.attempted_at) FROM {schema}.x_jobs r
-                WHERE f.rate_max > 0 AND r.limit_key = h.k AND r.attempted_at IS NOT NULL
+                WHERE f.rate_max > 0 AND r.limit_key = h.k
+                  AND r.attempted_at IS NOT NULL AND r.rate_max > 0
                   AND r.attempted_at > coalesce(%(now)s::timestamptz, now())
                                        - f.rate_period * interval '1 microsecond') AS oldest,
                (SELECT count(*) FROM unnest(%(queues)s::text[]) AS dq(name)
@@ -652,14 +668,10 @@ walk(k, pos, need, n, locked) AS (
 got AS (
     SELECT k, pos, n FROM walk WHERE locked
 )
--- The claim after it is planned with rough row counts (lateral LIMITs), whose cost would make
--- the server JIT-compile it: over a second for a statement that runs in a millisecond. So
--- jit is off for the rest of this transaction.
 SELECT set_config('ultimat3_jobs.limit_keys',
                   coalesce((SELECT json_agg(json_build_array(k, n) ORDER BY pos) FROM got)::text,
                            '[]'),
-                  true)
-       || set_config('jit', 'off', true),
+                  true),
        -- Round-robin: the next claim starts after the last key got; with none, past the
        -- full keys looked at.
        coalesce((SELECT k FROM got ORDER BY pos DESC LIMIT 1),
@@ -729,7 +741,7 @@ lim_keys AS (
             ),
             CASE WHEN f.rate_max = 0 THEN f.limit_max ELSE f.rate_max - (
                 SELECT count(*) FROM {schema}.x_jobs r
-                WHERE r.limit_key = h.k AND r.attempted_at IS NOT NULL
+                WHERE r.limit_key = h.k AND r.attempted_at IS NOT NULL AND r.rate_max > 0
                   AND r.attempted_at > coalesce(%(now)s::timestamptz, now())
                                        - f.rate_period * interval '1 microsecond'
             ) END

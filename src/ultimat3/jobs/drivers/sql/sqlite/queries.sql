@@ -136,12 +136,12 @@ SELECT keys.k, h.limit_max,
        h.rate_max, h.rate_period,
        CASE WHEN h.rate_max > 0 THEN
            (SELECT count(*) FROM x_jobs r
-            WHERE r.limit_key = keys.k AND r.attempted_at IS NOT NULL
+            WHERE r.limit_key = keys.k AND r.attempted_at IS NOT NULL AND r.rate_max > 0
               AND r.attempted_at > :now - h.rate_period)
        ELSE 0 END,
        CASE WHEN h.rate_max > 0 THEN
            (SELECT min(r.attempted_at) FROM x_jobs r
-            WHERE r.limit_key = keys.k AND r.attempted_at IS NOT NULL
+            WHERE r.limit_key = keys.k AND r.attempted_at IS NOT NULL AND r.rate_max > 0
               AND r.attempted_at > :now - h.rate_period)
        END,
        -- Its first :limit due jobs in claim order, as [[id, priority, run_at], ...], unless its
@@ -172,10 +172,12 @@ SELECT j.limit_key, j.limit_max,
         WHERE r.limit_key = j.limit_key AND r.state = 'running' AND r.lease_expires_at > :now),
        j.rate_max, j.rate_period,
        (SELECT count(*) FROM x_jobs r
-        WHERE j.rate_max > 0 AND r.limit_key = j.limit_key AND r.attempted_at IS NOT NULL
+        WHERE j.rate_max > 0 AND r.limit_key = j.limit_key
+          AND r.attempted_at IS NOT NULL AND r.rate_max > 0
           AND r.attempted_at > :now - j.rate_period),
        (SELECT min(r.attempted_at) FROM x_jobs r
-        WHERE j.rate_max > 0 AND r.limit_key = j.limit_key AND r.attempted_at IS NOT NULL
+        WHERE j.rate_max > 0 AND r.limit_key = j.limit_key
+          AND r.attempted_at IS NOT NULL AND r.rate_max > 0
           AND r.attempted_at > :now - j.rate_period)
 FROM x_jobs j
 WHERE j.id = :id AND j.limit_key IS NOT NULL;

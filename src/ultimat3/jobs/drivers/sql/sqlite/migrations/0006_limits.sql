@@ -21,11 +21,11 @@ CREATE INDEX x_jobs_limit_running ON x_jobs (limit_key, lease_expires_at)
 
 -- Rate limits (limits.Rate): at most rate_max starts per rate_period (microseconds) in the
 -- partition; 0 is none. A start is a job's attempted_at, so the window is counted from the jobs
--- themselves, through this index.
+-- themselves, through this index (of rate-limited jobs only: no other claim pays for it).
 ALTER TABLE x_jobs ADD COLUMN rate_max INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE x_jobs ADD COLUMN rate_period INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX x_jobs_limit_starts ON x_jobs (limit_key, attempted_at)
-    WHERE limit_key IS NOT NULL AND attempted_at IS NOT NULL;
+    WHERE limit_key IS NOT NULL AND attempted_at IS NOT NULL AND rate_max > 0;
 
 -- Uniqueness windows (limits.Unique): unique_key, NULL for none, and the states in which a job
 -- holds its key (bits as limits.STATE_BITS). The index's predicate reads the row's state, so a

@@ -1220,10 +1220,10 @@ def _claim_queues(
             "limit": args["limit"],
             "isolated": args["isolated"],
         }
-        rows = conn.execute(_Q["job_claim_candidates"], query_args)
-        for rank, (id_, priority, run_at) in enumerate(rows):
-            candidates.append((-priority, 0 if after is None else rank, -1, run_at, id_))
-        if after is not None:
+        if after is None:
+            rows = conn.execute(_Q["job_claim_candidates"], query_args)
+            candidates.extend((-priority, 0, -1, run_at, id_) for id_, priority, run_at in rows)
+        else:  # the unlimited ones come with the limited ones, in one statement
             candidates.extend(_limited_candidates(conn, query_args, after, wake))
     if not candidates:
         return []
@@ -1235,7 +1235,8 @@ def _claim_queues(
 def _limited_candidates(
     conn: sqlite3.Connection, args: dict[str, Any], after: dict[str, str], wake: list[int]
 ) -> list[tuple[int, int, int, int, str]]:
-    """The due jobs of one queue that fit their key's free slots (``limits``, steps 1 and 2):
+    """The unlimited due jobs of one queue (the claim's first ``limit``), and those that fit
+    their key's free slots (``limits``, steps 1 and 2):
     key by key from the one after the queue's cursor (wrapping around once, at most
     ``KEYS_PER_CLAIM`` keys), each key's first due jobs up to its free slots, until the claim's
     ``limit`` is met (at most ``keys_to_look(limit)`` keys); the cursor moves to the last key
@@ -1252,9 +1253,21 @@ def _limited_candidates(
     for begin, upto in passes:
         keys = conn.execute(
             _Q["job_limit_keys"],
-            {**args, "after": begin, "upto": upto, "keys": most_keys - len(looked)},
+            {
+                **args,
+                "after": begin,
+                "upto": upto,
+                "keys": most_keys - len(looked),
+                "plain": upto is None,  # the first pass also reads the unlimited jobs
+            },
         )
         for key, most, running, rate_max, rate_period, starts, oldest, due in keys:
+            if key is None:
+                found.extend(
+                    (-priority, rank, -1, run_at, id_)
+                    for rank, (id_, priority, run_at) in enumerate(_by_claim_order(due))
+                )
+                continue
             looked.append(key)
             free = most - running
             if rate_max:
@@ -1263,7 +1276,7 @@ def _limited_candidates(
                 free = min(free, rate_max - starts)
             if free <= 0 or due is None:
                 continue
-            rows = sorted(json.loads(due), key=lambda r: (-r[1], r[2], r[0]))[: min(free, need)]
+            rows = _by_claim_order(due)[: min(free, need)]
             turn = len(taken)
             found.extend(
                 (-priority, rank, turn, run_at, id_)
@@ -1281,6 +1294,11 @@ def _limited_candidates(
     elif len(looked) >= most_keys:
         after[queue] = looked[-1]  # past the full keys looked at
     return found
+
+
+def _by_claim_order(rows: str) -> list[list[Any]]:
+    """A JSON array of [id, priority, run_at] (``job_limit_keys``), in claim order."""
+    return sorted(json.loads(rows), key=lambda r: (-r[1], r[2], r[0]))
 
 
 def _filter_args(where: JobFilter) -> dict[str, Any]:

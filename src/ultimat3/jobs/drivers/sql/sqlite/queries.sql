@@ -130,6 +130,17 @@ WITH RECURSIVE keys(k, n) AS (
     FROM keys
     WHERE keys.k IS NOT NULL AND keys.n < :keys AND (:upto IS NULL OR keys.k <= :upto)
 )
+-- With :plain, a first row (no key) holds the queue's first :limit unlimited due jobs, so that
+-- the claim needs no statement of its own for them.
+SELECT NULL, 0, 0, 0, 0, 0, NULL,
+       (SELECT json_group_array(json_array(c.id, c.priority, c.run_at)) FROM (
+            SELECT id, priority, run_at FROM x_jobs
+            WHERE queue = :queue AND state IN ('scheduled', 'available')
+              AND run_at <= :now AND isolated = :isolated AND limit_key IS NULL
+            ORDER BY priority DESC, run_at, id
+            LIMIT :limit) c)
+WHERE :plain AND NOT EXISTS (SELECT 1 FROM x_queues WHERE name = :queue AND paused = 1)
+UNION ALL
 SELECT keys.k, h.limit_max,
        (SELECT count(*) FROM x_jobs r
         WHERE r.limit_key = keys.k AND r.state = 'running' AND r.lease_expires_at > :now),
@@ -166,7 +177,7 @@ CROSS JOIN x_jobs h ON h.id = (  -- the key's head job (CROSS: keys stays outer,
 WHERE keys.k IS NOT NULL AND (:upto IS NULL OR keys.k <= :upto);
 
 -- name: job_flow
--- Where a job's partition stands (Driver.job_flow): job_limit_next's counts, for one job.
+-- Where a job's partition stands (Driver.job_flow): job_limit_keys's counts, for one job.
 SELECT j.limit_key, j.limit_max,
        (SELECT count(*) FROM x_jobs r
         WHERE r.limit_key = j.limit_key AND r.state = 'running' AND r.lease_expires_at > :now),

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from contract.helpers import max_overlap  # tests/ is on the path, as for pgcluster
 from ultimat3.jobs import App
 
 from .processes import HERE, wait_until
@@ -84,15 +85,6 @@ def read_ledger(env: dict[str, str]) -> list[tuple[str, int, float, float]]:
         partition, pid, start, end = line.split()
         rows.append((partition, int(pid), float(start), float(end)))
     return rows
-
-
-def max_overlap(spans: list[tuple[float, float]]) -> int:
-    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
-    running = peak = 0
-    for _, step in events:
-        running += step
-        peak = max(peak, running)
-    return peak
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.limits import KEYS_PER_CLAIM, NO_LIMIT
 from ultimat3.jobs.records import ClaimParams, Cycle, CycleResult, Job, JobState, NewJob
 
-from .helpers import LEASE, at, fail, get, insert, new_job
+from .helpers import LEASE, at, fail, get, insert, max_overlap, new_job
 
 
 def limited(key: str, most: int, **options: object) -> NewJob:
@@ -151,16 +151,6 @@ def test_eight_threads_never_exceed_the_limit(driver: Driver) -> None:
     assert len(ledger) == 160, "every job ran once"
     for key in {k for k, _, _ in ledger}:
         assert max_overlap([(s, e) for k, s, e in ledger if k == key]) <= most, key
-
-
-def max_overlap(spans: list[tuple[float, float]]) -> int:
-    """How many of ``spans`` (start, end) were open at once, at most."""
-    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
-    running = peak = 0
-    for _, step in events:
-        running += step
-        peak = max(peak, running)
-    return peak
 
 
 def test_max_overlap_counts_what_it_should() -> None:

@@ -196,23 +196,18 @@ class JobHandle(Generic[InputT]):
                 fix="higher runs first; the default is 0",
             )
         self.priority = priority
-        if concurrency is not None and not isinstance(concurrency, Limit):
-            raise ConfigurationError(
-                f"concurrency= must be a Limit, got {type(concurrency).__name__}",
-                fix='write concurrency=Limit(2) or Limit(2, key=lambda o: o["account"])',
-            )
+        for option, value, kind, example in (
+            ("concurrency", concurrency, Limit, 'Limit(2, key=lambda o: o["account"])'),
+            ("unique", unique, Unique, 'Unique(period="1h", key=lambda o: o["user"])'),
+            ("rate", rate, Rate, 'Rate(100, per="1m")'),
+        ):
+            if value is not None and not isinstance(value, kind):
+                raise ConfigurationError(
+                    f"{option}= must be a {kind.__name__}, got {type(value).__name__}",
+                    fix=f"write {option}={example}",
+                )
         self.concurrency = concurrency
-        if unique is not None and not isinstance(unique, Unique):
-            raise ConfigurationError(
-                f"unique= must be a Unique, got {type(unique).__name__}",
-                fix='write unique=Unique() or Unique(period="1h", key=lambda o: o["user"])',
-            )
         self.unique = unique
-        if rate is not None and not isinstance(rate, Rate):
-            raise ConfigurationError(
-                f"rate= must be a Rate, got {type(rate).__name__}",
-                fix='write rate=Rate(100, per="1m")',
-            )
         if rate is not None and concurrency is not None and (rate.key, rate.scope) != (None, "job"):
             raise ConfigurationError(
                 "rate= names its own partition, but a job with concurrency= counts its starts "

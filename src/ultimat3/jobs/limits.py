@@ -158,19 +158,7 @@ class Limit:
             part: object = "" if tenant_id is None else tenant_id
         else:
             assert callable(self.key)
-            try:
-                part = self.key(input)
-            except Exception as exc:
-                raise ConfigurationError(
-                    f"the concurrency key function of job {job!r} raised "
-                    f"{type(exc).__name__}: {exc}",
-                    fix='make it return a str or an int for every input, e.g. o["account"]',
-                ) from exc
-            if isinstance(part, bool) or not isinstance(part, str | int):
-                raise ConfigurationError(
-                    f"the concurrency key function of job {job!r} returned {part!r}",
-                    fix="return a str or an int that names the partition, e.g. an account id",
-                )
+            part = _call_key(self.key, input, job, "concurrency", 'o["account"]')
         stored = f"{base}={part}"
         if len(stored) > LIMIT_KEY_LIMIT or "\x00" in stored:
             raise ConfigurationError(
@@ -179,6 +167,25 @@ class Limit:
                 "without NUL characters",
             )
         return stored
+
+
+def _call_key(
+    fn: Callable[[Any], object], input: Any, job: str, what: str, example: str
+) -> str | int:
+    """A key function's value for one input: a str or an int, or a ``ConfigurationError``."""
+    try:
+        value = fn(input)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"the {what} key function of job {job!r} raised {type(exc).__name__}: {exc}",
+            fix=f"make it return a str or an int for every input, e.g. {example}",
+        ) from exc
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ConfigurationError(
+            f"the {what} key function of job {job!r} returned {value!r}",
+            fix=f"return a str or an int that names the partition, e.g. {example}",
+        )
+    return value
 
 
 #: The bit of each job state in ``x_jobs.unique_states`` (the unique index's predicate spells
@@ -268,18 +275,7 @@ class Unique:
         if self.key is None:
             part = payload
         else:
-            try:
-                value = self.key(input)
-            except Exception as exc:
-                raise ConfigurationError(
-                    f"the unique key function of job {job!r} raised {type(exc).__name__}: {exc}",
-                    fix='make it return a str or an int for every input, e.g. o["user"]',
-                ) from exc
-            if isinstance(value, bool) or not isinstance(value, str | int):
-                raise ConfigurationError(
-                    f"the unique key function of job {job!r} returned {value!r}",
-                    fix="return a str or an int that names what must be unique",
-                )
+            value = _call_key(self.key, input, job, "unique", 'o["user"]')
             part = f"{type(value).__name__}:{value}"
         digest = hashlib.blake2b(part.encode(), digest_size=16).hexdigest()
         tenant = "" if tenant_id is None else f"={tenant_id}"

@@ -641,24 +641,26 @@ open AS (
     -- How many each key could give: its free slots (by running jobs, by starts in a rate
     -- window) and its due jobs. A key that looks full now is left alone; one that looks free
     -- is counted again, exactly, by the claim once its lock is held.
-    SELECT k, pos,
+    SELECT k, pos, limit_max, rate_max, rate_period,
            least(limit_max - running,
                  CASE WHEN rate_max > 0 THEN rate_max - starts ELSE limit_max END,
                  due) AS avail
     FROM flows
 ),
-walk(k, pos, need, n, locked) AS (
+walk(k, pos, need, n, locked, limit_max, rate_max, rate_period) AS (
     -- The open keys in order, one lock tried at a time (without waiting: a key another claim
     -- holds is skipped), until the keys got can fill the claim; n: how many the claim takes
     -- from the key at most (what it gives, and what the claim still needs).
-    SELECT NULL::text COLLATE "C", -1::bigint, %(limit)s::bigint, 0::bigint, false
+    SELECT NULL::text COLLATE "C", -1::bigint, %(limit)s::bigint, 0::bigint, false,
+           0, 0, 0::bigint
     UNION ALL
     SELECT o.k, o.pos,
            w.need - CASE WHEN l.locked THEN least(o.avail, w.need) ELSE 0 END,
-           least(o.avail, w.need), l.locked
+           least(o.avail, w.need), l.locked, o.limit_max, o.rate_max, o.rate_period
     FROM walk w
     CROSS JOIN LATERAL (
-        SELECT k, pos, avail FROM open WHERE pos > w.pos AND avail > 0 ORDER BY pos LIMIT 1
+        SELECT k, pos, avail, limit_max, rate_max, rate_period FROM open
+        WHERE pos > w.pos AND avail > 0 ORDER BY pos LIMIT 1
     ) o
     CROSS JOIN LATERAL (
         SELECT pg_try_advisory_xact_lock(%(lock_class)s, hashtext(o.k)) AS locked
@@ -666,11 +668,13 @@ walk(k, pos, need, n, locked) AS (
     WHERE w.need > 0
 ),
 got AS (
-    SELECT k, pos, n FROM walk WHERE locked
+    SELECT k, pos, n, limit_max, rate_max, rate_period FROM walk WHERE locked
 )
 SELECT set_config('ultimat3_jobs.limit_keys',
-                  coalesce((SELECT json_agg(json_build_array(k, n) ORDER BY pos) FROM got)::text,
-                           '[]'),
+                  -- [[key, at most, limit_max, rate_max, rate_period], ...] in turn order
+                  coalesce((SELECT json_agg(json_build_array(k, n, limit_max, rate_max,
+                                                             rate_period) ORDER BY pos)
+                            FROM got)::text, '[]'),
                   true),
        -- Round-robin: the next claim starts after the last key got; with none, past the
        -- full keys looked at.
@@ -710,7 +714,8 @@ WITH free AS (
     )
 ),
 held AS (
-    SELECT e.value ->> 0 AS k, (e.value ->> 1)::bigint AS n, e.turn
+    SELECT e.value ->> 0 AS k, (e.value ->> 1)::bigint AS n, (e.value ->> 2)::int AS limit_max,
+           (e.value ->> 3)::int AS rate_max, (e.value ->> 4)::bigint AS rate_period, e.turn
     FROM json_array_elements(
         coalesce(nullif(current_setting('ultimat3_jobs.limit_keys', true), ''), '[]')::json
     ) WITH ORDINALITY AS e(value, turn)
@@ -719,31 +724,19 @@ lim_keys AS (
     SELECT h.k, h.turn, least(s.free, h.n) AS free
     FROM held h
     CROSS JOIN LATERAL (
-        -- Per queue, so that (queue, limit_key) is an index prefix of x_jobs_claim_limited_idx.
-        SELECT j.limit_max, j.rate_max, j.rate_period
-        FROM unnest(%(queues)s::text[]) AS fq(name)
-        CROSS JOIN LATERAL (
-            SELECT j.limit_max, j.rate_max, j.rate_period FROM {schema}.x_jobs j
-            WHERE j.queue = fq.name AND j.limit_key = h.k
-              AND j.state IN ('scheduled', 'available')
-            ORDER BY j.priority DESC, j.run_at, j.id  -- the head job, by index
-            LIMIT 1
-        ) j
-        LIMIT 1
-    ) f
-    CROSS JOIN LATERAL (
-        -- The key's free slots: by its running jobs, and by its starts within the window.
+        -- The key's free slots (its head job's limits come from job_limit_lock), counted again
+        -- under this statement's snapshot: by its running jobs, and its starts in the window.
         SELECT least(
-            f.limit_max - (
+            h.limit_max - (
                 SELECT count(*) FROM {schema}.x_jobs r
                 WHERE r.limit_key = h.k AND r.state = 'running'
                   AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now())
             ),
-            CASE WHEN f.rate_max = 0 THEN f.limit_max ELSE f.rate_max - (
+            CASE WHEN h.rate_max = 0 THEN h.limit_max ELSE h.rate_max - (
                 SELECT count(*) FROM {schema}.x_jobs r
                 WHERE r.limit_key = h.k AND r.attempted_at IS NOT NULL AND r.rate_max > 0
                   AND r.attempted_at > coalesce(%(now)s::timestamptz, now())
-                                       - f.rate_period * interval '1 microsecond'
+                                       - h.rate_period * interval '1 microsecond'
             ) END
         ) AS free
     ) s

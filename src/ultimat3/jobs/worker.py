@@ -53,7 +53,12 @@ from ultimat3.jobs import events
 from ultimat3.jobs.clock import Clock
 from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.duration import format_duration
-from ultimat3.jobs.errors import ConfigurationError, DeserializationError, JobsError
+from ultimat3.jobs.errors import (
+    ConfigurationError,
+    DeserializationError,
+    JobsError,
+    SerializationError,
+)
 from ultimat3.jobs.ids import token
 from ultimat3.jobs.job import Cancel, Enqueuer, JobContext, JobHandle, Snooze, current_app
 from ultimat3.jobs.maintenance import (
@@ -158,6 +163,8 @@ class Outcome:
     drop: bool = False
     run_at: datetime | None = None
     reason: str = ""
+    #: A completion's result as JSON text (None: the handler returned None).
+    result: str | None = None
 
 
 class _Flag:
@@ -454,11 +461,14 @@ class Worker:
         fails: list[_Held] = []
         failures: list[Failure] = []
         rare: list[_Held] = []
+        results: dict[str, str] = {}
         for held in finished:
             outcome = held.run.outcome
             assert outcome is not None
             if outcome.kind == "complete":
                 done.append(held)
+                if outcome.result is not None:
+                    results[held.lease.id] = outcome.result
             elif outcome.kind == "fail":
                 assert outcome.failure is not None
                 fails.append(held)
@@ -479,7 +489,12 @@ class Worker:
             )
         try:
             result = self.driver.job_cycle(
-                Cycle(completes=[h.lease for h in done], failures=failures, claim=claim),
+                Cycle(
+                    completes=[h.lease for h in done],
+                    failures=failures,
+                    claim=claim,
+                    results=results,
+                ),
                 now=self.clock.pinned(),
             )
         except BaseException:
@@ -1110,12 +1125,12 @@ class Worker:
     def _call_sync(self, held: _Held, handle: JobHandle[Any], args: list[Any]) -> Outcome:
         reset = current_app.set(self.app)
         try:
-            handle.fn(*args)
+            value = handle.fn(*args)
         except BaseException as exc:
             return self.outcome_of(held, exc)
         finally:
             current_app.reset(reset)
-        return Outcome("complete")
+        return Outcome("complete") if value is None else self._completed(held, value)
 
     async def _run_async(self, held: _Held) -> Outcome | None:
         prepared = self._prepare(held)
@@ -1125,7 +1140,7 @@ class Worker:
         reset = current_app.set(self.app)
         timeout = handle.timeout.total_seconds() if handle.timeout is not None else None
         try:
-            await asyncio.wait_for(handle.fn(*args), timeout)
+            value = await asyncio.wait_for(handle.fn(*args), timeout)
         except TimeoutError:
             return self._timeout_outcome(held)
         except asyncio.CancelledError:
@@ -1134,7 +1149,18 @@ class Worker:
             return self.outcome_of(held, exc)
         finally:
             current_app.reset(reset)
-        return Outcome("complete")
+        return Outcome("complete") if value is None else self._completed(held, value)
+
+    def _completed(self, held: _Held, value: Any) -> Outcome:
+        """A handler returned ``value``: a completion with its result as JSON text, or, when
+        it cannot be stored (not JSON, over the payload limit), a failure parked as dead at
+        once: the function ran to its end, so a retry would repeat its effects only to return
+        the same value."""
+        try:
+            return Outcome("complete", result=self.serializer.dumps(value, path="result"))
+        except SerializationError as exc:
+            error = error_from_exception(held.job, exc, self.clock.now())
+            return Outcome("fail", failure=Failure(held.lease, error, None))
 
     def outcome_of(self, held: _Held, exc: BaseException) -> Outcome:
         """What a handler's exception means (shared by sync and async handlers). Never raises:

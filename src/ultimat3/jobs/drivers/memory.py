@@ -327,7 +327,12 @@ class MemoryDriver:
     def job_cycle(self, cycle: Cycle, *, now: datetime | None = None) -> CycleResult:
         at = _now(now)
         with self._lock:  # one lock: no reader can tell the parts apart from one transaction
-            completed = {lease.id for lease in cycle.completes if self._complete(lease, at)}
+            results = cycle.results
+            completed = {
+                lease.id
+                for lease in cycle.completes
+                if self._complete(lease, at, results.get(lease.id))
+            }
             failed = self._fail(cycle.failures, at)
             claimed = []
             if cycle.claims is not None:
@@ -448,6 +453,17 @@ class MemoryDriver:
     def job_get(self, job_id: str, *, tenant_id: str | None = None) -> Job | None:
         with self._lock:
             return self._scoped(job_id, tenant_id)
+
+    def job_wait(self, job_id: str, *, timeout: float, tenant_id: str | None = None) -> Job | None:
+        """Woken by the change that finishes the job (``_put`` notifies every final state)."""
+        deadline = self._monotonic() + max(0.0, timeout)
+        with self._changed:
+            while True:
+                job = self._scoped(job_id, tenant_id)
+                remaining = deadline - self._monotonic()
+                if job is None or job.state in FINAL_STATES or remaining <= 0:
+                    return job
+                self._changed.wait(remaining)
 
     def job_list(
         self, where: JobFilter, *, limit: int = 100, before_id: str | None = None
@@ -614,11 +630,11 @@ class MemoryDriver:
             return None
         return job
 
-    def _complete(self, lease: Lease, at: datetime) -> bool:
+    def _complete(self, lease: Lease, at: datetime, result: str | None = None) -> bool:
         job = self._held(lease)
         if job is None:
             return False
-        self._put(_unleased(replace(job, state=JobState.COMPLETED, finished_at=at)))
+        self._put(_unleased(replace(job, state=JobState.COMPLETED, finished_at=at, result=result)))
         return True
 
     def _put(self, job: Job) -> None:
@@ -630,6 +646,8 @@ class MemoryDriver:
             self._waiting.discard(job.id)
         if job.state is not JobState.RUNNING:
             self._started.discard(job.id)
+            if job.state in FINAL_STATES:
+                self._changed.notify_all()  # for job_wait (wait_for_jobs reads _generation)
 
     def _delete(self, job: Job) -> None:
         del self._jobs[job.id]

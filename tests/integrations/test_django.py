@@ -10,10 +10,7 @@ installed: these tests run Django 5.2 with the ``django-tasks`` backport (the ba
 
 from __future__ import annotations
 
-import atexit
-import shutil
 import sys
-import tempfile
 import time
 import types
 from collections.abc import Iterator
@@ -23,47 +20,16 @@ from typing import Any
 
 import pytest
 
-django = pytest.importorskip("django")
-from django.conf import settings  # noqa: E402
+pytest.importorskip("django")
+from django.db import connection, connections, transaction
 
-if not settings.configured:
-    _scratch = tempfile.mkdtemp(prefix="u3j-django-")
-    atexit.register(shutil.rmtree, _scratch, True)
-    settings.configure(
-        DATABASES={
-            "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": f"{_scratch}/boot.db"},
-            # Pointed at a fresh database by each test that uses them.
-            "fresh_sqlite": {"ENGINE": "django.db.backends.sqlite3", "NAME": f"{_scratch}/f.db"},
-            "fresh_postgres": {"ENGINE": "django.db.backends.postgresql", "NAME": "unset"},
-        },
-        INSTALLED_APPS=[],
-        USE_TZ=True,
-        TASKS={
-            "default": {
-                "BACKEND": "ultimat3.jobs.integrations.django.JobsBackend",
-                "QUEUES": ["default", "emails"],
-                "OPTIONS": {"APP": "u3j_django_app:app"},
-            },
-            **{
-                f"fresh_{kind}": {
-                    "BACKEND": "ultimat3.jobs.integrations.django.JobsBackend",
-                    "QUEUES": ["default"],
-                    "OPTIONS": {"APP": "u3j_django_fresh:app", "DATABASE": f"fresh_{kind}"},
-                }
-                for kind in ("sqlite", "postgres")
-            },
-        },
-    )
-    django.setup()
+from ultimat3.jobs import App
+from ultimat3.jobs.integrations.django import JobsBackend, using
+from ultimat3.jobs.records import JobState
+from ultimat3.jobs.testing import drain
 
-from django.db import connection, connections, transaction  # noqa: E402
-
-from ultimat3.jobs import App  # noqa: E402
-from ultimat3.jobs.integrations.django import JobsBackend, using  # noqa: E402
-from ultimat3.jobs.records import JobState  # noqa: E402
-from ultimat3.jobs.testing import drain  # noqa: E402
-
-from .conftest import JOBS, RUNS, deliver, record  # noqa: E402
+from . import djangoproject  # noqa: F401  (configures Django's settings, once)
+from .conftest import JOBS, RUNS, deliver, record
 
 try:
     from django.tasks import task  # type: ignore[import-not-found, unused-ignore]

@@ -13,9 +13,12 @@ from __future__ import annotations
 import atexit
 import shutil
 import tempfile
+from pathlib import Path
 
 import django
+import pytest
 from django.conf import settings
+from django.db import connections
 
 _BACKEND = "ultimat3.jobs.integrations.django.JobsBackend"
 
@@ -78,3 +81,21 @@ if not settings.configured:
         },
     )
     django.setup()
+
+
+def point_at(alias: str, request: pytest.FixtureRequest, sqlite_file: Path) -> str:
+    """Point the Django alias (``..._sqlite`` or ``..._postgres``) at a fresh database: the
+    SQLite file, or the test server's fresh PostgreSQL database (``pg_dsn``); return the URL
+    an App opens it with."""
+    target = connections[alias]
+    target.close()
+    if alias.endswith("_sqlite"):
+        target.settings_dict["NAME"] = str(sqlite_file)
+        return f"sqlite:///{sqlite_file}"
+    from psycopg.conninfo import conninfo_to_dict
+
+    parts = conninfo_to_dict(request.getfixturevalue("pg_dsn"))
+    target.settings_dict.update(
+        NAME=parts["dbname"], USER=parts["user"], HOST=parts["host"], PORT=parts["port"]
+    )
+    return f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"

@@ -28,8 +28,8 @@ from ultimat3.jobs.integrations.django import JobsBackend, using
 from ultimat3.jobs.records import JobState
 from ultimat3.jobs.testing import drain
 
-from . import djangoproject  # noqa: F401  (configures Django's settings, once)
 from .conftest import JOBS, RUNS, deliver, record
+from .djangoproject import point_at
 
 try:
     from django.tasks import task  # type: ignore[import-not-found, unused-ignore]
@@ -143,20 +143,7 @@ def test_the_task_backend_joins_atomic_and_maps_the_options(app: App) -> None:
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def fresh(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, App]]:
     alias = f"fresh_{request.param}"
-    target = connections[alias]
-    target.close()
-    if request.param == "sqlite":
-        data = tmp_path / "fresh.sqlite3"
-        target.settings_dict["NAME"] = str(data)
-        url = f"sqlite:///{data}"
-    else:
-        from psycopg.conninfo import conninfo_to_dict
-
-        parts = conninfo_to_dict(request.getfixturevalue("pg_dsn"))
-        target.settings_dict.update(
-            NAME=parts["dbname"], USER=parts["user"], HOST=parts["host"], PORT=parts["port"]
-        )
-        url = f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+    url = point_at(alias, request, tmp_path / "fresh.sqlite3")
     migrated = App(url)
     migrated.open()
     migrated.close()

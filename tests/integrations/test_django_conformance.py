@@ -31,7 +31,7 @@ from ultimat3.jobs.integrations.django import JobsBackend
 from ultimat3.jobs.records import JobState
 from ultimat3.jobs.testing import drain
 
-from . import djangoproject  # noqa: F401  (configures Django's settings, once)
+from .djangoproject import point_at
 
 try:  # Django 6; else the django-tasks backport on Django 5.2
     from django.tasks import TaskContext, TaskResultStatus, task, task_backends
@@ -140,19 +140,7 @@ def kind(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """The conformance databases of this kind, fresh, with an App whose jobs live in the same
     database as Django's data (the ``u3j_django_conform:app`` the backends name)."""
     target = connections[f"conform_{request.param}"]
-    target.close()
-    if request.param == "sqlite":
-        data = tmp_path / "conform.sqlite3"
-        target.settings_dict["NAME"] = str(data)
-        url = f"sqlite:///{data}"
-    else:
-        from psycopg.conninfo import conninfo_to_dict
-
-        parts = conninfo_to_dict(request.getfixturevalue("pg_dsn"))
-        target.settings_dict.update(
-            NAME=parts["dbname"], USER=parts["user"], HOST=parts["host"], PORT=parts["port"]
-        )
-        url = f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+    url = point_at(target.alias, request, tmp_path / "conform.sqlite3")
     elsewhere = connections["elsewhere"]
     elsewhere.close()
     elsewhere.settings_dict["NAME"] = str(tmp_path / "elsewhere.sqlite3")

@@ -32,15 +32,14 @@ from ultimat3.jobs.serialization import Serializer
 
 __all__ = ["outcome", "wait_result", "wait_result_async"]
 
-#: With no timeout, the longest one driver wait lasts (the loop goes round again).
-_FOREVER_SLICE = 60.0
-#: The longest one wait of the async variant lasts on its thread.
+#: The longest one driver wait lasts before the loop goes round again (a long or no timeout).
+_SYNC_SLICE = 60.0
+#: The same for the async variant, whose wait holds a thread: cancelling it frees the thread
+#: within this.
 _ASYNC_SLICE = 1.0
 
 
-def _seconds(timeout: DurationInput | None) -> float | None:
-    if timeout is None:
-        return None
+def _seconds(timeout: DurationInput) -> float:
     return max(0.0, to_timedelta(timeout, name="timeout").total_seconds())
 
 
@@ -89,15 +88,11 @@ def wait_result(
     timeout: DurationInput | None,
     tenant_id: str | None = None,
 ) -> Any:
-    limit = _seconds(timeout)
-    deadline = None if limit is None else time.monotonic() + limit
+    wait = _Wait(timeout, _SYNC_SLICE)
     while True:
-        span = _FOREVER_SLICE if deadline is None else max(0.0, deadline - time.monotonic())
-        job = driver.job_wait(job_id, timeout=span, tenant_id=tenant_id)
-        if job is None or job.state not in ACTIVE_STATES:
-            return outcome(job, job_id, serializer, limit)
-        if deadline is not None and time.monotonic() >= deadline:
-            return outcome(job, job_id, serializer, limit)
+        job = driver.job_wait(job_id, timeout=wait.span(), tenant_id=tenant_id)
+        if wait.over(job):
+            return outcome(job, job_id, serializer, wait.limit)
 
 
 async def wait_result_async(
@@ -108,15 +103,32 @@ async def wait_result_async(
     timeout: DurationInput | None,
     tenant_id: str | None = None,
 ) -> Any:
-    limit = _seconds(timeout)
-    deadline = None if limit is None else time.monotonic() + limit
+    wait = _Wait(timeout, _ASYNC_SLICE)
     while True:
-        left = _ASYNC_SLICE if deadline is None else max(0.0, deadline - time.monotonic())
-        span = min(left, _ASYNC_SLICE)
-        job = await asyncio.to_thread(driver.job_wait, job_id, timeout=span, tenant_id=tenant_id)
-        if (
-            job is None
-            or job.state not in ACTIVE_STATES
-            or (deadline is not None and time.monotonic() >= deadline)
-        ):
-            return outcome(job, job_id, serializer, limit)
+        job = await asyncio.to_thread(
+            driver.job_wait, job_id, timeout=wait.span(), tenant_id=tenant_id
+        )
+        if wait.over(job):
+            return outcome(job, job_id, serializer, wait.limit)
+
+
+class _Wait:
+    """The deadline of one ``result`` call, waited for in slices of at most ``most``."""
+
+    __slots__ = ("deadline", "limit", "most")
+
+    def __init__(self, timeout: DurationInput | None, most: float) -> None:
+        self.limit = None if timeout is None else _seconds(timeout)
+        self.deadline = None if self.limit is None else time.monotonic() + self.limit
+        self.most = most
+
+    def span(self) -> float:
+        if self.deadline is None:
+            return self.most
+        return min(self.most, max(0.0, self.deadline - time.monotonic()))
+
+    def over(self, job: Job | None) -> bool:
+        """The job finished (or is gone), or the deadline passed."""
+        if job is None or job.state not in ACTIVE_STATES:
+            return True
+        return self.deadline is not None and time.monotonic() >= self.deadline

@@ -184,8 +184,8 @@ class Driver(Protocol):
 
     def job_cycle(self, cycle: Cycle, *, now: datetime | None = None) -> CycleResult:
         """A worker's turn in one transaction (one commit): complete (storing
-        ``cycle.results``) and fail what finished (each write fenced by its lease), and claim for the handlers that are free now
-        (``cycle.claim``), marking the claimed jobs started: their handlers are called at once,
+        ``cycle.results``) and fail what finished (each write fenced by its lease), and claim
+        for the handlers that are free now (``cycle.claim``), marking the claimed jobs started: their handlers are called at once,
         and a job whose worker dies after this is rescued as lost, not released unstarted. A
         turn that only claims may commit without waiting for the disk (losing it to a crash
         only gives the attempt back)."""

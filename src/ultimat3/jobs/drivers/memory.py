@@ -26,7 +26,7 @@ Semantics this driver pins down (the SQL drivers follow them):
   the rows this transaction staged.
 - **Wake-ups.** ``wait_for_jobs`` returns early after an insert (a staged one at its commit), a
   failure, a snooze, a manual retry or a resumed queue: every change that can make a job
-  claimable.
+  claimable. ``job_wait`` returns at the change that finishes its job.
 
 Limits (where it differs from a database, knowingly):
 

@@ -25,7 +25,10 @@ Guarantees (beyond the ``Driver`` protocol's rules, which this driver keeps):
   transaction: a rollback sends nothing. ``wait_for_jobs`` LISTENs on one dedicated
   connection outside the pool, shared by every waiting thread; after any error on it, it
   returns early (so the caller polls), then reconnects with backoff (capped at 5 s) and
-  re-LISTENs, returning early once more.
+  re-LISTENs, returning early once more. Completions, dead ends and cancels notify another
+  channel, ``<schema>:finished``, with the finished ids: ``job_wait`` (a reader waiting for a
+  result) LISTENs there on a connection of its own (``pg_finished``), so workers never wake
+  for them.
 - **Behind a transaction-mode pooler** (``pooler="transaction"``: PgBouncer's
   ``pool_mode = transaction``, the transaction poolers of managed services), where every
   transaction may run on another server session, nothing of ours lives in a session: no
@@ -197,7 +200,8 @@ class PostgresDriver:
     """Jobs in PostgreSQL through psycopg 3 and a psycopg_pool connection pool.
 
     ``dsn`` is a libpq URL or conninfo string. ``pool_min``/``pool_max`` size the pool (the
-    LISTEN connection is extra); ``pooler="transaction"`` (or ``listen=False``) turns
+    LISTEN connections are extra: the workers' one, and the one the first wait for a result
+    opens); ``pooler="transaction"`` (or ``listen=False``) turns
     LISTEN/NOTIFY and prepared statements off for transaction-mode poolers, and ``poll`` is
     then the longest gap between two looks for new jobs while idle; ``statement_timeout`` and
     ``lock_timeout`` (seconds) bound every statement of ours; ``application_name`` labels every

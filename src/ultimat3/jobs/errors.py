@@ -145,10 +145,14 @@ class JobFailedError(JobsError):
     ``job`` is the job as read (``job.state``, ``job.errors[-1]`` for the last error,
     ``job.cancel_reason``); ``last_error`` is its last error, if any."""
 
-    def __init__(self, cause: str | None = None, *, fix: str | None = None, job: Any) -> None:
+    default_fix = "see every attempt with `ultimat3-jobs jobs show ID`"
+
+    def __init__(
+        self, cause: str | None = None, *, fix: str | None = None, job: Any = None
+    ) -> None:
         self.job = job
-        self.last_error = job.errors[-1] if job.errors else None
-        super().__init__(cause, fix=fix, job_id=job.id, state=job.state.value)
+        self.last_error = job.errors[-1] if job is not None and job.errors else None
+        super().__init__(cause, fix=fix, **_about(job))
 
 
 class ResultTimeoutError(JobsError, TimeoutError):
@@ -156,6 +160,15 @@ class ResultTimeoutError(JobsError, TimeoutError):
 
     ``job`` is the job as last read (still scheduled, available or running)."""
 
-    def __init__(self, cause: str | None = None, *, fix: str | None = None, job: Any) -> None:
+    default_fix = "wait longer (timeout=...), or check that a worker serves the job's queue"
+
+    def __init__(
+        self, cause: str | None = None, *, fix: str | None = None, job: Any = None
+    ) -> None:
         self.job = job
-        super().__init__(cause, fix=fix, job_id=job.id, state=job.state.value)
+        super().__init__(cause, fix=fix, **_about(job))
+
+
+def _about(job: Any) -> dict[str, Any]:
+    """The context a result error carries about its job (a ``records.Job``, or None)."""
+    return {} if job is None else {"job_id": job.id, "state": job.state.value}

@@ -137,3 +137,24 @@ def test_wait_is_woken_by_a_batch_too_large_to_name_its_jobs(driver: Driver) -> 
     waited, found = _woken_by(driver, target, finish)
     assert found is not None and found.result == "1"  # type: ignore[attr-defined]
     assert waited < 10.0
+
+
+def test_a_wait_on_a_quiet_database_does_not_spin(driver: Driver) -> None:
+    """While nothing changes, a wait reads its job a handful of times at most (once, plus once
+    after the first LISTEN; a poll every 500 ms behind a transaction pooler), not in a loop."""
+    [job_id] = insert(driver, new_job())
+    claim_one(driver, at(1))
+    reads = 0
+    read = driver.job_get
+
+    def counted(job_id: str, *, tenant_id: str | None = None) -> object:
+        nonlocal reads
+        reads += 1
+        return read(job_id, tenant_id=tenant_id)
+
+    driver.job_get = counted  # type: ignore[method-assign,assignment]
+    started = time.monotonic()
+    still = driver.job_wait(job_id, timeout=1.0)
+    assert time.monotonic() - started >= 1.0
+    assert still is not None and still.state is JobState.RUNNING
+    assert reads <= 5, f"{reads} reads in one second of waiting"

@@ -128,6 +128,7 @@ class MemoryDriver:
         self._identity = DatabaseId("memory", (id(self),), "memory://")
         self._isolated: set[str] = set()  # ids of jobs rescued after their worker died
         self._started: set[str] = set()  # running jobs whose worker recorded their start
+        self._finish_waiters = 0  # threads in job_wait
         self.stalls = StallTracker()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -460,12 +461,16 @@ class MemoryDriver:
         """Woken by the change that finishes the job (``_put`` notifies every final state)."""
         deadline = self._monotonic() + max(0.0, timeout)
         with self._changed:
-            while True:
-                job = self._scoped(job_id, tenant_id)
-                remaining = deadline - self._monotonic()
-                if job is None or job.state in FINAL_STATES or remaining <= 0:
-                    return job
-                self._changed.wait(remaining)
+            self._finish_waiters += 1
+            try:
+                while True:
+                    job = self._scoped(job_id, tenant_id)
+                    remaining = deadline - self._monotonic()
+                    if job is None or job.state in FINAL_STATES or remaining <= 0:
+                        return job
+                    self._changed.wait(remaining)
+            finally:
+                self._finish_waiters -= 1
 
     def job_list(
         self, where: JobFilter, *, limit: int = 100, before_id: str | None = None
@@ -676,7 +681,7 @@ class MemoryDriver:
             self._waiting.discard(job.id)
         if job.state is not JobState.RUNNING:
             self._started.discard(job.id)
-            if job.state in FINAL_STATES:
+            if self._finish_waiters and job.state in FINAL_STATES:
                 self._changed.notify_all()  # for job_wait (wait_for_jobs reads _generation)
 
     def _delete(self, job: Job) -> None:

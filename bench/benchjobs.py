@@ -23,6 +23,12 @@ else:
     noop = job(name="noop")(_noop)
 
 
+@job
+def echo(input: Any) -> Any:
+    """A no-op that returns its input: the drain's ``--returning`` (a stored result each)."""
+    return input
+
+
 @job(queue="latency")
 def stamp(input: dict[str, Any]) -> None:
     """Records how long after its enqueue it started (same host, same clock)."""

@@ -4,7 +4,8 @@ claim-10/ack-10 loop measured in the same run.
     python bench/drain.py                          # SQLite and PostgreSQL, 1 process
     python bench/drain.py --driver postgres --processes 1,2,4
     python bench/drain.py --jobs 100000
-    python bench/drain.py --limited 100          # the no-op job limited to 100 per key, 10 keys
+    python bench/drain.py --limited 100            # the no-op job limited to 100 per key, 10 keys
+    python bench/drain.py --returning              # each job returns its input: a stored result
 
 Each figure is jobs per second from the first claim to the last completion; read it as the
 ratio beside it. Not a test: nothing here asserts.
@@ -23,14 +24,17 @@ from pathlib import Path
 from run import drained_span, load_app, spawn_worker, sqlite_bare_claim_loop, tree_cpu_seconds
 
 
-def drain(url: str, tmp: Path, jobs: int, processes: int) -> tuple[float, float]:
+def drain(
+    url: str, tmp: Path, jobs: int, processes: int, returning: bool = False
+) -> tuple[float, float]:
     """Jobs per second from the first claim to the last completion, as the database recorded
     them (``drained_span``), and the worker processes' CPU share meanwhile. Progress is polled
     rarely: a count every few milliseconds would load the database it measures."""
     bj = load_app(url, tmp)
     app = bj.app
+    handle = bj.echo if returning else bj.noop
     for chunk in range(0, jobs, 10_000):
-        app.enqueue_many(bj.noop, [{"i": i} for i in range(chunk, min(jobs, chunk + 10_000))])
+        app.enqueue_many(handle, [{"i": i} for i in range(chunk, min(jobs, chunk + 10_000))])
     args = ["--queue", "default", "--poll-interval", "100ms"]
     if processes > 1:
         args += ["--processes", str(processes)]
@@ -57,20 +61,20 @@ def report(label: str, measured: tuple[float, float], bare: float) -> None:
     )
 
 
-def bench_sqlite(jobs: int, sweep: list[int]) -> None:
+def bench_sqlite(jobs: int, sweep: list[int], returning: bool) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="u3drain-sqlite-"))
     try:
         bare = jobs / sqlite_bare_claim_loop(tmp / "bare.sqlite3", jobs)
         print("== SQLite (WAL, synchronous=FULL)")
         for n in sweep:
             url = f"sqlite:///{tmp / f'jobs{n}.sqlite3'}"
-            measured = drain(url, tmp, jobs, n)
-            report(f"drain {jobs:,} no-op jobs, {n} process(es)", measured, bare)
+            measured = drain(url, tmp, jobs, n, returning)
+            report(f"drain {jobs:,} {_kind(returning)} jobs, {n} process(es)", measured, bare)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def bench_postgres(jobs: int, sweep: list[int]) -> None:
+def bench_postgres(jobs: int, sweep: list[int], returning: bool) -> None:
     import psycopg
     from bench_pg import _url, bare_claim_loop, bare_copy, bench_database
 
@@ -89,11 +93,15 @@ def bench_postgres(jobs: int, sweep: list[int]) -> None:
         for n in sweep:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute("TRUNCATE ultimat3_jobs.x_jobs")
-            measured = drain(_url(dsn), tmp, jobs, n)
-            report(f"drain {jobs:,} no-op jobs, {n} process(es)", measured, bare)
+            measured = drain(_url(dsn), tmp, jobs, n, returning)
+            report(f"drain {jobs:,} {_kind(returning)} jobs, {n} process(es)", measured, bare)
     finally:
         cluster.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _kind(returning: bool) -> str:
+    return "returning" if returning else "no-op"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -111,14 +119,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--processes", default="1", help="comma-separated worker process counts, e.g. 1,2,4"
     )
+    parser.add_argument(
+        "--returning",
+        action="store_true",
+        help="each job returns its input ({'i': n}), so each completion stores a result",
+    )
     args = parser.parse_args(argv)
     sweep = [int(p) for p in args.processes.split(",")]
     if args.limited:
         os.environ["BENCH_LIMIT"] = str(args.limited)  # read by benchjobs, here and in workers
     if args.driver in ("sqlite", "all"):
-        bench_sqlite(args.jobs, sweep)
+        bench_sqlite(args.jobs, sweep, args.returning)
     if args.driver in ("postgres", "all"):
-        bench_postgres(args.jobs, sweep)
+        bench_postgres(args.jobs, sweep, args.returning)
 
 
 if __name__ == "__main__":

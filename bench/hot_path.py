@@ -1,5 +1,6 @@
 """CPU per job of the library's own hot paths, in this process: enqueue (one by one and in
-batches) and a drain by ``worker.drain()``, on the memory driver (no I/O: the Python code
+batches) and a drain by ``worker.drain()`` (of jobs that return None, and of jobs that return
+their input: a stored result each, where results are stored), on the memory driver (no I/O: the Python code
 alone) and on SQLite (its C library runs in this process too, so triggers and statements
 count; waiting for the disk does not). CPU time, not wall time, so that other load on the
 machine moves the figures less; compare two checkouts by running it with each on
@@ -31,6 +32,11 @@ def noop(input: dict[str, int]) -> None:
     pass
 
 
+@job
+def echo(input: dict[str, int]) -> dict[str, int]:
+    return input
+
+
 def cpu_per_job(call: Callable[[], int]) -> float:
     started = time.process_time()
     n = call()
@@ -40,6 +46,7 @@ def cpu_per_job(call: Callable[[], int]) -> float:
 def one_round(url: str, jobs: int) -> dict[str, float]:
     module = types.ModuleType("hot_path_jobs")
     module.noop = noop  # type: ignore[attr-defined]
+    module.echo = echo  # type: ignore[attr-defined]
     sys.modules[module.__name__] = module
     app = App(url, modules=[module])
     try:
@@ -60,11 +67,15 @@ def one_round(url: str, jobs: int) -> dict[str, float]:
             stats = app.worker(concurrency=10).drain()
             return stats.completed
 
-        return {
+        figures = {
             "enqueue one by one": cpu_per_job(single),
             "enqueue_many (1000 a call)": cpu_per_job(batches),
             "drain (worker.drain)": cpu_per_job(drain),
         }
+        for start in range(0, jobs, 1000):
+            app.enqueue_many(echo, [{"i": i} for i in range(start, start + 1000)])
+        figures["drain, returning (echo)"] = cpu_per_job(drain)
+        return figures
     finally:
         app.close()
         sys.modules.pop(module.__name__, None)

@@ -532,6 +532,35 @@ def test_jobs_show_includes_attempted_at(app_ref: str) -> None:
     )
 
 
+def test_jobs_show_prints_the_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"sqlite:///{tmp_path / 'results.sqlite3'}"
+    (tmp_path / "cli_results_app.py").write_text(
+        "from ultimat3.jobs import App, job\n\n"
+        "@job\n"
+        "def quote(input):\n"
+        "    return {'price': input['n'] * 2, 'note': 'ünï'}\n\n"
+        f"app = App({url!r}, modules=[__import__(__name__)])\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+
+    module = importlib.import_module("cli_results_app")
+    try:
+        job_id = module.quote.enqueue({"n": 21}).id
+        ref = "cli_results_app:app"
+        waiting = json.loads(run("--app", ref, "jobs", "show", job_id, "--json")[1])
+        assert "result" not in waiting, "no result before it completes"
+        module.app.worker().drain()
+        shown = json.loads(run("--app", ref, "jobs", "show", job_id, "--json")[1])
+        assert shown["result"] == {"price": 42, "note": "ünï"}
+        code, out, _ = run("--app", ref, "jobs", "show", job_id)
+        assert code == 0
+        assert '          result: {"price": 42, "note": "\\u00fcn\\u00ef"}\n' in out
+    finally:
+        module.app.close()
+        sys.modules.pop("cli_results_app", None)
+
+
 def test_demo_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import tempfile
 

@@ -10,10 +10,7 @@ installed: these tests run Django 5.2 with the ``django-tasks`` backport (the ba
 
 from __future__ import annotations
 
-import atexit
-import shutil
 import sys
-import tempfile
 import time
 import types
 from collections.abc import Iterator
@@ -23,47 +20,16 @@ from typing import Any
 
 import pytest
 
-django = pytest.importorskip("django")
-from django.conf import settings  # noqa: E402
+pytest.importorskip("django")
+from django.db import connection, connections, transaction
 
-if not settings.configured:
-    _scratch = tempfile.mkdtemp(prefix="u3j-django-")
-    atexit.register(shutil.rmtree, _scratch, True)
-    settings.configure(
-        DATABASES={
-            "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": f"{_scratch}/boot.db"},
-            # Pointed at a fresh database by each test that uses them.
-            "fresh_sqlite": {"ENGINE": "django.db.backends.sqlite3", "NAME": f"{_scratch}/f.db"},
-            "fresh_postgres": {"ENGINE": "django.db.backends.postgresql", "NAME": "unset"},
-        },
-        INSTALLED_APPS=[],
-        USE_TZ=True,
-        TASKS={
-            "default": {
-                "BACKEND": "ultimat3.jobs.integrations.django.JobsBackend",
-                "QUEUES": ["default", "emails"],
-                "OPTIONS": {"APP": "u3j_django_app:app"},
-            },
-            **{
-                f"fresh_{kind}": {
-                    "BACKEND": "ultimat3.jobs.integrations.django.JobsBackend",
-                    "QUEUES": ["default"],
-                    "OPTIONS": {"APP": "u3j_django_fresh:app", "DATABASE": f"fresh_{kind}"},
-                }
-                for kind in ("sqlite", "postgres")
-            },
-        },
-    )
-    django.setup()
+from ultimat3.jobs import App
+from ultimat3.jobs.integrations.django import JobsBackend, using
+from ultimat3.jobs.records import JobState
+from ultimat3.jobs.testing import drain
 
-from django.db import connection, connections, transaction  # noqa: E402
-
-from ultimat3.jobs import App  # noqa: E402
-from ultimat3.jobs.integrations.django import JobsBackend, using  # noqa: E402
-from ultimat3.jobs.records import JobState  # noqa: E402
-from ultimat3.jobs.testing import drain  # noqa: E402
-
-from .conftest import JOBS, RUNS, deliver, record  # noqa: E402
+from .conftest import JOBS, RUNS, deliver, record
+from .djangoproject import point_at
 
 try:
     from django.tasks import task  # type: ignore[import-not-found, unused-ignore]
@@ -177,20 +143,7 @@ def test_the_task_backend_joins_atomic_and_maps_the_options(app: App) -> None:
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def fresh(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, App]]:
     alias = f"fresh_{request.param}"
-    target = connections[alias]
-    target.close()
-    if request.param == "sqlite":
-        data = tmp_path / "fresh.sqlite3"
-        target.settings_dict["NAME"] = str(data)
-        url = f"sqlite:///{data}"
-    else:
-        from psycopg.conninfo import conninfo_to_dict
-
-        parts = conninfo_to_dict(request.getfixturevalue("pg_dsn"))
-        target.settings_dict.update(
-            NAME=parts["dbname"], USER=parts["user"], HOST=parts["host"], PORT=parts["port"]
-        )
-        url = f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+    url = point_at(alias, request, tmp_path / "fresh.sqlite3")
     migrated = App(url)
     migrated.open()
     migrated.close()

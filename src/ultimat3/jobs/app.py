@@ -55,6 +55,7 @@ from ultimat3.jobs.records import (
     WorkerInfo,
 )
 from ultimat3.jobs.relay import Relay
+from ultimat3.jobs.results import wait_result, wait_result_async
 from ultimat3.jobs.scheduler import DatabaseLeader, Scheduler, SoleLeader
 from ultimat3.jobs.serialization import Codec, Serializer
 from ultimat3.jobs.worker import Worker, WorkerConfig
@@ -524,6 +525,26 @@ class App(Enqueuer):
     ) -> int:
         counts = self.driver.job_count(_filter(state, queue, name, tenant_id))
         return sum(counts.values())
+
+    def result(
+        self, job_id: str, *, timeout: DurationInput | None = None, tenant_id: str | None = None
+    ) -> Any:
+        """What the job's handler returned (decoded from its stored JSON), once the job has
+        completed: waits for it on the database's wake-ups, without busy-polling, for up to
+        ``timeout`` (None: as long as it takes). Raises ``JobFailedError`` when it ended dead
+        or cancelled (with its last error), ``ResultTimeoutError`` when it has not finished in
+        time, ``JobNotFoundError`` when there is no such job (or it was pruned)."""
+        return wait_result(
+            self.driver, self.serializer, job_id, timeout=timeout, tenant_id=tenant_id
+        )
+
+    async def result_async(
+        self, job_id: str, *, timeout: DurationInput | None = None, tenant_id: str | None = None
+    ) -> Any:
+        """``result`` for async code: the event loop is never blocked."""
+        return await wait_result_async(
+            self.driver, self.serializer, job_id, timeout=timeout, tenant_id=tenant_id
+        )
 
     def decode_input(self, job: Job) -> Any:
         """A job's input as plain JSON data (codecs applied)."""

@@ -830,6 +830,11 @@ def job_dict(app: App, j: Job, full: bool = False) -> dict[str, Any]:
         data["lease_expires_at"] = _iso(j.lease_expires_at)
         data["worker_id"] = j.worker_id
         data["cancel_reason"] = j.cancel_reason
+        if j.state is JobState.COMPLETED:
+            try:
+                data["result"] = None if j.result is None else app.serializer.loads(j.result)
+            except JobsError as exc:
+                data["result_error"] = exc.cause
         data["errors"] = [e.to_json() for e in j.errors]
     elif j.errors:
         data["last_error"] = f"{j.errors[-1].kind}: {j.errors[-1].message}"
@@ -930,7 +935,7 @@ def jobs_list(
 @click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
 @pass_ctx
 def jobs_show(ctx: Context, job_id: str, tenant: str | None, as_json: bool) -> None:
-    """One job with its input and every attempt's error."""
+    """One job with its input, its result (once completed) and every attempt's error."""
     with explained(as_json):
         app = ctx.existing_app
         job = app.get_job(job_id, tenant_id=tenant)
@@ -958,7 +963,8 @@ def jobs_show(ctx: Context, job_id: str, tenant: str | None, as_json: bool) -> N
                 "the job is rescued once its lease expires)"
             )
         for key, value in data.items():
-            click.echo(f"{key:>16}: {json.dumps(value) if key == 'input' else value}")
+            shown = json.dumps(value, default=str) if key in ("input", "result") else value
+            click.echo(f"{key:>16}: {shown}")
         for e in errors:
             click.echo(f"\nattempt {e['attempt']} at {e['at']}: {e['kind']}: {e['message']}")
             if e["traceback"]:

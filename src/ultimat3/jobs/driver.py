@@ -185,9 +185,9 @@ class Driver(Protocol):
         ...
 
     def job_cycle(self, cycle: Cycle, *, now: datetime | None = None) -> CycleResult:
-        """A worker's turn in one transaction (one commit): complete and fail what finished
-        (each write fenced by its lease), and claim for the handlers that are free now
-        (``cycle.claim``), marking the claimed jobs started: their handlers are called at once,
+        """A worker's turn in one transaction (one commit): complete (storing
+        ``cycle.results``) and fail what finished (each write fenced by its lease), and claim
+        for the handlers that are free now (``cycle.claim``), marking the claimed jobs started: their handlers are called at once,
         and a job whose worker dies after this is rescued as lost, not released unstarted. A
         turn that only claims may commit without waiting for the disk (losing it to a crash
         only gives the attempt back)."""
@@ -228,7 +228,8 @@ class Driver(Protocol):
         executor: Executor | None = None,
         now: datetime | None = None,
     ) -> set[str]:
-        """Mark held jobs ``completed`` (clearing the lease); return the ids changed."""
+        """Mark held jobs ``completed`` (clearing the lease), with no result; return the ids
+        changed. A worker completes through ``job_cycle``, which stores results."""
         ...
 
     def job_fail_many(
@@ -268,6 +269,12 @@ class Driver(Protocol):
 
     def job_get(self, job_id: str, *, tenant_id: str | None = None) -> Job | None:
         """One job; with ``tenant_id``, only that tenant's."""
+        ...
+
+    def job_wait(self, job_id: str, *, timeout: float, tenant_id: str | None = None) -> Job | None:
+        """The job once it is in a final state (completed, dead, cancelled), or as it is when
+        ``timeout`` seconds have passed; None when there is no such job (or it was pruned).
+        Waits on the database's wake-ups, never in a tight loop: each driver says how."""
         ...
 
     def job_list(

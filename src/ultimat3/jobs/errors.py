@@ -14,7 +14,9 @@ exit code the command line uses for it. A class's docstring is its default messa
     ├── OutboxNoTxError             mode="required" and no transaction to join
     ├── DriverUnavailableError      the database cannot be reached or used
     ├── JobNotFoundError
-    └── InvalidStateError           an action that the job's state does not allow
+    ├── InvalidStateError           an action that the job's state does not allow
+    ├── JobFailedError              a result asked of a job that ended dead or cancelled
+    └── ResultTimeoutError          a result not there in time (also a TimeoutError)
 
 Control flow is not an error: ``Snooze`` and ``Cancel`` (``ultimat3.jobs.job``) sit outside
 this tree because a handler raises them to ask for something, not to report a failure.
@@ -72,8 +74,11 @@ class RegistrationError(ConfigurationError):
     """A job or task is registered in a way that cannot work."""
 
 
-class SerializationError(JobsError):
-    """The job input cannot be stored as JSON."""
+class SerializationError(JobsError, TypeError):
+    """The job input cannot be stored as JSON.
+
+    Also a ``TypeError``, as Python's ``json.dumps`` raises for the same values (and as
+    Django's tasks contract expects of arguments it cannot store)."""
 
     def __init__(
         self, cause: str | None = None, *, path: str = "input", fix: str | None = None
@@ -132,3 +137,38 @@ class JobNotFoundError(JobsError):
 
 class InvalidStateError(JobsError):
     """The job's state does not allow this action."""
+
+
+class JobFailedError(JobsError):
+    """The job ended without a result (dead or cancelled).
+
+    ``job`` is the job as read (``job.state``, ``job.errors[-1]`` for the last error,
+    ``job.cancel_reason``); ``last_error`` is its last error, if any."""
+
+    default_fix = "see every attempt with `ultimat3-jobs jobs show ID`"
+
+    def __init__(
+        self, cause: str | None = None, *, fix: str | None = None, job: Any = None
+    ) -> None:
+        self.job = job
+        self.last_error = job.errors[-1] if job is not None and job.errors else None
+        super().__init__(cause, fix=fix, **_about(job))
+
+
+class ResultTimeoutError(JobsError, TimeoutError):
+    """The job did not finish within the timeout.
+
+    ``job`` is the job as last read (still scheduled, available or running)."""
+
+    default_fix = "wait longer (timeout=...), or check that a worker serves the job's queue"
+
+    def __init__(
+        self, cause: str | None = None, *, fix: str | None = None, job: Any = None
+    ) -> None:
+        self.job = job
+        super().__init__(cause, fix=fix, **_about(job))
+
+
+def _about(job: Any) -> dict[str, Any]:
+    """The context a result error carries about its job (a ``records.Job``, or None)."""
+    return {} if job is None else {"job_id": job.id, "state": job.state.value}

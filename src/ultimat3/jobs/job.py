@@ -97,6 +97,14 @@ class Enqueuer(Protocol):
 
     def knows(self, handle: JobHandle[Any]) -> bool: ...
 
+    def result(
+        self, job_id: str, *, timeout: DurationInput | None = None, tenant_id: str | None = None
+    ) -> Any: ...
+
+    async def result_async(
+        self, job_id: str, *, timeout: DurationInput | None = None, tenant_id: str | None = None
+    ) -> Any: ...
+
 
 #: The app whose job is running, or that the caller entered with ``with app:``.
 current_app: ContextVar[Enqueuer | None] = ContextVar("ultimat3_jobs_current_app", default=None)
@@ -285,6 +293,28 @@ class JobHandle(Generic[InputT]):
 
     async def enqueue_async(self, input: InputT, **options: Unpack[EnqueueKwargs]) -> EnqueueResult:
         return await self._app().enqueue_async(self, input, **options)
+
+    def result(
+        self,
+        job: EnqueueResult | str,
+        *,
+        timeout: DurationInput | None = None,
+        tenant_id: str | None = None,
+    ) -> Any:
+        """What the job (an ``enqueue`` result or a job id) returned, once it completes: see
+        ``App.result``."""
+        job_id = job.id if isinstance(job, EnqueueResult) else job
+        return self._app().result(job_id, timeout=timeout, tenant_id=tenant_id)
+
+    async def result_async(
+        self,
+        job: EnqueueResult | str,
+        *,
+        timeout: DurationInput | None = None,
+        tenant_id: str | None = None,
+    ) -> Any:
+        job_id = job.id if isinstance(job, EnqueueResult) else job
+        return await self._app().result_async(job_id, timeout=timeout, tenant_id=tenant_id)
 
 
 @overload

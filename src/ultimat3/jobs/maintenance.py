@@ -53,19 +53,25 @@ MESSAGE_LIMIT = 4_000
 LEADERSHIP = "maintenance"
 
 
-def attempt_error(job: Job, kind: str, message: str, now: datetime, tb: str = "") -> AttemptError:
+def attempt_error(
+    job: Job, kind: str, message: str, now: datetime, tb: str = "", exception_path: str = ""
+) -> AttemptError:
     return AttemptError(
         attempt=job.attempt,
         at=now,
         kind=kind,
         message=message[:MESSAGE_LIMIT],
         traceback=tb[-TRACEBACK_LIMIT:],
+        worker_id=job.worker_id or "",
+        exception_path=exception_path,
     )
 
 
 def error_from_exception(job: Job, exc: BaseException, now: datetime) -> AttemptError:
     tb = "".join(traceback.format_exception(exc))
-    return attempt_error(job, type(exc).__qualname__, str(exc) or repr(exc), now, tb)
+    kind = type(exc)
+    path = f"{kind.__module__}.{kind.__qualname__}"
+    return attempt_error(job, kind.__qualname__, str(exc) or repr(exc), now, tb, path)
 
 
 def decide_failure(

@@ -1,7 +1,8 @@
 """The records that cross the driver seam: frozen dataclasses, never rows or cursors.
 
-Times are timezone-aware UTC ``datetime``; durations are ``timedelta``; ``input`` is the JSON
-text exactly as stored (the serializer owns encoding and decoding, drivers never parse it).
+Times are timezone-aware UTC ``datetime``; durations are ``timedelta``; ``input`` and
+``result`` are JSON text exactly as stored (the serializer owns encoding and decoding, drivers
+never parse them).
 
 Job states::
 
@@ -12,7 +13,7 @@ Job states::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -92,15 +93,25 @@ class AttemptError:
     kind: str  # the exception class, or "timeout", "worker_lost"
     message: str
     traceback: str = ""
+    #: The worker that ran the attempt ("" when unknown: written before it was kept).
+    worker_id: str = ""
+    #: The exception's class with its module (``builtins.ValueError``); "" when the attempt
+    #: ended without an exception (a timeout, a lost worker) or was written before it was kept.
+    exception_path: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "attempt": self.attempt,
             "at": self.at.isoformat(),
             "kind": self.kind,
             "message": self.message,
             "traceback": self.traceback,
         }
+        if self.worker_id:
+            data["worker_id"] = self.worker_id
+        if self.exception_path:
+            data["exception_path"] = self.exception_path
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> AttemptError:
@@ -110,6 +121,8 @@ class AttemptError:
             kind=str(data["kind"]),
             message=str(data["message"]),
             traceback=str(data.get("traceback", "")),
+            worker_id=str(data.get("worker_id", "")),
+            exception_path=str(data.get("exception_path", "")),
         )
 
 
@@ -147,6 +160,9 @@ class Job:
     cancel_reason: str | None = None
     #: The trace context stored with the job at enqueue (see ``NewJob.trace_context``).
     trace_context: str | None = None
+    #: What the handler returned, as JSON text; None until it completes, and when it returned
+    #: None.
+    result: str | None = None
 
     @property
     def lease(self) -> Lease:
@@ -167,6 +183,7 @@ def job_from_row(
     """A ``Job`` from a row whose columns come in ``Job``'s field order (every SQL driver
     selects them so); the driver supplies how its times and error histories are stored."""
     trace_context = row[19] if len(row) > 19 else None
+    result = row[20] if len(row) > 20 else None
     (
         id_,
         name,
@@ -209,6 +226,7 @@ def job_from_row(
         to_errors(errors),
         cancel_reason,
         trace_context,
+        result,
     )
 
 
@@ -323,6 +341,9 @@ class Cycle:
 
     completes: Sequence[Lease] = ()
     failures: Sequence[Failure] = ()
+    #: The results of completions, as JSON text by job id; a completion absent here stores
+    #: none (its handler returned None). Written with the completion, fenced by its lease.
+    results: Mapping[str, str] = field(default_factory=dict)
     #: Claimed for handlers free now, so the claim marks its jobs started.
     claim: ClaimParams | None = None
 

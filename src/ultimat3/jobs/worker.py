@@ -52,7 +52,12 @@ from ultimat3.jobs import events
 from ultimat3.jobs.clock import Clock
 from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.duration import format_duration
-from ultimat3.jobs.errors import ConfigurationError, DeserializationError, JobsError
+from ultimat3.jobs.errors import (
+    ConfigurationError,
+    DeserializationError,
+    JobsError,
+    SerializationError,
+)
 from ultimat3.jobs.ids import token
 from ultimat3.jobs.job import Cancel, Enqueuer, JobContext, JobHandle, Snooze, current_app
 from ultimat3.jobs.maintenance import (
@@ -159,6 +164,8 @@ class Outcome:
     drop: bool = False
     run_at: datetime | None = None
     reason: str = ""
+    #: A completion's result as JSON text (None: the handler returned None).
+    result: str | None = None
 
 
 class _Flag:
@@ -474,11 +481,14 @@ class Worker:
         fails: list[_Held] = []
         failures: list[Failure] = []
         rare: list[_Held] = []
+        results: dict[str, str] = {}
         for held in finished:
             outcome = held.run.outcome
             assert outcome is not None
             if outcome.kind == "complete":
                 done.append(held)
+                if outcome.result is not None:
+                    results[held.lease.id] = outcome.result
             elif outcome.kind == "fail":
                 assert outcome.failure is not None
                 fails.append(held)
@@ -500,7 +510,12 @@ class Worker:
             )
         try:
             result = self.driver.job_cycle(
-                Cycle(completes=[h.lease for h in done], failures=failures, claim=claim),
+                Cycle(
+                    completes=[h.lease for h in done],
+                    failures=failures,
+                    claim=claim,
+                    results=results,
+                ),
                 now=self.clock.pinned(),
             )
         except BaseException:
@@ -1142,11 +1157,11 @@ class Worker:
         reset = current_app.set(self.app)
         began = _job_started(held)
         try:
-            handle.fn(*args)
+            value = handle.fn(*args)
         except BaseException as exc:
             outcome = self.outcome_of(held, exc)
         else:
-            outcome = Outcome("complete")
+            outcome = Outcome("complete") if value is None else self._completed(held, value)
         finally:
             current_app.reset(reset)
         _job_finished(held, outcome, began)
@@ -1162,7 +1177,7 @@ class Worker:
         began = _job_started(held)
         outcome: Outcome | None
         try:
-            await asyncio.wait_for(handle.fn(*args), timeout)
+            value = await asyncio.wait_for(handle.fn(*args), timeout)
         except TimeoutError:
             outcome = self._timeout_outcome(held)
         except asyncio.CancelledError:
@@ -1170,11 +1185,22 @@ class Worker:
         except BaseException as exc:
             outcome = self.outcome_of(held, exc)
         else:
-            outcome = Outcome("complete")
+            outcome = Outcome("complete") if value is None else self._completed(held, value)
         finally:
             current_app.reset(reset)
         _job_finished(held, outcome, began)
         return outcome
+
+    def _completed(self, held: _Held, value: Any) -> Outcome:
+        """A handler returned ``value``: a completion with its result as JSON text, or, when
+        it cannot be stored (not JSON, over the payload limit), a failure parked as dead at
+        once: the function ran to its end, so a retry would repeat its effects only to return
+        the same value."""
+        try:
+            return Outcome("complete", result=self.serializer.dumps(value, path="result"))
+        except SerializationError as exc:
+            error = error_from_exception(held.job, exc, self.clock.now())
+            return Outcome("fail", failure=Failure(held.lease, error, None))
 
     def outcome_of(self, held: _Held, exc: BaseException) -> Outcome:
         """What a handler's exception means (shared by sync and async handlers). Never raises:

@@ -34,7 +34,7 @@ Semantics this driver pins down (the SQL drivers follow them):
   giving it the new input, ``run_at`` and priority if ``unique_replace`` and it waits.
 - **Wake-ups.** ``wait_for_jobs`` returns early after an insert (a staged one at its commit), a
   failure, a snooze, a manual retry or a resumed queue: every change that can make a job
-  claimable.
+  claimable. ``job_wait`` returns at the change that finishes its job.
 
 Limits (where it differs from a database, knowingly):
 
@@ -156,6 +156,7 @@ class MemoryDriver:
         self._uniques: dict[str, tuple[str, int]] = {}  # id -> (unique_key, unique_states)
         self._unique_ids: dict[str, set[str]] = {}  # unique_key -> ids
         self._after = ""  # limited claims: the last key taken (keys take turns after it)
+        self._finish_waiters = 0  # threads in job_wait
         self.stalls = StallTracker()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -499,7 +500,12 @@ class MemoryDriver:
     def job_cycle(self, cycle: Cycle, *, now: datetime | None = None) -> CycleResult:
         at = _now(now)
         with self._lock:  # one lock: no reader can tell the parts apart from one transaction
-            completed = {lease.id for lease in cycle.completes if self._complete(lease, at)}
+            results = cycle.results
+            completed = {
+                lease.id
+                for lease in cycle.completes
+                if self._complete(lease, at, results.get(lease.id))
+            }
             failed = self._fail(cycle.failures, at)
             claimed: list[Job] = []
             wake_at = None
@@ -655,6 +661,21 @@ class MemoryDriver:
     def job_get(self, job_id: str, *, tenant_id: str | None = None) -> Job | None:
         with self._lock:
             return self._scoped(job_id, tenant_id)
+
+    def job_wait(self, job_id: str, *, timeout: float, tenant_id: str | None = None) -> Job | None:
+        """Woken by the change that finishes the job (``_put`` notifies every final state)."""
+        deadline = self._monotonic() + max(0.0, timeout)
+        with self._changed:
+            self._finish_waiters += 1
+            try:
+                while True:
+                    job = self._scoped(job_id, tenant_id)
+                    remaining = deadline - self._monotonic()
+                    if job is None or job.state in FINAL_STATES or remaining <= 0:
+                        return job
+                    self._changed.wait(remaining)
+            finally:
+                self._finish_waiters -= 1
 
     def job_list(
         self, where: JobFilter, *, limit: int = 100, before_id: str | None = None
@@ -849,11 +870,11 @@ class MemoryDriver:
             return None
         return job
 
-    def _complete(self, lease: Lease, at: datetime) -> bool:
+    def _complete(self, lease: Lease, at: datetime, result: str | None = None) -> bool:
         job = self._held(lease)
         if job is None:
             return False
-        self._put(_unleased(replace(job, state=JobState.COMPLETED, finished_at=at)))
+        self._put(_unleased(replace(job, state=JobState.COMPLETED, finished_at=at, result=result)))
         if job.id in self._limits:
             self._notify()  # a slot is free: a worker waiting on a full limit may claim
         return True
@@ -867,6 +888,8 @@ class MemoryDriver:
             self._waiting.discard(job.id)
         if job.state is not JobState.RUNNING:
             self._started.discard(job.id)
+            if self._finish_waiters and job.state in FINAL_STATES:
+                self._changed.notify_all()  # for job_wait (wait_for_jobs reads _generation)
 
     def _delete(self, job: Job) -> None:
         del self._jobs[job.id]

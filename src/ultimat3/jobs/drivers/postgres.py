@@ -30,7 +30,10 @@ Guarantees (beyond the ``Driver`` protocol's rules, which this driver keeps):
   transaction: a rollback sends nothing. ``wait_for_jobs`` LISTENs on one dedicated
   connection outside the pool, shared by every waiting thread; after any error on it, it
   returns early (so the caller polls), then reconnects with backoff (capped at 5 s) and
-  re-LISTENs, returning early once more.
+  re-LISTENs, returning early once more. Completions, dead ends and cancels notify another
+  channel, ``<schema>:finished``, with the finished ids: ``job_wait`` (a reader waiting for a
+  result) LISTENs there on a connection of its own (``pg_finished``), so workers never wake
+  for them.
 - **Behind a transaction-mode pooler** (``pooler="transaction"``: PgBouncer's
   ``pool_mode = transaction``, the transaction poolers of managed services), where every
   transaction may run on another server session, nothing of ours lives in a session: no
@@ -148,6 +151,8 @@ try:
     from psycopg import sql as pg_sql
     from psycopg.conninfo import conninfo_to_dict
     from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
+
+    from ultimat3.jobs.drivers.pg_finished import FinishedListener
 except ImportError as _exc:  # pragma: no cover - exercised only without the extra
     _MISSING: ImportError | None = _exc
 else:
@@ -209,7 +214,8 @@ class PostgresDriver:
     """Jobs in PostgreSQL through psycopg 3 and a psycopg_pool connection pool.
 
     ``dsn`` is a libpq URL or conninfo string. ``pool_min``/``pool_max`` size the pool (the
-    LISTEN connection is extra); ``pooler="transaction"`` (or ``listen=False``) turns
+    LISTEN connections are extra: the workers' one, and the one the first wait for a result
+    opens); ``pooler="transaction"`` (or ``listen=False``) turns
     LISTEN/NOTIFY and prepared statements off for transaction-mode poolers, and ``poll`` is
     then the longest gap between two looks for new jobs while idle; ``statement_timeout`` and
     ``lock_timeout`` (seconds) bound every statement of ours; ``application_name`` labels every
@@ -279,6 +285,8 @@ class PostgresDriver:
         self._dsn = dsn
         self._schema = schema
         self._channel = schema
+        #: Where completions, dead ends and cancels are announced (``pg_finished``).
+        self._finished_channel = f"{schema}:finished"
         self.pooler = pooler
         self._listen = listen if listen is not None else pooler != "transaction"
         #: Nothing of ours may outlive a transaction: no prepared statement (nor LISTEN).
@@ -366,6 +374,10 @@ class PostgresDriver:
         #: A call slower than this, or failing to reach the server, counts as a stall.
         self.stalls = StallTracker(threshold=1.0)
 
+        self._finished = FinishedListener(
+            lambda: psycopg.connect(self._dsn, autocommit=True, **self._connect_kwargs),
+            self._finished_channel,
+        )
         self._listener: Conn | None = None
         self._listen_lock = threading.Lock()
         self._wake_cond = threading.Condition()
@@ -425,6 +437,7 @@ class PostgresDriver:
         finally:
             if got:
                 self._listen_lock.release()
+        self._finished.close()
         self._pool.close(timeout=5.0)
         self._watch.close()
 
@@ -612,12 +625,7 @@ class PostgresDriver:
         if relaxed:
             steps.append((b"SET LOCAL synchronous_commit = off", {}))
         if cycle.completes:
-            steps.append(
-                (
-                    self._q["job_complete"],
-                    {**_lease_arrays(cycle.completes), "now": now, "channel": self._channel},
-                )
-            )
+            steps.append((self._q["job_complete"], self._complete_params(cycle, now)))
         if cycle.failures:
             steps.append((self._q["job_fail"], self._failure_params(cycle.failures, now)))
         if claim is not None:
@@ -688,13 +696,34 @@ class PostgresDriver:
     ) -> set[str]:
         if not leases:
             return set()
-        params = {**_lease_arrays(leases), "now": now, "channel": self._channel}
+        params = self._complete_params(Cycle(completes=leases), now)
         if executor is not None:
             with self._joined(executor) as conn:
                 rows = self._exec(conn, self._q["job_complete"], params).fetchall()
         else:
             rows = self._fetch("job_complete", params)
         return {row[0] for row in rows}
+
+    def _complete_params(self, cycle: Cycle, now: datetime | None) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            **_lease_arrays(cycle.completes),
+            "now": now,
+            "finished": self._finished_channel,
+            "channel": self._channel,
+            "results": None,
+        }
+        results = cycle.results
+        if results:
+            ordered = sorted(lease.id for lease in cycle.completes)  # as _lease_arrays
+            params["results"] = (
+                "{"
+                + ",".join(
+                    "NULL" if (text := results.get(id_)) is None else _quoted(text)
+                    for id_ in ordered
+                )
+                + "}"
+            )
+        return params
 
     def job_fail_many(
         self, failures: Sequence[Failure], *, now: datetime | None = None
@@ -722,6 +751,7 @@ class PostgresDriver:
             "ids": _text_array([f.lease.id for f in ordered]),
             "now": now,
             "channel": self._channel,
+            "finished": self._finished_channel,
         }
 
     def job_snooze(
@@ -758,6 +788,7 @@ class PostgresDriver:
                 "token": lease.token if lease is not None else None,
                 "tenant_id": tenant_id,
                 "now": now,
+                "finished": self._finished_channel,
             },
         )
         return bool(rows)
@@ -771,6 +802,25 @@ class PostgresDriver:
     def job_get(self, job_id: str, *, tenant_id: str | None = None) -> Job | None:
         rows = self._fetch("job_get", {"id": job_id, "tenant_id": tenant_id})
         return _job(rows[0]) if rows else None
+
+    def job_wait(self, job_id: str, *, timeout: float, tenant_id: str | None = None) -> Job | None:
+        """With LISTEN: woken by the NOTIFY of the job's completion, dead end or cancel
+        (``pg_finished``). Without (``?pooler=transaction``, ``listen=False``, or a pooler
+        found in between): one read every ``poll`` seconds (``?poll=``, default 0.5 s)."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        if self._probe_pooler and not self._probed:
+            self._check_pooler()
+        listening = self._listen and not (self._probe_pooler and not self._probed)
+        mark = self._finished.mark()
+        while True:
+            job = self.job_get(job_id, tenant_id=tenant_id)
+            remaining = deadline - time.monotonic()
+            if job is None or job.state in FINAL_STATES or remaining <= 0 or self._closed:
+                return job
+            if listening:
+                mark = self._finished.wait((job_id,), remaining, mark)
+            else:
+                time.sleep(min(remaining, self._poll))
 
     def job_list(
         self, where: JobFilter, *, limit: int = 100, before_id: str | None = None
@@ -1734,6 +1784,11 @@ def _text_array(values: Iterable[str]) -> str:
         + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values)
         + "}"
     )
+
+
+def _quoted(value: str) -> str:
+    """One element of an array literal, quoted so that any text survives."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _lease_arrays(leases: Sequence[Lease]) -> dict[str, str]:

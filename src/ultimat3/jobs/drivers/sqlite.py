@@ -100,6 +100,7 @@ from ultimat3.jobs.driver import DatabaseId, Joined, StallTracker, current_tx
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
 from ultimat3.jobs.limits import keys_to_look
 from ultimat3.jobs.records import (
+    FINAL_STATES,
     AttemptError,
     ClaimParams,
     Cycle,
@@ -787,7 +788,10 @@ class SqliteDriver:
 
     def job_cycle(self, cycle: Cycle, *, now: datetime | None = None) -> CycleResult:
         now_us = _now_us(now)
-        done_rows = [(now_us, lease.id, lease.token) for lease in cycle.completes]
+        results = cycle.results
+        done_rows = [
+            (now_us, results.get(lease.id), lease.id, lease.token) for lease in cycle.completes
+        ]
         done_ids = [lease.id for lease in cycle.completes]
         fail_rows = _failure_rows(cycle.failures, now_us)
         fail_ids = [failure.lease.id for failure in cycle.failures]
@@ -870,7 +874,7 @@ class SqliteDriver:
         if not leases:
             return set()
         now_us = _now_us(now)
-        rows = [(now_us, lease.id, lease.token) for lease in leases]
+        rows = [(now_us, None, lease.id, lease.token) for lease in leases]
         ids_ = [lease.id for lease in leases]
 
         def body(conn: sqlite3.Connection) -> set[str]:
@@ -933,6 +937,21 @@ class SqliteDriver:
         args = {"id": job_id, "tenant_id": tenant_id}
         row = self._read(lambda conn: conn.execute(_Q["job_get"], args).fetchone())
         return None if row is None else _job(row)
+
+    def job_wait(self, job_id: str, *, timeout: float, tenant_id: str | None = None) -> Job | None:
+        """Woken by any commit to the file, as a worker is (``wait_for_jobs``: ``PRAGMA
+        data_version`` on this thread's waiting connection), then one read of the job. The
+        first wait, with no timeout, marks where the file stands before the read, so a
+        completion between the read and the wait still wakes it."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        never = threading.Event()
+        self.wait_for_jobs(0.0, never)
+        while True:
+            job = self.job_get(job_id, tenant_id=tenant_id)
+            remaining = deadline - time.monotonic()
+            if job is None or job.state in FINAL_STATES or remaining <= 0:
+                return job
+            self.wait_for_jobs(remaining, never)
 
     def job_list(
         self, where: JobFilter, *, limit: int = 100, before_id: str | None = None

@@ -22,39 +22,66 @@ The task backend (Django 6 ``django.tasks``; on older Django the ``django-tasks`
         "BACKEND": "ultimat3.jobs.integrations.django.JobsBackend",
         "QUEUES": ["default", "emails"],
         "OPTIONS": {"APP": "myproject.jobs:app"},     # optional DATABASE: the alias to join
-    }}
+    }}                                                 # optional MAX_ATTEMPTS: default 1
 
-``task.enqueue(...)`` becomes one ``django_task`` job whose input is the task's import path and
-its JSON arguments; Django's ``priority`` (-100..100, higher first), ``queue_name`` and
-``run_after`` map to the job's priority, queue and ``run_at``. Inside ``atomic()`` on the
-``DATABASE`` alias it joins the transaction, as above; outside it commits at once.
-``get_result(id)`` reads the job's state (READY, RUNNING, SUCCESSFUL, FAILED).
+``task.enqueue(...)`` becomes one ``django_task`` job (``django_task_async`` for an ``async
+def`` task, run on the worker's event loop) whose input is the task's import path, its JSON
+arguments, the backend's alias and the time of the enqueue. Django's ``priority`` (-100..100,
+higher first), ``queue_name`` and ``run_after`` map to the job's priority, queue and
+``run_at``. Inside ``atomic()`` on the ``DATABASE`` alias it joins the transaction, as above;
+outside it commits at once. ``get_result(id)`` reads the job and returns a result equal to
+the one ``enqueue()`` returned while nothing has happened to it.
 
-Limits: return values are not stored (``return_value`` is always None); an exception's class
-is recorded by name only. Workers must serve the tasks' queues (``ultimat3-jobs worker -q
-emails``) and import a module that calls ``django.setup()`` before the App is built. Async
-tasks are not supported (``supports_async_task = False``). ``atomic()`` is sync-only in Django;
-from async views, enqueue through ``sync_to_async``. On SQLite, give the database
-``"OPTIONS": {"transaction_mode": "IMMEDIATE"}`` (Django 5.1+): a deferred ``atomic()`` that
-reads before it enqueues can be refused the write lock, which only a retry of the whole
-transaction fixes.
+Django's contract, kept:
+
+- the return value is stored (``result.return_value``); one that is not JSON fails the task
+  with Django's ``TypeError`` ("Unsupported type"), as Django's own backends do;
+- ``task_enqueued`` is sent where the task is enqueued, ``task_started`` and
+  ``task_finished`` in the worker (``task_finished`` inside the exception handler of a failed
+  attempt, so Django's log line carries the traceback), so ``django.tasks`` logs as usual;
+- a task that takes its context sees its result's id and the attempt it is in;
+- errors keep the exception's module path (``builtins.ValueError``); an attempt that ended
+  without an exception of the task's (a timeout, a lost worker) reads as
+  ``builtins.TimeoutError`` or ``builtins.RuntimeError``, its traceback saying which;
+- ``worker_ids`` holds one worker per attempt, so ``attempts`` counts every attempt;
+- arguments Django refuses raise ``TypeError`` (Django's own check runs first;
+  ``SerializationError`` is a ``TypeError`` too).
+
+Retries: Django has no notion of them, so a task gets **one attempt** unless the backend's
+``OPTIONS`` set ``MAX_ATTEMPTS`` (the backoff is the default policy's: exponential from 1 s,
+jittered). Statuses: READY while the job waits (also between attempts, its failures already in
+``errors``), RUNNING, SUCCESSFUL, and FAILED only once it will not run again: dead (attempts
+used up, or a return value that cannot be stored) or cancelled. ``task_finished`` is sent for
+the attempt that ends the task, not for one that a retry follows. An operator's ``jobs retry``
+makes a FAILED task READY again.
+
+Limits: workers must serve the tasks' queues (``ultimat3-jobs worker -q emails``) and import a
+module that calls ``django.setup()`` before the App is built. ``started_at`` is the start of
+the latest attempt (as ``last_attempted_at``). No signal is sent for an attempt that the worker
+ends itself (a timeout, a lost worker). ``atomic()`` is sync-only in Django; from async views,
+``aenqueue`` runs the enqueue through ``sync_to_async``, as Django's base backend does. On
+SQLite, give the database ``"OPTIONS": {"transaction_mode": "IMMEDIATE"}`` (Django 5.1+): a
+deferred ``atomic()`` that reads before it enqueues can be refused the write lock, which only a
+retry of the whole transaction fixes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from inspect import iscoroutinefunction
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections  # type: ignore[import-untyped]
 from django.utils import timezone  # type: ignore[import-untyped]
 from django.utils.module_loading import import_string  # type: ignore[import-untyped]
 
 from ultimat3.jobs.errors import ConfigurationError, JobNotFoundError
-from ultimat3.jobs.job import job
-from ultimat3.jobs.records import Job, JobState
+from ultimat3.jobs.job import JobContext, current_app, job
+from ultimat3.jobs.records import AttemptError, Job, JobState
 
 
 def _tasks(path: str) -> Any:
@@ -72,11 +99,19 @@ TaskResult: Any = _base.TaskResult
 TaskResultStatus: Any = _base.TaskResultStatus
 TaskResultDoesNotExist: Any = _tasks(".exceptions").TaskResultDoesNotExist
 BaseTaskBackend: Any = _tasks(".backends.base").BaseTaskBackend
+_signals = _tasks(".signals")
+try:
+    from django.utils.json import normalize_json  # type: ignore[import-untyped, unused-ignore]
+except ImportError:  # Django < 6: the backport's
+    normalize_json = importlib.import_module("django_tasks.utils").normalize_json
 
 if TYPE_CHECKING:
     from ultimat3.jobs.app import App
 
-__all__ = ["JobsBackend", "django_task", "using"]
+__all__ = ["JobsBackend", "django_task", "django_task_async", "using"]
+
+#: The names of the two jobs that run Django tasks.
+_JOB_NAMES = frozenset({"django_task", "django_task_async"})
 
 _STATUS = {
     JobState.SCHEDULED: TaskResultStatus.READY,
@@ -86,6 +121,8 @@ _STATUS = {
     JobState.DEAD: TaskResultStatus.FAILED,
     JobState.CANCELLED: TaskResultStatus.FAILED,
 }
+#: What an attempt that ended without an exception of the task's reads as in ``errors``.
+_NO_EXCEPTION = {"timeout": "builtins.TimeoutError"}
 
 
 @contextmanager
@@ -98,52 +135,151 @@ def using(app: App, alias: str | None = None) -> Iterator[Any]:
         yield connection
 
 
+# -- the jobs that run Django tasks, in the worker ------------------------------------------
+
+
 @job(name="django_task")
-def django_task(payload: dict[str, Any]) -> None:
-    """Run one ``django.tasks`` task: ``{"task": import path, "args": [...], "kwargs": {...}}``."""
-    task = import_string(payload["task"])
-    args, kwargs = payload.get("args", []), payload.get("kwargs", {})
+def django_task(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Run one ``django.tasks`` task: ``{"task": import path, "args": [...], "kwargs": {...},
+    "backend": alias, "enqueued_at": ISO time}``; returns what the task returns."""
+    task, running = _start(payload, ctx)
     close_old_connections()
     try:
-        if task.takes_context:
-            task.call(
-                TaskContext(task_result=_result(task, "", TaskResultStatus.RUNNING, args, kwargs)),
-                *args,
-                **kwargs,
-            )
-        else:
-            task.call(*args, **kwargs)
+        try:
+            if task.takes_context:
+                value = task.call(TaskContext(task_result=running), *running.args, **running.kwargs)
+            else:
+                value = task.call(*running.args, **running.kwargs)
+            return _succeeded(running, value)
+        except BaseException:
+            _failed(running, ctx)
+            raise
     finally:
         close_old_connections()
 
 
-def _result(
-    task: Any,
-    result_id: str,
-    status: Any,
-    args: list[Any],
-    kwargs: dict[str, Any],
-    *,
-    alias: str = "default",
-    enqueued_at: datetime | None = None,
-    source: Job | None = None,
-) -> Any:
-    return TaskResult(
-        task=task,
-        id=result_id,
-        status=status,
-        enqueued_at=enqueued_at,
-        started_at=None if source is None else source.attempted_at,
-        finished_at=None if source is None else source.finished_at,
-        last_attempted_at=None if source is None else source.attempted_at,
-        args=args,
-        kwargs=kwargs,
-        backend=alias,
-        errors=[]
-        if source is None
-        else [TaskError(exception_class_path=e.kind, traceback=e.traceback) for e in source.errors],
-        worker_ids=[] if source is None or source.worker_id is None else [source.worker_id],
+@job(name="django_task_async")
+async def django_task_async(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """``django_task`` for an ``async def`` task, awaited on the worker's event loop (what
+    touches the database, reading the job and the signals' receivers, runs on a thread)."""
+    task, running = await asyncio.to_thread(_start, payload, ctx)
+    try:
+        if task.takes_context:
+            value = await task.func(
+                TaskContext(task_result=running), *running.args, **running.kwargs
+            )
+        else:
+            value = await task.func(*running.args, **running.kwargs)
+        return await asyncio.to_thread(_succeeded, running, value)
+    except asyncio.CancelledError:
+        raise  # the worker gave up on this run (a timeout, a shutdown): not the task's failure
+    except BaseException:
+        _failed(running, ctx)
+        raise
+
+
+def _start(payload: dict[str, Any], ctx: JobContext) -> tuple[Any, Any]:
+    """The task and its RUNNING result (this attempt's worker among its ``worker_ids``), after
+    ``task_started`` was sent."""
+    app = cast("App", current_app.get())
+    running = _task_result(app, app.get_job(ctx.id), payload.get("backend", DEFAULT_DB_ALIAS))
+    _signals.task_started.send(sender=JobsBackend, task_result=running)
+    return running.task, running
+
+
+def _succeeded(running: Any, value: Any) -> Any:
+    """The value to store, once it is known to be storable (else the ``TypeError`` Django
+    raises, and the attempt fails); ``task_finished`` sent with the SUCCESSFUL result."""
+    normalized = normalize_json(value)
+    app = cast("App", current_app.get())
+    app.serializer.dumps(normalized, path="result")  # over the limit, say: fail now, not later
+    finished = _replace(running, status=TaskResultStatus.SUCCESSFUL, finished_at=timezone.now())
+    object.__setattr__(finished, "_return_value", normalized)
+    _signals.task_finished.send(sender=JobsBackend, task_result=finished)
+    return normalized
+
+
+def _failed(running: Any, ctx: JobContext) -> None:
+    """In the exception handler of a failed attempt: ``task_finished`` (FAILED) when no retry
+    follows, so Django logs it with its traceback."""
+    if ctx.is_last_attempt:
+        failed = _replace(running, status=TaskResultStatus.FAILED, finished_at=timezone.now())
+        _signals.task_finished.send(sender=JobsBackend, task_result=failed)
+
+
+def _replace(result: Any, **changes: Any) -> Any:
+    fresh = TaskResult(
+        **{
+            name: changes.get(name, getattr(result, name))
+            for name in (
+                "task",
+                "id",
+                "status",
+                "enqueued_at",
+                "started_at",
+                "finished_at",
+                "last_attempted_at",
+                "args",
+                "kwargs",
+                "backend",
+                "errors",
+                "worker_ids",
+            )
+        }
     )
+    object.__setattr__(fresh, "_return_value", result._return_value)
+    return fresh
+
+
+# -- results --------------------------------------------------------------------------------
+
+
+def _task_error(error: AttemptError) -> Any:
+    path = error.exception_path or _NO_EXCEPTION.get(error.kind, "builtins.RuntimeError")
+    traceback = error.traceback or f"{error.kind}: {error.message}\n"
+    return TaskError(exception_class_path=path, traceback=traceback)
+
+
+def _worker_ids(found: Job) -> list[str]:
+    """One worker per attempt: the failed ones from the error history, then the attempt that
+    is running or ended without an error (completed, or cancelled while it ran)."""
+    ids = [e.worker_id for e in found.errors]
+    if found.attempt > len(found.errors) and found.worker_id is not None:
+        ids.append(found.worker_id)
+    return ids
+
+
+def _task_result(app: App, found: Job, alias: str) -> Any:
+    """The ``TaskResult`` of a ``django_task`` job, as ``get_result`` returns it."""
+    payload = app.decode_input(found)
+    task = import_string(payload["task"]).using(
+        priority=found.priority,
+        queue_name=found.queue,
+        run_after=_time(payload.get("run_after")),
+        backend=alias,
+    )
+    enqueued = _time(payload.get("enqueued_at")) or found.created_at
+    result = TaskResult(
+        task=task,
+        id=found.id,
+        status=_STATUS[found.state],
+        enqueued_at=enqueued,
+        started_at=found.attempted_at,
+        finished_at=found.finished_at,
+        last_attempted_at=found.attempted_at,
+        args=payload.get("args", []),
+        kwargs=payload.get("kwargs", {}),
+        backend=alias,
+        errors=[_task_error(e) for e in found.errors],
+        worker_ids=_worker_ids(found),
+    )
+    if found.state is JobState.COMPLETED and found.result is not None:
+        object.__setattr__(result, "_return_value", app.serializer.loads(found.result))
+    return result
+
+
+def _time(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text)
 
 
 class JobsBackend(BaseTaskBackend):  # type: ignore[misc]  # Django's classes are untyped
@@ -152,12 +288,19 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc]  # Django's classes ar
     supports_defer = True
     supports_priority = True
     supports_get_result = True
-    supports_async_task = False
+    supports_async_task = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
         self._app_ref: str | None = self.options.get("APP")
         self._database: str = self.options.get("DATABASE", DEFAULT_DB_ALIAS)
+        attempts = self.options.get("MAX_ATTEMPTS", 1)
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= 100:
+            raise ConfigurationError(
+                f"the task backend {alias!r} has OPTIONS['MAX_ATTEMPTS'] = {attempts!r}",
+                fix="use a whole number from 1 (the default: no retry, as Django expects) to 100",
+            )
+        self._max_attempts: int = attempts
 
     @property
     def app(self) -> App:
@@ -183,30 +326,49 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc]  # Django's classes ar
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         self.validate_task(task)
-        app = self.app
+        enqueued_at = timezone.now()
+        # Django's own check first: what it refuses raises its TypeError ("Unsupported type").
+        payload: dict[str, Any] = {
+            "task": task.module_path,
+            "args": normalize_json(list(args)),
+            "kwargs": normalize_json(dict(kwargs)),
+            "backend": self.alias,
+            "enqueued_at": enqueued_at.isoformat(),
+        }
         run_at = task.run_after
-        if run_at is not None and timezone.is_naive(run_at):
-            run_at = timezone.make_aware(run_at)
-        payload = {"task": task.module_path, "args": list(args), "kwargs": dict(kwargs)}
+        if run_at is not None:
+            payload["run_after"] = run_at.isoformat()
+            if timezone.is_naive(run_at):
+                run_at = timezone.make_aware(run_at)
+        app = self.app
+        handle = django_task_async if iscoroutinefunction(task.func) else django_task
         options: dict[str, Any] = {
             "queue": task.queue_name,
             "priority": task.priority,
             "run_at": run_at,
+            "max_attempts": self._max_attempts,
         }
         if connections[self._database].in_atomic_block:
             with using(app, self._database):
-                done = app.enqueue(django_task, payload, **options)
+                done = app.enqueue(handle, payload, **options)
         else:
-            done = app.enqueue(django_task, payload, **options)
-        return _result(
-            task,
-            done.id,
-            TaskResultStatus.READY,
-            payload["args"],
-            payload["kwargs"],
-            alias=self.alias,
-            enqueued_at=timezone.now(),
+            done = app.enqueue(handle, payload, **options)
+        result = TaskResult(
+            task=task,
+            id=done.id,
+            status=TaskResultStatus.READY,
+            enqueued_at=enqueued_at,
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=payload["args"],
+            kwargs=payload["kwargs"],
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
         )
+        _signals.task_enqueued.send(sender=type(self), task_result=result)
+        return result
 
     def get_result(self, result_id: str) -> Any:
         app = self.app
@@ -214,22 +376,13 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc]  # Django's classes ar
             found = app.get_job(result_id)
         except JobNotFoundError:
             raise TaskResultDoesNotExist(result_id) from None
-        if found.name != "django_task":
+        if found.name not in _JOB_NAMES:
             raise TaskResultDoesNotExist(result_id)
-        payload = app.decode_input(found)
-        return _result(
-            import_string(payload["task"]),
-            found.id,
-            _STATUS[found.state],
-            payload.get("args", []),
-            payload.get("kwargs", {}),
-            alias=self.alias,
-            enqueued_at=found.created_at,
-            source=found,
-        )
+        return _task_result(app, found, self.alias)
 
 
 class _Exports:
-    """What ``app.register`` takes from this module: the one job that runs Django tasks."""
+    """What ``app.register`` takes from this module: the jobs that run Django tasks."""
 
     django_task = django_task
+    django_task_async = django_task_async

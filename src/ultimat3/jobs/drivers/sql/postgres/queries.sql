@@ -200,7 +200,7 @@ claimed AS (
     RETURNING j.id, j.name, j.queue, j.input::text, j.tenant_id, j.idempotency_key,
               j.priority, j.state, j.attempt, j.max_attempts, j.run_at, j.created_at,
               j.attempted_at, j.finished_at, j.lease_token, j.lease_expires_at, j.worker_id,
-              j.errors::text, j.cancel_reason, j.trace_context
+              j.errors::text, j.cancel_reason, j.trace_context, j.result::text
 )
 SELECT * FROM claimed ORDER BY priority DESC, run_at, id
 
@@ -238,7 +238,7 @@ claimed AS (
     RETURNING j.id, j.name, j.queue, j.input::text, j.tenant_id, j.idempotency_key,
               j.priority, j.state, j.attempt, j.max_attempts, j.run_at, j.created_at,
               j.attempted_at, j.finished_at, j.lease_token, j.lease_expires_at, j.worker_id,
-              j.errors::text, j.cancel_reason, j.trace_context
+              j.errors::text, j.cancel_reason, j.trace_context, j.result::text
 )
 SELECT * FROM claimed ORDER BY priority DESC, run_at, id
 
@@ -304,19 +304,35 @@ woken AS (
 SELECT r.id, (SELECT count(*) FROM woken) FROM released r
 
 -- name: job_complete
-UPDATE {schema}.x_jobs j
-SET state = 'completed',
-    finished_at = coalesce(%(now)s::timestamptz, now()),
-    lease_token = NULL,
-    lease_expires_at = NULL
-WHERE j.id = ANY(%(ids)s::text[])
-  AND j.lease_token = ANY(%(tokens)s::text[])
-  AND j.state = 'running'
--- A limited job frees a slot: wake the workers waiting on a full limit (the server sends one
--- per queue and transaction). Unlimited jobs send nothing.
-RETURNING j.id, CASE WHEN j.limit_key IS NOT NULL THEN pg_notify(%(channel)s, j.queue) END
+-- %(results)s is NULL when no job of the batch has a result (the usual case), else a text[]
+-- beside %(ids)s: each job's result (JSON text, NULL for None) at its id's position. The
+-- completed ids are sent to %(finished)s, for those waiting on a result (all of them while
+-- they fit a NOTIFY payload; '' means "any job may have finished"); NOTIFY folds repeats in
+-- one transaction, and this one runs once per statement, if anything completed. A limited job
+-- frees a slot: its queue is sent to %(channel)s, to wake the workers waiting on a full limit
+-- (the server sends one per queue and transaction); unlimited jobs send nothing there.
+WITH done AS (
+    UPDATE {schema}.x_jobs j
+    SET state = 'completed',
+        finished_at = coalesce(%(now)s::timestamptz, now()),
+        result = (%(results)s::text[])[array_position(%(ids)s::text[], j.id)]::json,
+        lease_token = NULL,
+        lease_expires_at = NULL
+    WHERE j.id = ANY(%(ids)s::text[])
+      AND j.lease_token = ANY(%(tokens)s::text[])
+      AND j.state = 'running'
+    RETURNING j.id, j.queue, j.limit_key
+)
+SELECT d.id,
+       (SELECT pg_notify(%(finished)s,
+                         CASE WHEN sum(length(id) + 1) < 7000 THEN string_agg(id, ',') ELSE '' END)
+        FROM done),
+       CASE WHEN d.limit_key IS NOT NULL THEN pg_notify(%(channel)s, d.queue) END
+FROM done d
 
 -- name: job_fail
+-- The ids of jobs that end dead go to %(finished)s, as in job_complete.
+WITH failed AS (
 UPDATE {schema}.x_jobs j
 SET state = CASE
         WHEN f.retry_at IS NULL THEN 'dead'
@@ -333,7 +349,14 @@ FROM json_to_recordset(%(failures)s::json)
        AS f(id text, token text, error jsonb, retry_at timestamptz, isolate boolean)
 WHERE j.id = ANY(%(ids)s::text[])
   AND j.id = f.id AND j.lease_token = f.token AND j.state = 'running'
-RETURNING j.id, CASE WHEN j.limit_key IS NOT NULL THEN pg_notify(%(channel)s, j.queue) END
+RETURNING j.id, j.state, j.queue, j.limit_key
+)
+SELECT d.id,
+       (SELECT pg_notify(%(finished)s,
+                         CASE WHEN sum(length(id) + 1) < 7000 THEN string_agg(id, ',') ELSE '' END)
+        FROM failed WHERE state = 'dead' HAVING count(*) > 0),
+       CASE WHEN d.limit_key IS NOT NULL THEN pg_notify(%(channel)s, d.queue) END
+FROM failed d
 
 -- name: job_snooze
 WITH snoozed AS (
@@ -356,6 +379,7 @@ woken AS (
 SELECT (SELECT count(*) FROM snoozed), (SELECT count(*) FROM woken)
 
 -- name: job_cancel
+WITH cancelled AS (
 UPDATE {schema}.x_jobs j
 SET state = 'cancelled',
     finished_at = coalesce(%(now)s::timestamptz, now()),
@@ -367,11 +391,13 @@ WHERE j.id = %(id)s
   AND (%(token)s::text IS NULL OR (j.state = 'running' AND j.lease_token = %(token)s::text))
   AND (%(tenant_id)s::text IS NULL OR j.tenant_id = %(tenant_id)s::text)
 RETURNING j.id
+)
+SELECT id, pg_notify(%(finished)s, id) FROM cancelled
 
 -- name: job_list_expired
 SELECT id, name, queue, input::text, tenant_id, idempotency_key, priority, state, attempt,
        max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
-       lease_expires_at, worker_id, errors::text, cancel_reason, trace_context
+       lease_expires_at, worker_id, errors::text, cancel_reason, trace_context, result::text
 FROM {schema}.x_jobs
 WHERE state = 'running' AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
   AND started
@@ -381,7 +407,7 @@ LIMIT %(limit)s
 -- name: job_get
 SELECT id, name, queue, input::text, tenant_id, idempotency_key, priority, state, attempt,
        max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
-       lease_expires_at, worker_id, errors::text, cancel_reason, trace_context
+       lease_expires_at, worker_id, errors::text, cancel_reason, trace_context, result::text
 FROM {schema}.x_jobs
 WHERE id = %(id)s AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s::text)
 
@@ -390,7 +416,7 @@ WHERE id = %(id)s AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s:
 -- its values, so the unused filters fold away and the primary key serves "newest id first".
 SELECT id, name, queue, input::text, tenant_id, idempotency_key, priority, state, attempt,
        max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
-       lease_expires_at, worker_id, errors::text, cancel_reason, trace_context
+       lease_expires_at, worker_id, errors::text, cancel_reason, trace_context, result::text
 FROM {schema}.x_jobs
 WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)

@@ -90,7 +90,7 @@ WHERE id IN (
 )
 RETURNING id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
           max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
-          lease_expires_at, worker_id, errors, cancel_reason, trace_context;
+          lease_expires_at, worker_id, errors, cancel_reason, trace_context, result;
 
 -- name: queue_paused_among
 SELECT name FROM x_queues
@@ -220,7 +220,7 @@ WHERE id IN (SELECT value FROM json_each(:ids))
   AND state IN ('scheduled', 'available')
 RETURNING id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
           max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
-          lease_expires_at, worker_id, errors, cancel_reason, trace_context;
+          lease_expires_at, worker_id, errors, cancel_reason, trace_context, result;
 
 -- name: lease_extend
 -- The fenced writes below are run once per lease (executemany).
@@ -254,9 +254,11 @@ WHERE state = 'running'
 RETURNING id;
 
 -- name: job_complete
+-- The result is the handler's return value as JSON text, NULL for None.
 UPDATE x_jobs
 SET state = 'completed',
     finished_at = ?,
+    result = ?,
     lease_token = NULL,
     lease_expires_at = NULL
 WHERE id = ? AND lease_token = ? AND state = 'running';
@@ -314,7 +316,7 @@ WHERE id = :id
 -- Started jobs only: an unstarted one is released by job_release_unstarted instead.
 SELECT id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
        max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
-       lease_expires_at, worker_id, errors, cancel_reason, trace_context
+       lease_expires_at, worker_id, errors, cancel_reason, trace_context, result
 FROM x_jobs
 WHERE state = 'running' AND lease_expires_at < :now AND started = 1
 ORDER BY lease_expires_at, id
@@ -323,7 +325,7 @@ LIMIT :limit;
 -- name: job_get
 SELECT id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
        max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
-       lease_expires_at, worker_id, errors, cancel_reason, trace_context
+       lease_expires_at, worker_id, errors, cancel_reason, trace_context, result
 FROM x_jobs
 WHERE id = :id AND (:tenant_id IS NULL OR tenant_id = :tenant_id);
 
@@ -331,7 +333,7 @@ WHERE id = :id AND (:tenant_id IS NULL OR tenant_id = :tenant_id);
 -- Each filter is NULL for "any"; :states and :ids are JSON arrays.
 SELECT id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
        max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
-       lease_expires_at, worker_id, errors, cancel_reason, trace_context
+       lease_expires_at, worker_id, errors, cancel_reason, trace_context, result
 FROM x_jobs
 WHERE (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
   AND (:queue IS NULL OR queue = :queue)

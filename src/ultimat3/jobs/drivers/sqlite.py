@@ -939,12 +939,13 @@ class SqliteDriver:
         return None if row is None else _job(row)
 
     def job_wait(self, job_id: str, *, timeout: float, tenant_id: str | None = None) -> Job | None:
-        """Woken by any commit to the file, as a worker is (``wait_for_jobs``: ``PRAGMA
-        data_version`` on this thread's waiting connection), then one read of the job. The
+        """Woken by any commit to the file, as a worker is (``wait_for_jobs``: the file watch,
+        then ``PRAGMA data_version`` on this thread's waiting connection), then one read of the
+        job. The
         first wait, with no timeout, marks where the file stands before the read, so a
         completion between the read and the wait still wakes it."""
         deadline = time.monotonic() + max(0.0, timeout)
-        never = threading.Event()
+        never = Wake()  # never set: a Wake lets the wait sleep on the file watch
         self.wait_for_jobs(0.0, never)
         while True:
             job = self.job_get(job_id, tenant_id=tenant_id)

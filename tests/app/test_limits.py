@@ -109,11 +109,24 @@ def test_six_worker_processes_never_exceed_the_limits(
     }
     print("max overlap per partition:", dict(sorted(peaks.items())))
     starts = sorted(s for p, _, s, _ in rows if p == "rated")
-    # At most 5 starts per second: a handler starts a little after its claim, so any window
-    # somewhat shorter than the second holds at most 5 handler starts.
-    busiest = max(sum(1 for t in starts if s <= t < s + 0.9) for s in starts)
+    # At most 5 starts per second. The limit holds for the claims (each job's attempted_at, on
+    # the database's clock): any window of one second holds at most 5. A handler starts a
+    # little after its claim, by however long a loaded machine takes to hand it over, so in
+    # the handlers' own ledger a window shorter by that lag holds at most 5: 0.5 s is allowed.
+    claimed = sorted(
+        j.attempted_at.timestamp()
+        for j in limit_app.list_jobs(name=limitjobs.rated.name, limit=100)
+        if j.attempted_at is not None
+    )
+    assert len(claimed) == 20
+    by_claim = max(sum(1 for t in claimed if s <= t < s + 1.0) for s in claimed)
+    busiest = max(sum(1 for t in starts if s <= t < s + 0.5) for s in starts)
     span = starts[-1] - starts[0]
-    print(f"rated: busiest 0.9 s window {busiest} starts; 20 starts over {span:.2f} s")
+    print(
+        f"rated: busiest 1 s window of claims {by_claim}, 0.5 s window of handler starts"
+        f" {busiest}; 20 starts over {span:.2f} s"
+    )
+    assert by_claim <= 5, claimed
     assert busiest <= 5, starts
     assert span >= 2.9, f"20 starts at 5 per second take at least 3 windows, not {span:.2f} s"
     for account in ("account=0", "account=1", "account=2"):

@@ -136,11 +136,11 @@ def bare_tx_insert_cost(conn: psycopg.Connection[Any], table: str, n: int) -> tu
     return run(False), run(True)
 
 
-def bench_database(cluster: Cluster) -> str:
-    """A fresh database ``bench`` on the throwaway cluster, with the library's schema; its DSN."""
+def bench_database(cluster: Cluster, name: str = "bench") -> str:
+    """A fresh database (``bench``) on the throwaway cluster, with the library's schema; its DSN."""
     with psycopg.connect(cluster.dsn(), autocommit=True) as admin:
-        admin.execute("CREATE DATABASE bench")
-    dsn = str(cluster.dsn("bench"))
+        admin.execute(f"CREATE DATABASE {name}")
+    dsn = str(cluster.dsn(name))
     driver = PostgresDriver(dsn)
     driver.migrate()
     driver.close()

@@ -1,21 +1,31 @@
 """``wait_for_jobs``: a hint that returns early on an insert (from this process or another)
 or when ``wake`` is set, and after about ``timeout`` otherwise. Timings are asserted loosely:
-drivers may poll, and the machine may be busy."""
+drivers may poll, and the machine may be busy. Every case runs with a plain ``threading.Event``
+and with the selectable ``Wake`` the worker passes (drivers sleep on it in the kernel)."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+
+import pytest
 
 from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.records import JobFilter
+from ultimat3.jobs.wake import Wake
 
 from .helpers import SPAWN, T0, DriverSpec, new_job, proc_insert_until_stopped, run_processes
 
 LONG = 20.0  # the timeout a test waits with when it expects an early return
 EARLY = 8.0  # what "early" means
+
+
+@pytest.fixture(params=[threading.Event, Wake], ids=["event", "wake"])
+def new_wake(request: pytest.FixtureRequest) -> Callable[[], threading.Event]:
+    maker: Callable[[], threading.Event] = request.param
+    return maker
 
 
 def timed_wait(driver: Driver, timeout: float, wake: threading.Event) -> float:
@@ -43,20 +53,22 @@ def inserting_every(driver: Driver, seconds: float) -> Iterator[list[str]]:
         thread.join(30)
 
 
-def test_times_out_without_changes(driver: Driver) -> None:
-    elapsed = timed_wait(driver, 0.6, threading.Event())
+def test_times_out_without_changes(driver: Driver, new_wake: Callable[[], threading.Event]) -> None:
+    elapsed = timed_wait(driver, 0.6, new_wake())
     assert 0.45 <= elapsed < EARLY
 
 
-def test_returns_early_on_an_insert_from_another_thread(driver: Driver) -> None:
+def test_returns_early_on_an_insert_from_another_thread(
+    driver: Driver, new_wake: Callable[[], threading.Event]
+) -> None:
     with inserting_every(driver, 0.2) as inserted:
-        elapsed = timed_wait(driver, LONG, threading.Event())
+        elapsed = timed_wait(driver, LONG, new_wake())
     assert elapsed < EARLY
     assert inserted, "returned before anything was inserted"
 
 
-def test_returns_early_when_woken(driver: Driver) -> None:
-    wake = threading.Event()
+def test_returns_early_when_woken(driver: Driver, new_wake: Callable[[], threading.Event]) -> None:
+    wake = new_wake()
     timer = threading.Timer(0.2, wake.set)
     timer.start()
     try:
@@ -66,14 +78,16 @@ def test_returns_early_when_woken(driver: Driver) -> None:
     assert 0.1 <= elapsed < EARLY
 
 
-def test_returns_at_once_when_already_woken(driver: Driver) -> None:
-    wake = threading.Event()
+def test_returns_at_once_when_already_woken(
+    driver: Driver, new_wake: Callable[[], threading.Event]
+) -> None:
+    wake = new_wake()
     wake.set()
     assert timed_wait(driver, LONG, wake) < 2.0
 
 
 def test_returns_early_on_an_insert_from_another_process(
-    shared_spec: DriverSpec, driver: Driver
+    shared_spec: DriverSpec, driver: Driver, new_wake: Callable[[], threading.Event]
 ) -> None:
     ready, go, stop = SPAWN.Event(), SPAWN.Event(), SPAWN.Event()
     waited: list[float] = []
@@ -81,7 +95,7 @@ def test_returns_early_on_an_insert_from_another_process(
     def parent() -> None:
         assert ready.wait(30), "the child never started"
         go.set()
-        waited.append(timed_wait(driver, LONG, threading.Event()))
+        waited.append(timed_wait(driver, LONG, new_wake()))
         stop.set()
 
     thread = threading.Thread(target=parent, daemon=True)

@@ -42,7 +42,7 @@ from ultimat3.jobs.job import (
     current_app,
 )
 from ultimat3.jobs.maintenance import MaintenanceConfig
-from ultimat3.jobs.outbox import EnqueueOptions, Mode, bind, build_job, insert
+from ultimat3.jobs.outbox import EnqueueOptions, Mode, bind, build_job, build_jobs, insert
 from ultimat3.jobs.outbox_store import OutboxStore
 from ultimat3.jobs.outboxes import open_store
 from ultimat3.jobs.records import (
@@ -209,7 +209,8 @@ class App(Enqueuer):
                 "enqueue_many got one idempotency_key for many jobs",
                 fix="give the job an idempotency_key function of its input, or enqueue one by one",
             )
-        jobs = [self._build(handle, value, opts) for value in inputs]
+        self._check_handle(handle)
+        jobs = build_jobs(handle, inputs, opts, serializer=self.serializer, now=self.clock.now())
         return self._insert(jobs, opts.outbox) if jobs else []
 
     async def enqueue_async(
@@ -227,6 +228,10 @@ class App(Enqueuer):
         return await _off_loop(lambda: self.enqueue_many(handle, values, **options))
 
     def _build(self, handle: JobHandle[Any], input: Any, options: EnqueueOptions) -> NewJob:
+        self._check_handle(handle)
+        return build_job(handle, input, options, serializer=self.serializer, now=self.clock.now())
+
+    def _check_handle(self, handle: JobHandle[Any]) -> None:
         if not isinstance(handle, JobHandle):
             raise RegistrationError(
                 f"enqueue needs a job handle, got {type(handle).__name__}",
@@ -238,7 +243,6 @@ class App(Enqueuer):
                 f"job {label!r} is not registered with this app",
                 fix="call app.register(module) with the module that exports it before enqueuing",
             )
-        return build_job(handle, input, options, serializer=self.serializer, now=self.clock.now())
 
     def _insert(self, jobs: list[NewJob], outbox: bool | None) -> list[EnqueueResult]:
         if self._intercept is not None:

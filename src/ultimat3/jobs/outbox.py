@@ -17,7 +17,7 @@ so identical inputs are never merged but a re-publish of the same built job coll
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -27,7 +27,7 @@ from ultimat3.jobs import events
 from ultimat3.jobs.driver import DatabaseId, Driver, Joined, current_tx
 from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError, OutboxNoTxError
-from ultimat3.jobs.ids import uuid7
+from ultimat3.jobs.ids import uuid7_many
 from ultimat3.jobs.job import JobHandle, check_queue_name
 from ultimat3.jobs.outbox_store import OutboxStore
 from ultimat3.jobs.records import InsertResult, NewJob
@@ -76,29 +76,22 @@ def build_job(
     serializer: Serializer,
     now: datetime,
 ) -> NewJob:
-    """Validate and encode one enqueue. Raises before anything is written; every value it
-    lets through is one that every driver stores (the same bounds on SQLite and PostgreSQL)."""
-    payload = serializer.dumps(input)
-    job_id = uuid7()
-    key = options.idempotency_key
-    if key is None and handle.idempotency_key is not None:
-        try:
-            key = handle.idempotency_key(input)
-        except Exception as exc:
-            raise ConfigurationError(
-                f"the idempotency_key function of job {handle.name!r} raised "
-                f"{type(exc).__name__}: {exc}",
-                fix="make it return a str for every input it is given, e.g. "
-                "f\"order-{input['id']}\"",
-            ) from exc
-        if not isinstance(key, str) or not key:
-            raise ConfigurationError(
-                f"the idempotency_key function of job {handle.name!r} returned {key!r}",
-                fix="return a non-empty str that identifies the input, e.g. f\"order-{input['id']}\"",
-            )
-    if key is not None:
-        _check_text(key, "idempotency_key", KEY_LIMIT)
-    stored_key = f"{handle.name}:{key}" if key is not None else job_id
+    """Validate and encode one enqueue (``build_jobs`` of one input)."""
+    return build_jobs(handle, (input,), options, serializer=serializer, now=now)[0]
+
+
+def build_jobs(
+    handle: JobHandle[Any],
+    inputs: Iterable[Any],
+    options: EnqueueOptions,
+    *,
+    serializer: Serializer,
+    now: datetime,
+) -> list[NewJob]:
+    """Validate and encode the enqueues of ``inputs`` with one set of options. Raises before
+    anything is written; every value it lets through is one that every driver stores (the same
+    bounds on SQLite and PostgreSQL). The options are checked once for the batch, then each
+    input is encoded, keyed and given its id."""
     run_at = options.run_at
     if run_at is not None and options.delay is not None:
         raise ConfigurationError(
@@ -138,38 +131,72 @@ def build_job(
             f"max_attempts={attempts!r} is not valid", fix=f"use an int from 1 to {MAX_ATTEMPTS}"
         )
     queue = check_queue_name(options.queue) if options.queue is not None else handle.queue
+    name = handle.name
     inject = events.trace_context_for  # a tracing integration's, or None
     rate = handle.rate
     limit = handle.concurrency or (rate.as_limit() if rate is not None else None)
-    limit_key = None
-    if limit is not None:
-        limit_key = limit.key_for(job=handle.name, queue=queue, input=input, tenant_id=tenant)
     unique = handle.unique
-    unique_key = None
-    if unique is not None:
-        unique_key = unique.key_for(
-            job=handle.name, payload=payload, input=input, tenant_id=tenant, now=now
+    key_of = handle.idempotency_key
+    given_key = options.idempotency_key
+    if given_key is not None:
+        _check_text(given_key, "idempotency_key", KEY_LIMIT)
+    values = inputs if isinstance(inputs, list | tuple) else list(inputs)
+    ids = uuid7_many(len(values))
+    dumps = serializer.dumps
+    jobs = []
+    for job_id, input in zip(ids, values, strict=True):
+        payload = dumps(input)
+        key = given_key
+        if key is None and key_of is not None:
+            key = _key_of(handle, key_of, input)
+        jobs.append(
+            NewJob(
+                id=job_id,
+                name=name,
+                queue=queue,
+                input=payload,
+                idempotency_key=f"{name}:{key}" if key is not None else job_id,
+                max_attempts=attempts,
+                run_at=run_at,
+                priority=priority,
+                tenant_id=tenant,
+                delay=delay,
+                trace_context=None if inject is None else inject(queue, name, job_id),
+                limit_key=None
+                if limit is None
+                else limit.key_for(job=name, queue=queue, input=input, tenant_id=tenant),
+                limit_max=0 if limit is None else limit.max,
+                rate_max=0 if rate is None else rate.max,
+                rate_period=timedelta(0) if rate is None else rate.period,
+                unique_key=None
+                if unique is None
+                else unique.key_for(
+                    job=name, payload=payload, input=input, tenant_id=tenant, now=now
+                ),
+                unique_states=0 if unique is None else unique.mask,
+                unique_replace=unique is not None and unique.on_conflict == "replace",
+            )
         )
-    return NewJob(
-        id=job_id,
-        name=handle.name,
-        queue=queue,
-        input=payload,
-        idempotency_key=stored_key,
-        max_attempts=attempts,
-        run_at=run_at,
-        priority=priority,
-        tenant_id=tenant,
-        delay=delay,
-        trace_context=None if inject is None else inject(queue, handle.name, job_id),
-        limit_key=limit_key,
-        limit_max=0 if limit is None else limit.max,
-        rate_max=0 if rate is None else rate.max,
-        rate_period=timedelta(0) if rate is None else rate.period,
-        unique_key=unique_key,
-        unique_states=0 if unique is None else unique.mask,
-        unique_replace=unique is not None and unique.on_conflict == "replace",
-    )
+    return jobs
+
+
+def _key_of(handle: JobHandle[Any], key_of: Callable[[Any], str], input: Any) -> str:
+    """The job's idempotency key for ``input``, from its ``idempotency_key`` function."""
+    try:
+        key = key_of(input)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"the idempotency_key function of job {handle.name!r} raised "
+            f"{type(exc).__name__}: {exc}",
+            fix="make it return a str for every input it is given, e.g. f\"order-{input['id']}\"",
+        ) from exc
+    if not isinstance(key, str) or not key:
+        raise ConfigurationError(
+            f"the idempotency_key function of job {handle.name!r} returned {key!r}",
+            fix="return a non-empty str that identifies the input, e.g. f\"order-{input['id']}\"",
+        )
+    _check_text(key, "idempotency_key", KEY_LIMIT)
+    return key
 
 
 #: Bounds every driver can store: a tenant and a key fit PostgreSQL's b-tree row limit together.

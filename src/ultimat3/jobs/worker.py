@@ -72,6 +72,7 @@ from ultimat3.jobs.records import ClaimParams, Cycle, Failure, Job, Lease
 from ultimat3.jobs.run import Run
 from ultimat3.jobs.serialization import Serializer
 from ultimat3.jobs.supervise import Loop
+from ultimat3.jobs.wake import Wake
 
 #: The exit code of a worker that stopped because a loop could not go on (EX_SOFTWARE).
 FATAL_EXIT = 70
@@ -279,7 +280,7 @@ class Worker:
         #: Handler threads wait on it for ready jobs, or for the lead of the cycle.
         self._cond = threading.Condition(self._lock)
         self._held: dict[Lease, _Held] = {}  # by lease: a job can have a zombie run and a new one
-        self._wake = threading.Event()  # a slot freed, or a stop was asked for
+        self._wake = Wake()  # a slot freed, or a stop was asked for (selectable: see wake.py)
         #: When the last claim's full rate window reopens (``CycleResult.wake_at``).
         self._rate_wake: datetime | None = None
         self._stop_claiming = threading.Event()

@@ -142,6 +142,7 @@ from ultimat3.jobs.records import (
     WorkerInfo,
     job_from_row,
 )
+from ultimat3.jobs.wake import Wake
 
 try:
     import psycopg
@@ -1145,7 +1146,13 @@ class PostgresDriver:
             self._signal()  # jobs inserted while nobody listened: every waiter polls once
             return True
         try:
-            got = list(conn.notifies(timeout=span, stop_after=1))
+            if isinstance(wake, Wake):  # sleep on the socket and on the wake-up at once
+                ready, _, _ = select.select([conn.fileno(), wake.fileno()], [], [], span)
+                if wake.is_set():
+                    return True
+                got = list(conn.notifies(timeout=0)) if ready else []
+            else:
+                got = list(conn.notifies(timeout=span, stop_after=1))
             if got:
                 list(conn.notifies(timeout=0))  # what queued up meanwhile is covered by one poll
                 self._probe_at = time.monotonic() + _PROBE_AFTER

@@ -119,6 +119,7 @@ from ultimat3.jobs.records import (
     job_from_row,
 )
 from ultimat3.jobs.sql import migrations, queries
+from ultimat3.jobs.wake import FileWatch, Wake
 
 __all__ = ["SqliteDriver"]
 
@@ -138,13 +139,20 @@ _INNER_BUSY_MS = 2
 _BACKOFF_FIRST = 0.0005
 _BACKOFF_CAP = 0.002
 
-# wait_for_jobs: a poll costs a thread wake-up plus a read transaction, 50-150 us of CPU on a
-# busy 2-core VM, so polling every millisecond forever would burn 5-15% of a core. Poll every
-# millisecond for a second after the last change (jobs are flowing), then every _POLL_SLOW:
-# an idle waiter stays under 2% of a core and notices the next commit within 4 ms.
+# wait_for_jobs, where no file watch is to be had (not Linux): a poll costs a thread wake-up
+# plus a read transaction, 50-150 us of CPU on a busy 2-core VM, so polling every millisecond
+# forever would burn 5-15% of a core. Poll every millisecond for a second after the last change
+# (jobs are flowing), then every _POLL_SLOW: an idle waiter stays under 2% of a core and
+# notices the next commit within 4 ms.
 _POLL_FAST = 0.001
 _POLL_FAST_FOR = 1.0
 _POLL_SLOW = 0.004
+# With a file watch: the -wal file is written before its commit is visible (the frames, their
+# fsync, then the index in shared memory), so after a write the waiter looks again every
+# _SETTLE_POLL until the commit shows or _SETTLE_FOR passes without another write (a write
+# that was no commit: a rolled-back transaction whose pages spilled, a WAL reset).
+_SETTLE_POLL = 0.0005
+_SETTLE_FOR = 0.25
 
 _SAVEPOINT = "ultimat3_jobs"
 _NETWORK_FILESYSTEMS = frozenset(
@@ -223,13 +231,15 @@ def _filesystem_type(path: str) -> str | None:
 class _Slot:
     """Owns one thread's connection; when the thread ends, the slot is dropped and closes it."""
 
-    __slots__ = ("__weakref__", "changed_at", "conn", "depth", "seen_version")
+    __slots__ = ("__weakref__", "changed_at", "conn", "depth", "seen_version", "watch", "watched")
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
         self.depth = 0  # nesting of transaction() on this thread
         self.seen_version: int | None = None  # wait_for_jobs: last PRAGMA data_version
         self.changed_at = -math.inf  # wait_for_jobs: monotonic time of the last change
+        self.watch: FileWatch | None = None  # wait_for_jobs: the file watch, once opened
+        self.watched = False  # whether it was opened (it stays None where there is none)
 
 
 _drivers: weakref.WeakSet[SqliteDriver] = weakref.WeakSet()
@@ -929,12 +939,13 @@ class SqliteDriver:
         return None if row is None else _job(row)
 
     def job_wait(self, job_id: str, *, timeout: float, tenant_id: str | None = None) -> Job | None:
-        """Woken by any commit to the file, as a worker is (``wait_for_jobs``: ``PRAGMA
-        data_version`` on this thread's waiting connection), then one read of the job. The
+        """Woken by any commit to the file, as a worker is (``wait_for_jobs``: the file watch,
+        then ``PRAGMA data_version`` on this thread's waiting connection), then one read of the
+        job. The
         first wait, with no timeout, marks where the file stands before the read, so a
         completion between the read and the wait still wakes it."""
         deadline = time.monotonic() + max(0.0, timeout)
-        never = threading.Event()
+        never = Wake()  # never set: a Wake lets the wait sleep on the file watch
         self.wait_for_jobs(0.0, never)
         while True:
             job = self.job_get(job_id, tenant_id=tenant_id)
@@ -1118,14 +1129,23 @@ class SqliteDriver:
         ]
 
     def wait_for_jobs(self, timeout: float, wake: threading.Event) -> None:
-        """Poll ``PRAGMA data_version`` on a connection of its own (one per thread): it changes
-        whenever another connection, in any process, commits. A commit since this thread's last
-        wait returns at once, so a change made between two waits is not missed. Polls every
-        millisecond for a second after the last change, then every 4 ms."""
+        """Return after a commit by another connection, in any process, or when ``wake`` is
+        set. ``PRAGMA data_version`` on a connection of this thread's own says whether one
+        happened: it changes whenever another connection commits, and a commit since this
+        thread's last wait returns at once, so a change made between two waits is not missed.
+
+        Between two looks the thread sleeps in the kernel on a watch of the database's files
+        (``FileWatch``: every commit writes the ``-wal`` file) and on ``wake`` when it is a
+        ``Wake``: a commit is seen within a thread wake-up, and idle costs nothing. Without a
+        watch (not Linux) or with a plain ``threading.Event``, it polls: every millisecond
+        for a second after the last change, then every 4 ms."""
         if wake.is_set():
             return
         slot = self._slot("waiter")
         conn = slot.conn
+        watch = self._watch(slot) if isinstance(wake, Wake) else None
+        if watch is not None:
+            watch.drain()  # what was written before the version is read below is in it
         now = time.monotonic()
         deadline = now + timeout
         version = self._data_version(conn)
@@ -1135,21 +1155,45 @@ class SqliteDriver:
             slot.seen_version, slot.changed_at = version, now
             return
         slot.seen_version = version
+        settle_until = -math.inf  # a write seen, its commit not visible yet: look again soon
         while True:
             left = deadline - now
             if left <= 0:
                 return
-            recent = now - slot.changed_at < _POLL_FAST_FOR
-            time.sleep(min(_POLL_FAST if recent else _POLL_SLOW, left))
+            if watch is not None:
+                assert isinstance(wake, Wake)
+                settling = now < settle_until
+                written = watch.wait(min(left, _SETTLE_POLL) if settling else left, wake)
+                if written:
+                    settle_until = time.monotonic() + _SETTLE_FOR
+                look = written or settling
+            else:
+                recent = now - slot.changed_at < _POLL_FAST_FOR
+                time.sleep(min(_POLL_FAST if recent else _POLL_SLOW, left))
+                look = True
             if wake.is_set():
                 return
-            current = self._data_version(conn)
             now = time.monotonic()
+            if not look:
+                continue
+            current = self._data_version(conn)
             if current != version:
                 slot.changed_at = now
                 if current is not None:
                     slot.seen_version = current
                 return
+
+    def _watch(self, slot: _Slot) -> FileWatch | None:
+        """The slot's watch of the database's ``-wal`` file, which every commit writes (the
+        driver keeps journal_mode=WAL); opened on first use, None where the platform gives none."""
+        if not slot.watched:
+            slot.watched = True
+            real = os.path.realpath(self.path)
+            name = os.path.basename(real)
+            slot.watch = FileWatch.open(os.path.dirname(real), (name + "-wal",))
+            if slot.watch is None:
+                _log.debug("no file watch for %s: waiting for jobs by polling", real)
+        return slot.watch
 
     def _data_version(self, conn: sqlite3.Connection) -> int | None:
         try:

@@ -1,0 +1,36 @@
+"""Job ids: UUIDv7 text, increasing within a process, one at a time or by the batch."""
+
+from __future__ import annotations
+
+import uuid
+
+from ultimat3.jobs.ids import uuid7, uuid7_many
+
+
+def check(ids: list[str]) -> None:
+    for text in ids:
+        parsed = uuid.UUID(text)
+        assert parsed.version == 7 and parsed.variant == uuid.RFC_4122
+        assert str(parsed) == text
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+
+
+def test_a_batch_is_increasing_and_follows_the_ids_before_and_after_it() -> None:
+    before = uuid7()
+    batch = uuid7_many(10_000)  # more than 4096 in a millisecond: borrows later milliseconds
+    after = uuid7()
+    check([before, *batch, after])
+
+
+def test_batches_and_single_ids_interleave_in_order() -> None:
+    ids: list[str] = []
+    for n in (1, 2, 3, 500, 1, 4097):
+        ids += uuid7_many(n)
+        ids.append(uuid7())
+    check(ids)
+
+
+def test_an_empty_batch() -> None:
+    before = uuid7()
+    assert uuid7_many(0) == []
+    check([before, uuid7()])

@@ -72,7 +72,10 @@ def bare_copy(conn: psycopg.Connection[Any], table: str, n: int) -> float:
 
 def bare_claim_loop(conn: psycopg.Connection[Any], table: str) -> float:
     claim = (
+        # limit_key IS NULL: the claim index holds jobs without a concurrency limit only
+        # (migration 6), as the library's own claim of such jobs says.
         f"WITH c AS (SELECT id FROM {table} WHERE state = 'available' AND queue = 'bare' "
+        "AND limit_key IS NULL "
         "ORDER BY priority DESC, run_at, id LIMIT 10 FOR UPDATE SKIP LOCKED) "
         f"UPDATE {table} j SET state = 'running', lease_token = %s, attempt = attempt + 1, "
         "lease_expires_at = now() + interval '30 seconds' "

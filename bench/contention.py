@@ -37,15 +37,16 @@ def sample_waits(dsn: str, stop: threading.Event, out: dict[str, int]) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         while not stop.is_set():
             rows = conn.execute(
-                "SELECT wait_event_type, count(*) FROM pg_stat_activity"
+                "SELECT wait_event_type, wait_event, count(*) FROM pg_stat_activity"
                 " WHERE datname = 'bench' AND state = 'active' AND pid <> pg_backend_pid()"
-                " GROUP BY 1"
+                " GROUP BY 1, 2"
             ).fetchall()
             out["samples"] += 1
-            for kind, count in rows:
+            for kind, event, count in rows:
                 out["active"] += count
                 if kind in ("Lock", "LWLock"):
                     out[kind] += count
+                    out[f"{kind}:{event}"] = out.get(f"{kind}:{event}", 0) + count
             stop.wait(0.01)
 
 
@@ -118,6 +119,14 @@ def main(argv: list[str] | None = None) -> None:
                 f" Lock {waits['Lock'] / samples:.3f}, on LWLock {waits['LWLock'] / samples:.3f};"
                 f" deadlocks {after[0] - before[0]}, rollbacks {after[1] - before[1]}"
             )
+            events = sorted(((k, v) for k, v in waits.items() if ":" in k), key=lambda kv: -kv[1])[
+                :4
+            ]
+            if events:
+                print(
+                    "    waits by event (backends per sample): "
+                    + ", ".join(f"{k} {v / samples:.3f}" for k, v in events)
+                )
             for calls, s_mean, s_max, query in top:
                 text = " ".join(query.split())[:70]
                 print(f"    {calls:>7,} x {s_mean:.3f} ms (max {s_max:.1f}): {text}")

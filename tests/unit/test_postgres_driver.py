@@ -825,3 +825,38 @@ def test_kept_counts_are_emptied_by_a_truncate(driver: Any, pg_dsn: str) -> None
     assert sum(driver.job_count(JobFilter()).values()) == 0
     driver.job_insert_many([new_job()])
     assert driver.job_count(JobFilter()) == {("default", JobState.AVAILABLE): 1}
+
+
+def test_only_an_awaited_job_notifies_the_finished_channel(driver: Any, pg_dsn: str) -> None:
+    """Every NOTIFY takes a database-wide lock at commit: a completion nobody waits for sends
+    none; one a reader waits for (``job_wait`` marks it awaited first) sends its id."""
+    from ultimat3.jobs.records import Cycle
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute('LISTEN "ultimat3_jobs:finished"')
+        driver.job_insert_many([new_job(), new_job()])
+        quiet, waited = claim(driver, limit=2)
+        driver.job_cycle(Cycle(completes=[quiet.lease]))
+        assert payloads(conn) == []
+
+        found: list[Any] = []
+        reader = threading.Thread(
+            target=lambda: found.append(driver.job_wait(waited.id, timeout=30.0))
+        )
+        reader.start()
+        deadline = time.monotonic() + 20
+        while not _awaited(pg_dsn, waited.id):
+            assert time.monotonic() < deadline, "job_wait never marked the job awaited"
+            time.sleep(0.05)
+        driver.job_cycle(Cycle(completes=[waited.lease]))
+        assert waited.id in ",".join(payloads(conn, wait=5.0))
+        reader.join(30)
+        assert found and found[0].state is JobState.COMPLETED
+
+
+def _awaited(dsn: str, job_id: str) -> bool:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT awaited FROM ultimat3_jobs.x_jobs WHERE id = %s", (job_id,)
+        ).fetchone()
+    return bool(row and row[0])

@@ -804,14 +804,16 @@ class PostgresDriver:
         return _job(rows[0]) if rows else None
 
     def job_wait(self, job_id: str, *, timeout: float, tenant_id: str | None = None) -> Job | None:
-        """With LISTEN: woken by the NOTIFY of the job's completion, dead end or cancel
-        (``pg_finished``). Without (``?pooler=transaction``, ``listen=False``, or a pooler
+        """With LISTEN: marks the job awaited, then is woken by the NOTIFY of its completion,
+        dead end or cancel (``pg_finished``; only awaited jobs notify). Without (``?pooler=transaction``, ``listen=False``, or a pooler
         found in between): one read every ``poll`` seconds (``?poll=``, default 0.5 s)."""
         deadline = time.monotonic() + max(0.0, timeout)
         if self._probe_pooler and not self._probed:
             self._check_pooler()
         listening = self._listen and not (self._probe_pooler and not self._probed)
         mark = self._finished.mark()
+        if listening:  # its end notifies from now on (see job_await)
+            self._fetch("job_await", {"id": job_id, "tenant_id": tenant_id})
         while True:
             job = self.job_get(job_id, tenant_id=tenant_id)
             remaining = deadline - time.monotonic()

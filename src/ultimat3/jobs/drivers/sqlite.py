@@ -150,7 +150,9 @@ _POLL_SLOW = 0.004
 # With a file watch: the -wal file is written before its commit is visible (the frames, their
 # fsync, then the index in shared memory), so after a write the waiter looks again every
 # _SETTLE_POLL until the commit shows or _SETTLE_FOR passes without another write (a write
-# that was no commit: a rolled-back transaction whose pages spilled, a WAL reset).
+# that was no commit: a rolled-back transaction whose pages spilled, a WAL reset). The window
+# outlives one wait: a wait that returned for one commit may have drained the events of the
+# next one, still in flight, and the following wait must look for it.
 _SETTLE_POLL = 0.0005
 _SETTLE_FOR = 0.25
 
@@ -231,7 +233,16 @@ def _filesystem_type(path: str) -> str | None:
 class _Slot:
     """Owns one thread's connection; when the thread ends, the slot is dropped and closes it."""
 
-    __slots__ = ("__weakref__", "changed_at", "conn", "depth", "seen_version", "watch", "watched")
+    __slots__ = (
+        "__weakref__",
+        "changed_at",
+        "conn",
+        "depth",
+        "seen_version",
+        "watch",
+        "watched",
+        "written_at",
+    )
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
@@ -240,6 +251,7 @@ class _Slot:
         self.changed_at = -math.inf  # wait_for_jobs: monotonic time of the last change
         self.watch: FileWatch | None = None  # wait_for_jobs: the file watch, once opened
         self.watched = False  # whether it was opened (it stays None where there is none)
+        self.written_at = -math.inf  # wait_for_jobs: monotonic time of the last write seen
 
 
 _drivers: weakref.WeakSet[SqliteDriver] = weakref.WeakSet()
@@ -1144,8 +1156,10 @@ class SqliteDriver:
         slot = self._slot("waiter")
         conn = slot.conn
         watch = self._watch(slot) if isinstance(wake, Wake) else None
-        if watch is not None:
-            watch.drain()  # what was written before the version is read below is in it
+        # A write drained here, or seen by the last wait, may be a commit still in flight (its
+        # frames are written before it is visible): look again soon, as after any write.
+        if watch is not None and watch.drain():
+            slot.written_at = time.monotonic()
         now = time.monotonic()
         deadline = now + timeout
         version = self._data_version(conn)
@@ -1155,7 +1169,8 @@ class SqliteDriver:
             slot.seen_version, slot.changed_at = version, now
             return
         slot.seen_version = version
-        settle_until = -math.inf  # a write seen, its commit not visible yet: look again soon
+        # A write seen, its commit not visible yet: look again soon.
+        settle_until = slot.written_at + _SETTLE_FOR
         while True:
             left = deadline - now
             if left <= 0:
@@ -1165,7 +1180,8 @@ class SqliteDriver:
                 settling = now < settle_until
                 written = watch.wait(min(left, _SETTLE_POLL) if settling else left, wake)
                 if written:
-                    settle_until = time.monotonic() + _SETTLE_FOR
+                    slot.written_at = time.monotonic()
+                    settle_until = slot.written_at + _SETTLE_FOR
                 look = written or settling
             else:
                 recent = now - slot.changed_at < _POLL_FAST_FOR

@@ -306,9 +306,9 @@ SELECT r.id, (SELECT count(*) FROM woken) FROM released r
 -- name: job_complete
 -- %(results)s is NULL when no job of the batch has a result (the usual case), else a text[]
 -- beside %(ids)s: each job's result (JSON text, NULL for None) at its id's position. The
--- completed ids are sent to %(finished)s, for those waiting on a result (all of them while
--- they fit a NOTIFY payload; '' means "any job may have finished"); NOTIFY folds repeats in
--- one transaction, and this one runs once per statement, if anything completed. A limited job
+-- completed ids that a reader awaits (migration 7) are sent to %(finished)s (all of them while
+-- they fit a NOTIFY payload; '' means "any job may have finished"); none is sent when no
+-- reader waits, since every NOTIFY takes a database-wide lock at commit. A limited job
 -- frees a slot: its queue is sent to %(channel)s, to wake the workers waiting on a full limit
 -- (the server sends one per queue and transaction); unlimited jobs send nothing there.
 WITH done AS (
@@ -321,17 +321,17 @@ WITH done AS (
     WHERE j.id = ANY(%(ids)s::text[])
       AND j.lease_token = ANY(%(tokens)s::text[])
       AND j.state = 'running'
-    RETURNING j.id, j.queue, j.limit_key
+    RETURNING j.id, j.queue, j.limit_key, j.awaited
 )
 SELECT d.id,
        (SELECT pg_notify(%(finished)s,
                          CASE WHEN sum(length(id) + 1) < 7000 THEN string_agg(id, ',') ELSE '' END)
-        FROM done),
+        FROM done WHERE awaited HAVING count(*) > 0),
        CASE WHEN d.limit_key IS NOT NULL THEN pg_notify(%(channel)s, d.queue) END
 FROM done d
 
 -- name: job_fail
--- The ids of jobs that end dead go to %(finished)s, as in job_complete.
+-- The ids of awaited jobs that end dead go to %(finished)s, as in job_complete.
 WITH failed AS (
 UPDATE {schema}.x_jobs j
 SET state = CASE
@@ -349,12 +349,12 @@ FROM json_to_recordset(%(failures)s::json)
        AS f(id text, token text, error jsonb, retry_at timestamptz, isolate boolean)
 WHERE j.id = ANY(%(ids)s::text[])
   AND j.id = f.id AND j.lease_token = f.token AND j.state = 'running'
-RETURNING j.id, j.state, j.queue, j.limit_key
+RETURNING j.id, j.state, j.queue, j.limit_key, j.awaited
 )
 SELECT d.id,
        (SELECT pg_notify(%(finished)s,
                          CASE WHEN sum(length(id) + 1) < 7000 THEN string_agg(id, ',') ELSE '' END)
-        FROM failed WHERE state = 'dead' HAVING count(*) > 0),
+        FROM failed WHERE state = 'dead' AND awaited HAVING count(*) > 0),
        CASE WHEN d.limit_key IS NOT NULL THEN pg_notify(%(channel)s, d.queue) END
 FROM failed d
 
@@ -390,9 +390,21 @@ WHERE j.id = %(id)s
   AND j.state IN ('scheduled', 'available', 'running')
   AND (%(token)s::text IS NULL OR (j.state = 'running' AND j.lease_token = %(token)s::text))
   AND (%(tenant_id)s::text IS NULL OR j.tenant_id = %(tenant_id)s::text)
-RETURNING j.id
+RETURNING j.id, j.awaited
 )
-SELECT id, pg_notify(%(finished)s, id) FROM cancelled
+SELECT id, CASE WHEN awaited THEN pg_notify(%(finished)s, id) END FROM cancelled
+
+-- name: job_await
+-- A reader is about to wait for this job's end (job_wait with LISTEN): from now on its
+-- completion, dead end or cancel notifies the finished channel (migration 7). Nothing for a job that
+-- has ended: the reader reads it next.
+UPDATE {schema}.x_jobs j
+SET awaited = true
+WHERE j.id = %(id)s
+  AND NOT j.awaited
+  AND j.state IN ('scheduled', 'available', 'running')
+  AND (%(tenant_id)s::text IS NULL OR j.tenant_id = %(tenant_id)s::text)
+RETURNING j.id
 
 -- name: job_list_expired
 SELECT id, name, queue, input::text, tenant_id, idempotency_key, priority, state, attempt,

@@ -49,6 +49,7 @@ from ultimat3.jobs.records import (
     Cycle,
     CycleResult,
     Failure,
+    FinishedCount,
     InsertResult,
     Job,
     JobFilter,
@@ -290,6 +291,14 @@ class Driver(Protocol):
         """Delete up to ``limit`` jobs in final ``states`` that finished before the given time."""
         ...
 
+    def job_finished_counts(
+        self, since: datetime, bucket: timedelta, *, tenant_id: str | None = None
+    ) -> list[FinishedCount]:
+        """How many jobs ended (completed, dead, cancelled) per queue, state and time bucket
+        since ``since``: bucket ``k`` starts at ``since + k * bucket``. A range read of the
+        finished-time index: it costs what ended since then, not the whole table."""
+        ...
+
     # -- queues ------------------------------------------------------------------------------
 
     def queue_set_paused(self, queue: str, paused: bool) -> None:
@@ -300,7 +309,18 @@ class Driver(Protocol):
         """Every queue that has jobs or a pause setting, with per-state counts."""
         ...
 
+    def queue_oldest_ready(self, *, now: datetime | None = None) -> dict[str, datetime]:
+        """Per queue with a due waiting job (scheduled or available, ``run_at <= now``), the
+        earliest such ``run_at``: how long the oldest ready job has waited. Index seeks per
+        queue and priority, not a scan of the waiting jobs."""
+        ...
+
     # -- cron schedules and leadership -----------------------------------------------------
+
+    def schedule_read(self, tasks: Sequence[str]) -> dict[str, ScheduleState]:
+        """The stored state of those ``tasks`` the database knows (absent ones are left out).
+        A read: unlike ``schedule_state`` it creates nothing."""
+        ...
 
     def schedule_state(
         self, tasks: Sequence[str], *, now: datetime | None = None

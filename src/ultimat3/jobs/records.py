@@ -230,6 +230,17 @@ class QueueInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class FinishedCount:
+    """How many jobs of ``queue`` ended in ``state`` during the time bucket that starts at
+    ``start`` (the dashboard's throughput chart)."""
+
+    queue: str
+    state: JobState
+    start: datetime
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class ScheduleState:
     """A cron task's persisted state: when the scheduler first knew it (nothing is owed before
     that), and the last occurrence dispatched for it."""

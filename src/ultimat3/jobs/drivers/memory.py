@@ -64,6 +64,7 @@ from ultimat3.jobs.records import (
     Cycle,
     CycleResult,
     Failure,
+    FinishedCount,
     InsertResult,
     Job,
     JobFilter,
@@ -468,6 +469,24 @@ class MemoryDriver:
             )
         return dict(counts)
 
+    def job_finished_counts(
+        self, since: datetime, bucket: timedelta, *, tenant_id: str | None = None
+    ) -> list[FinishedCount]:
+        since = _utc(since)
+        with self._lock:
+            counts = Counter(
+                (job.queue, job.state, (job.finished_at - since) // bucket)
+                for job in self._jobs.values()
+                if job.finished_at is not None
+                and job.finished_at >= since
+                and job.state in FINAL_STATES
+                and (tenant_id is None or job.tenant_id == tenant_id)
+            )
+        return [
+            FinishedCount(queue, state, since + k * bucket, n)
+            for (queue, state, k), n in sorted(counts.items())
+        ]
+
     def job_retry(
         self, ids: Sequence[str], *, tenant_id: str | None = None, now: datetime | None = None
     ) -> list[str]:
@@ -539,9 +558,22 @@ class MemoryDriver:
                 for name in sorted(counts)
             ]
 
+    def queue_oldest_ready(self, *, now: datetime | None = None) -> dict[str, datetime]:
+        at = _now(now)
+        oldest: dict[str, datetime] = {}
+        with self._lock:
+            for job in self._jobs.values():
+                if job.state in _WAITING and job.run_at <= min(at, oldest.get(job.queue, at)):
+                    oldest[job.queue] = job.run_at
+        return oldest
+
     # -- wake-ups ----------------------------------------------------------------------------
 
     # -- cron schedules and leadership -----------------------------------------------------
+
+    def schedule_read(self, tasks: Sequence[str]) -> dict[str, ScheduleState]:
+        with self._lock:
+            return {task: self._schedules[task] for task in tasks if task in self._schedules}
 
     def schedule_state(
         self, tasks: Sequence[str], *, now: datetime | None = None

@@ -118,6 +118,7 @@ from ultimat3.jobs.records import (
     Cycle,
     CycleResult,
     Failure,
+    FinishedCount,
     InsertResult,
     Job,
     JobFilter,
@@ -689,6 +690,17 @@ class PostgresDriver:
         deleted = {row[0] for row in rows}
         return [job_id for job_id in dict.fromkeys(ids) if job_id in deleted]
 
+    def job_finished_counts(
+        self, since: datetime, bucket: timedelta, *, tenant_id: str | None = None
+    ) -> list[FinishedCount]:
+        step = bucket.total_seconds()
+        params = {"since": since, "bucket": step, "tenant_id": tenant_id}
+        rows = self._fetch("job_finished_counts", params, prepare=False)
+        return [
+            FinishedCount(queue, _STATES[state], _utc(since) + k * bucket, n)
+            for queue, state, k, n in sorted(rows)
+        ]
+
     def job_prune(
         self, *, states: frozenset[JobState], finished_before: datetime, limit: int
     ) -> int:
@@ -714,7 +726,20 @@ class PostgresDriver:
                 per_state[_STATES[state]] = count
         return [QueueInfo(name, paused[name], counts[name]) for name in sorted(paused)]
 
+    def queue_oldest_ready(self, *, now: datetime | None = None) -> dict[str, datetime]:
+        rows = self._fetch("queue_oldest_ready", {"now": now}, prepare=False)
+        return {queue: _utc(run_at) for queue, run_at in rows}
+
     # -- cron schedules and leadership -----------------------------------------------------
+
+    def schedule_read(self, tasks: Sequence[str]) -> dict[str, ScheduleState]:
+        if not tasks:
+            return {}
+        rows = self._fetch("schedule_read", {"tasks": _text_array(sorted(set(tasks)))})
+        return {
+            task: ScheduleState(task, _utc(first), _utc(last) if last is not None else None)
+            for task, first, last in rows
+        }
 
     def schedule_state(
         self, tasks: Sequence[str], *, now: datetime | None = None

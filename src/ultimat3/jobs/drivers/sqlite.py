@@ -100,6 +100,7 @@ from ultimat3.jobs.records import (
     Cycle,
     CycleResult,
     Failure,
+    FinishedCount,
     InsertResult,
     Job,
     JobFilter,
@@ -920,6 +921,17 @@ class SqliteDriver:
         rows = self._write(lambda conn: conn.execute(_Q["job_discard"], args).fetchall())
         return _in_order(ids, {row[0] for row in rows})
 
+    def job_finished_counts(
+        self, since: datetime, bucket: timedelta, *, tenant_id: str | None = None
+    ) -> list[FinishedCount]:
+        step = max(1, bucket // timedelta(microseconds=1))
+        args = {"since": _us(since), "bucket": step, "tenant_id": tenant_id}
+        rows = self._read(lambda conn: conn.execute(_Q["job_finished_counts"], args).fetchall())
+        return [
+            FinishedCount(queue, _STATES[state], _dt(args["since"] + k * step), n)
+            for queue, state, k, n in sorted(rows)
+        ]
+
     def job_prune(
         self, *, states: frozenset[JobState], finished_before: datetime, limit: int
     ) -> int:
@@ -961,9 +973,24 @@ class SqliteDriver:
             QueueInfo(name, paused.get(name, False), per_queue[name]) for name in sorted(per_queue)
         ]
 
+    def queue_oldest_ready(self, *, now: datetime | None = None) -> dict[str, datetime]:
+        args = {"now": _now_us(now)}
+        rows = self._read(lambda conn: conn.execute(_Q["queue_oldest_ready"], args).fetchall())
+        return {queue: _dt(run_at) for queue, run_at in rows}
+
     # -- wake-ups ----------------------------------------------------------------------------
 
     # -- cron schedules and leadership -----------------------------------------------------
+
+    def schedule_read(self, tasks: Sequence[str]) -> dict[str, ScheduleState]:
+        if not tasks:
+            return {}
+        args = {"tasks": json.dumps(list(tasks))}
+        rows = self._read(lambda conn: conn.execute(_Q["schedule_get"], args).fetchall())
+        return {
+            task: ScheduleState(task, _dt(first), None if last is None else _dt(last))
+            for task, first, last in rows
+        }
 
     def schedule_state(
         self, tasks: Sequence[str], *, now: datetime | None = None

@@ -422,6 +422,48 @@ FROM (
 ) c
 FULL JOIN {schema}.x_queues p ON p.name = c.queue
 
+-- name: job_finished_counts
+-- A range of the finished index; k is the bucket index from %(since)s (bucket in seconds).
+SELECT queue, state,
+       floor(extract(epoch FROM finished_at - %(since)s::timestamptz) / %(bucket)s)::bigint AS k,
+       count(*)
+FROM {schema}.x_jobs
+WHERE finished_at IS NOT NULL AND finished_at >= %(since)s::timestamptz
+  AND state IN ('completed', 'dead', 'cancelled')
+  AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s::text)
+GROUP BY 1, 2, 3
+
+-- name: queue_oldest_ready
+-- Skip-scans the claim index (queue, priority DESC, run_at, id) over waiting rows: each queue,
+-- then each priority in it, one index seek each; a (queue, priority)'s first entry has its
+-- earliest run_at. Costs seeks per (queue, priority), not a walk of the backlog.
+WITH RECURSIVE
+q(queue) AS (
+    SELECT min(queue) FROM {schema}.x_jobs WHERE state IN ('scheduled', 'available')
+    UNION ALL
+    SELECT (SELECT min(j.queue) FROM {schema}.x_jobs j
+            WHERE j.state IN ('scheduled', 'available') AND j.queue > q.queue)
+    FROM q WHERE q.queue IS NOT NULL
+),
+p(queue, priority) AS (
+    SELECT q.queue, (SELECT max(j.priority) FROM {schema}.x_jobs j
+                     WHERE j.state IN ('scheduled', 'available') AND j.queue = q.queue)
+    FROM q WHERE q.queue IS NOT NULL
+    UNION ALL
+    SELECT p.queue, (SELECT max(j.priority) FROM {schema}.x_jobs j
+                     WHERE j.state IN ('scheduled', 'available') AND j.queue = p.queue
+                       AND j.priority < p.priority)
+    FROM p WHERE p.priority IS NOT NULL
+)
+SELECT p.queue, min(m.run_at)
+FROM p, LATERAL (
+    SELECT min(j.run_at) AS run_at FROM {schema}.x_jobs j
+    WHERE j.state IN ('scheduled', 'available') AND j.queue = p.queue
+      AND j.priority = p.priority
+) m
+WHERE p.priority IS NOT NULL AND m.run_at <= coalesce(%(now)s::timestamptz, now())
+GROUP BY p.queue
+
 -- name: schedule_register
 INSERT INTO {schema}.x_schedules (task, first_seen_at)
 SELECT t.task, coalesce(%(now)s::timestamptz, now())

@@ -250,6 +250,45 @@ WHERE id IN (
     LIMIT :limit
 );
 
+-- name: job_finished_counts
+-- A range of the finished index per final state; k is the bucket index from :since.
+SELECT queue, state, (finished_at - :since) / :bucket AS k, count(*)
+FROM x_jobs
+WHERE state IN ('completed', 'dead', 'cancelled')
+  AND finished_at IS NOT NULL AND finished_at >= :since
+  AND (:tenant_id IS NULL OR tenant_id = :tenant_id)
+GROUP BY queue, state, k;
+
+-- name: queue_oldest_ready
+-- Skip-scans the claim index (queue, priority DESC, run_at, id) over waiting rows: each queue,
+-- then each priority in it, found by one seek each; the earliest run_at of a (queue,
+-- priority) is its first entry. Costs seeks per (queue, priority), not a walk of the backlog.
+WITH RECURSIVE
+q(queue) AS (
+    SELECT min(queue) FROM x_jobs WHERE state IN ('scheduled', 'available')
+    UNION ALL
+    SELECT (SELECT min(queue) FROM x_jobs
+            WHERE state IN ('scheduled', 'available') AND queue > q.queue)
+    FROM q WHERE q.queue IS NOT NULL
+),
+p(queue, priority) AS (
+    SELECT q.queue, (SELECT max(priority) FROM x_jobs
+                     WHERE state IN ('scheduled', 'available') AND queue = q.queue)
+    FROM q WHERE q.queue IS NOT NULL
+    UNION ALL
+    SELECT p.queue, (SELECT max(priority) FROM x_jobs
+                     WHERE state IN ('scheduled', 'available') AND queue = p.queue
+                       AND priority < p.priority)
+    FROM p WHERE p.priority IS NOT NULL
+),
+m(queue, run_at) AS (
+    SELECT p.queue, (SELECT min(run_at) FROM x_jobs
+                     WHERE state IN ('scheduled', 'available') AND queue = p.queue
+                       AND priority = p.priority)
+    FROM p WHERE p.priority IS NOT NULL
+)
+SELECT queue, min(run_at) FROM m WHERE run_at <= :now GROUP BY queue;
+
 -- name: queue_set_paused
 INSERT INTO x_queues (name, paused, updated_at)
 VALUES (:name, :paused, :now)

@@ -1,0 +1,72 @@
+"""The dashboard's reads: ``job_finished_counts`` (throughput buckets), ``queue_oldest_ready``
+(the oldest due waiting job per queue, across priorities) and ``schedule_read`` (a read that
+creates nothing)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from ultimat3.jobs.driver import Driver
+from ultimat3.jobs.records import FinishedCount, JobState
+
+from .helpers import T0, at, claim, fail, insert, new_job
+
+MINUTE = timedelta(minutes=1)
+
+
+def test_finished_counts_bucket_each_end_by_queue_state_and_minute(driver: Driver) -> None:
+    jobs = [
+        new_job(queue="a" if i < 4 else "b", tenant_id="t1" if i % 2 else None) for i in range(6)
+    ]
+    insert(driver, *jobs, now=at(0))
+    running = {j.id: j for j in claim(driver, at(1), queues=["a", "b"], limit=6)}
+    ordered = [running[j.id] for j in jobs]
+    # a: two completed in minute 0, one completed in minute 2, one dead in minute 2; b: two
+    # completed in minute 1.
+    assert driver.job_complete_many([ordered[0].lease, ordered[1].lease], now=at(10))
+    assert driver.job_complete_many([ordered[2].lease], now=at(130))
+    assert fail(driver, ordered[3], at(150), retry_at=None)
+    assert driver.job_complete_many([ordered[4].lease, ordered[5].lease], now=at(70))
+    found = driver.job_finished_counts(T0, MINUTE)
+    assert sorted(found, key=lambda c: (c.queue, c.start, c.state)) == [
+        FinishedCount("a", JobState.COMPLETED, T0, 2),
+        FinishedCount("a", JobState.COMPLETED, T0 + 2 * MINUTE, 1),
+        FinishedCount("a", JobState.DEAD, T0 + 2 * MINUTE, 1),
+        FinishedCount("b", JobState.COMPLETED, T0 + MINUTE, 2),
+    ]
+    # Only what ended since the start; only the tenant's with tenant_id.
+    later = driver.job_finished_counts(T0 + 2 * MINUTE, MINUTE)
+    assert sum(c.count for c in later) == 2
+    tenant = driver.job_finished_counts(T0, MINUTE, tenant_id="t1")
+    assert sum(c.count for c in tenant) == 3  # jobs 1, 3 and 5
+    assert driver.job_finished_counts(T0 + 10 * MINUTE, MINUTE) == []
+
+
+def test_oldest_ready_is_the_earliest_due_waiting_job_of_any_priority(driver: Driver) -> None:
+    insert(
+        driver,
+        new_job(queue="a", priority=5, run_at=at(30)),
+        new_job(queue="a", priority=0, run_at=at(10)),  # the oldest of a, at a low priority
+        new_job(queue="a", priority=-3, run_at=at(500)),  # not due yet
+        new_job(queue="b", run_at=at(40)),
+        new_job(queue="c", run_at=at(900)),  # nothing due in c
+        now=T0,
+    )
+    assert driver.queue_oldest_ready(now=at(100)) == {"a": at(10), "b": at(40)}
+    assert driver.queue_oldest_ready(now=at(20)) == {"a": at(10)}
+    assert driver.queue_oldest_ready(now=at(5)) == {}
+    # A claimed job is no longer waiting.
+    claimed = claim(driver, at(100), queues=["b"], limit=1)
+    assert len(claimed) == 1
+    assert driver.queue_oldest_ready(now=at(100)) == {"a": at(10)}
+
+
+def test_schedule_read_creates_nothing(driver: Driver) -> None:
+    assert driver.schedule_read(["nightly"]) == {}
+    assert driver.schedule_read([]) == {}
+    driver.schedule_state(["nightly"], now=T0)
+    assert driver.schedule_read(["nightly", "other"]) == driver.schedule_state(["nightly"], now=T0)
+    assert driver.schedule_fire("nightly", at(60), [new_job()], now=T0) is not None
+    state = driver.schedule_read(["nightly", "other"])
+    assert list(state) == ["nightly"] and state["nightly"].last_fired_at == at(60)
+    assert state["nightly"].first_seen_at == T0

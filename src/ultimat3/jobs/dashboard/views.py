@@ -1,0 +1,365 @@
+"""What each page shows, read from an App: plain data for the templates, no HTTP.
+
+Every read is bounded at any table size: the jobs list pages by keyset (``before``: the last id
+shown) and a text search scans at most ``SCAN_BUDGET`` jobs per page, then offers to go on from
+where it stopped; the overview reads per-queue counts, the oldest ready job per queue (index
+seeks) and the last hour's ends (a range of the finished index).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from ultimat3.jobs.app import App
+from ultimat3.jobs.errors import ConfigurationError, JobsError
+from ultimat3.jobs.records import FINAL_STATES, Job, JobFilter, JobState
+from ultimat3.jobs.retry import Retry, backoff_delay
+
+__all__ = [
+    "BULK_LIMIT",
+    "PAGE_SIZE",
+    "SCAN_BUDGET",
+    "Filters",
+    "JobsPage",
+    "cron_rows",
+    "job_detail",
+    "jobs_page",
+    "overview",
+    "workers",
+    "workers_supported",
+]
+
+PAGE_SIZE = 50
+#: The most jobs a text search reads for one page before it offers to continue.
+SCAN_BUDGET = 5_000
+_SCAN_BATCH = 500
+#: The most jobs one confirmed "all that match" action changes.
+BULK_LIMIT = 1_000
+HOUR = timedelta(hours=1)
+MINUTE = timedelta(minutes=1)
+_STATES = {s.value: s for s in JobState}
+
+
+@dataclass(frozen=True)
+class Filters:
+    """The jobs list's filter, as the query string gives it ("" is "any")."""
+
+    queue: str = ""
+    state: str = ""
+    name: str = ""
+    tenant: str = ""
+    text: str = ""
+
+    @classmethod
+    def parse(cls, params: Any, *, tenant: str | None) -> Filters:
+        state = str(params.get("state", "")).strip()
+        if state and state not in _STATES:
+            raise ConfigurationError(
+                f"{state!r} is not a job state",
+                fix="use one of: " + ", ".join(_STATES),
+            )
+        return cls(
+            queue=str(params.get("queue", "")).strip(),
+            state=state,
+            name=str(params.get("name", "")).strip(),
+            # A tenant-scoped dashboard ignores the field: it shows one tenant, always.
+            tenant=tenant if tenant is not None else str(params.get("tenant", "")).strip(),
+            text=str(params.get("q", "")).strip(),
+        )
+
+    def job_filter(self) -> JobFilter:
+        return JobFilter(
+            states=frozenset({_STATES[self.state]}) if self.state else None,
+            queue=self.queue or None,
+            name=self.name or None,
+            tenant_id=self.tenant or None,
+        )
+
+    def query(self, **extra: str) -> dict[str, str]:
+        """The filter as query-string pairs (empty ones left out)."""
+        pairs = {
+            "queue": self.queue,
+            "state": self.state,
+            "name": self.name,
+            "tenant": self.tenant,
+            "q": self.text,
+            **extra,
+        }
+        return {k: v for k, v in pairs.items() if v}
+
+
+@dataclass
+class JobsPage:
+    jobs: list[Job]
+    #: The id to page on from (``before=``), or None on the last page.
+    next_before: str | None
+    #: How many jobs a text search read for this page (0 without text).
+    scanned: int = 0
+    #: The search stopped at its budget: more may match further on.
+    budget_spent: bool = False
+
+
+def matches_text(job: Job, text: str) -> bool:
+    """Whether ``text`` (case-insensitive) is in the job's input or any attempt's error."""
+    needle = text.casefold()
+    if needle in job.input.casefold():
+        return True
+    return any(
+        needle in e.message.casefold()
+        or needle in e.kind.casefold()
+        or needle in e.traceback.casefold()
+        for e in job.errors
+    )
+
+
+def jobs_page(app: App, filters: Filters, before: str | None) -> JobsPage:
+    where = filters.job_filter()
+    driver = app.driver
+    if not filters.text:
+        found = driver.job_list(where, limit=PAGE_SIZE + 1, before_id=before)
+        more = len(found) > PAGE_SIZE
+        shown = found[:PAGE_SIZE]
+        return JobsPage(shown, shown[-1].id if more and shown else None)
+    hits: list[Job] = []
+    scanned = 0
+    cursor = before
+    while scanned < SCAN_BUDGET:
+        batch = driver.job_list(where, limit=_SCAN_BATCH, before_id=cursor)
+        for job in batch:
+            scanned += 1
+            cursor = job.id
+            if matches_text(job, filters.text):
+                hits.append(job)
+                if len(hits) == PAGE_SIZE:
+                    return JobsPage(hits, cursor, scanned)
+        if len(batch) < _SCAN_BATCH:
+            return JobsPage(hits, None, scanned)
+    return JobsPage(hits, cursor, scanned, budget_spent=True)
+
+
+def bulk_ids(app: App, filters: Filters, action: str) -> list[str]:
+    """The ids "all that match" covers: dead or cancelled jobs of the filter, newest first, at
+    most ``BULK_LIMIT``."""
+    if filters.text:
+        raise ConfigurationError(
+            "an action on all that match cannot use a text search (it reads a bounded window)",
+            fix="clear the text field, or tick the jobs on the page and act on those",
+        )
+    states = {_STATES[filters.state]} if filters.state else {JobState.DEAD, JobState.CANCELLED}
+    if not states <= {JobState.DEAD, JobState.CANCELLED}:
+        raise ConfigurationError(
+            f"only dead or cancelled jobs can be {action}ed, and the filter is {filters.state}",
+            fix="filter on state dead (or cancelled)",
+        )
+    where = JobFilter(
+        states=frozenset(states),
+        queue=filters.queue or None,
+        name=filters.name or None,
+        tenant_id=filters.tenant or None,
+    )
+    return [j.id for j in app.driver.job_list(where, limit=BULK_LIMIT)]
+
+
+# -- overview ----------------------------------------------------------------------------------
+
+
+@dataclass
+class QueueRow:
+    name: str
+    paused: bool | None  # None: not shown (a tenant's view)
+    counts: dict[str, int]
+    oldest_ready_age: timedelta | None
+    completed: list[int]
+    dead: list[int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+@dataclass
+class Overview:
+    now: datetime
+    starts: list[datetime]
+    queues: list[QueueRow]
+    completed: list[int]
+    dead: list[int]
+    workers: list[Any] | None  # None: this database has no workers table
+    paused: list[str] = field(default_factory=list)
+
+
+def workers_supported(app: App) -> bool:
+    return callable(getattr(app.driver, "worker_list", None))
+
+
+def overview(app: App, tenant: str | None) -> Overview:
+    driver = app.driver
+    now = app.clock.now()
+    # Whole minutes, so a refresh a few seconds later draws the same buckets.
+    end = now.replace(second=0, microsecond=0) + MINUTE
+    since = end - HOUR
+    starts = [since + i * MINUTE for i in range(60)]
+    per_queue: dict[str, QueueRow] = {}
+
+    def row(name: str) -> QueueRow:
+        if name not in per_queue:
+            per_queue[name] = QueueRow(name, None, {}, None, [0] * 60, [0] * 60)
+        return per_queue[name]
+
+    if tenant is None:
+        for info in driver.queue_list():
+            r = row(info.name)
+            r.paused = info.paused
+            r.counts = {s.value: n for s, n in info.counts.items() if n}
+        for name, run_at in driver.queue_oldest_ready(now=app.clock.pinned()).items():
+            row(name).oldest_ready_age = max(timedelta(0), now - run_at)
+    else:
+        for (name, state), n in driver.job_count(JobFilter(tenant_id=tenant)).items():
+            if n:
+                row(name).counts[state.value] = n
+    completed, dead = [0] * 60, [0] * 60
+    for c in driver.job_finished_counts(since, MINUTE, tenant_id=tenant):
+        k = int((c.start - since) / MINUTE)
+        if not 0 <= k < 60:
+            continue
+        r = row(c.queue)
+        if c.state is JobState.COMPLETED:
+            r.completed[k] += c.count
+            completed[k] += c.count
+        elif c.state is JobState.DEAD:
+            r.dead[k] += c.count
+            dead[k] += c.count
+    live = workers(app) if tenant is None else None
+    queues = [per_queue[name] for name in sorted(per_queue)]
+    return Overview(
+        now=now,
+        starts=starts,
+        queues=queues,
+        completed=completed,
+        dead=dead,
+        workers=live,
+        paused=[q.name for q in queues if q.paused],
+    )
+
+
+# -- workers -----------------------------------------------------------------------------------
+
+
+@dataclass
+class WorkerRow:
+    info: Any  # records.WorkerInfo
+    running: list[Job]
+
+
+def workers(app: App) -> list[WorkerRow] | None:
+    """Live workers with the jobs each runs, or None when the driver has no workers table."""
+    worker_list: Callable[[], list[Any]] | None = getattr(app.driver, "worker_list", None)
+    if worker_list is None:
+        return None
+    infos = worker_list()
+    running = app.driver.job_list(JobFilter(states=frozenset({JobState.RUNNING})), limit=1_000)
+    by_worker: dict[str, list[Job]] = {}
+    for job in running:
+        if job.worker_id is not None:
+            by_worker.setdefault(job.worker_id, []).append(job)
+    return [WorkerRow(info, by_worker.get(info.id, [])) for info in infos]
+
+
+# -- one job -----------------------------------------------------------------------------------
+
+
+@dataclass
+class PlannedAttempt:
+    attempt: int
+    wait: timedelta | None  # after the previous attempt fails; None: the next run itself
+    earliest: datetime
+
+
+@dataclass
+class JobDetail:
+    job: Job
+    input_text: str
+    input_error: str | None
+    registered: bool
+    policy: Retry | None
+    next_run: datetime | None
+    plan: list[PlannedAttempt]
+    worker: Any | None  # records.WorkerInfo of the worker that runs it, when known
+
+
+def job_detail(app: App, job: Job) -> JobDetail:
+    try:
+        decoded = app.decode_input(job)
+        input_text = json.dumps(decoded, indent=2, ensure_ascii=False, sort_keys=True)
+        input_error = None
+    except JobsError as exc:
+        input_text, input_error = job.input, exc.cause
+    handle = app.registry.jobs.get(job.name)
+    policy = handle.retry if handle is not None else None
+    waiting = job.state in (JobState.SCHEDULED, JobState.AVAILABLE)
+    next_run = job.run_at if waiting else None
+    plan: list[PlannedAttempt] = []
+    if policy is not None and waiting:
+        at = job.run_at
+        plan.append(PlannedAttempt(job.attempt + 1, None, at))
+        for attempt in range(job.attempt + 1, job.max_attempts):
+            # Jitter off: the longest wait the policy allows (jitter waits half to all of it).
+            wait = backoff_delay(policy, attempt, random=lambda: 1.0)
+            at = at + wait
+            plan.append(PlannedAttempt(attempt + 1, wait, at))
+    worker = None
+    if job.worker_id is not None and job.state is JobState.RUNNING:
+        live = workers(app)
+        if live is not None:
+            worker = next((w.info for w in live if w.info.id == job.worker_id), None)
+    return JobDetail(
+        job, input_text, input_error, handle is not None, policy, next_run, plan, worker
+    )
+
+
+# -- cron --------------------------------------------------------------------------------------
+
+
+@dataclass
+class CronRow:
+    name: str
+    cron: str
+    tz: str
+    explain: str
+    catch_up: str
+    next_runs: list[tuple[datetime, datetime]]  # (in the zone, in UTC)
+    last_fired_at: datetime | None
+    first_seen_at: datetime | None
+
+
+def cron_rows(app: App, count: int = 5) -> list[CronRow]:
+    tasks = app.registry.tasks
+    state = app.driver.schedule_read(sorted(tasks))
+    now = app.clock.now()
+    rows = []
+    for name, t in sorted(tasks.items()):
+        zone = ZoneInfo(t.tz)
+        runs = [(r.astimezone(zone), r.astimezone(UTC)) for r in t.next_runs(now, count)]
+        s = state.get(name)
+        rows.append(
+            CronRow(
+                name,
+                t.cron,
+                t.tz,
+                t.explain(),
+                t.catch_up,
+                runs,
+                s.last_fired_at if s else None,
+                s.first_seen_at if s else None,
+            )
+        )
+    return rows
+
+
+def is_final(job: Job) -> bool:
+    return job.state in FINAL_STATES

@@ -96,7 +96,9 @@ def create_app(
             Route("/cron", site.cron, name="cron"),
             Route("/workers", site.workers, name="workers"),
         ]
-    if not read_only:
+    if read_only:
+        routes.append(Route("/actions/{what:path}", site.refuse_change, methods=["POST"]))
+    else:
         routes.append(Route("/actions/jobs", site.act_jobs, methods=["POST"]))
         if tenant is None:
             routes.append(Route("/actions/queues", site.act_queue, methods=["POST"]))
@@ -231,6 +233,14 @@ class _Site:
     async def not_allowed(self, request: Request, exc: Exception) -> Response:
         detail = "this dashboard is read-only" if self.read_only else "method not allowed"
         return Response(detail + "\n", status_code=405, media_type="text/plain")
+
+    async def refuse_change(self, request: Request) -> Response:
+        return Response(
+            "this dashboard is read-only: it changes nothing\n",
+            status_code=405,
+            media_type="text/plain",
+            headers={"allow": "GET"},
+        )
 
     async def checked_form(self, request: Request) -> FormData:
         """The POST's form, once its CSRF token matched its cookie; else a 403."""

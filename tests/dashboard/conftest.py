@@ -133,11 +133,10 @@ def _database_url(backend: str, request: pytest.FixtureRequest, tmp: Path) -> It
 def site(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, screenshots: Path
 ) -> Iterator[Site]:
+    import dashjobs  # type: ignore[import-not-found]
     import uvicorn
     from starlette.applications import Starlette
     from starlette.routing import Mount
-
-    import dashjobs  # type: ignore[import-not-found]
 
     from ultimat3.jobs.dashboard import create_app
 

@@ -23,17 +23,21 @@ def throughput_svg(
     label: str,
     width: int = 600,
     height: int = 80,
+    axes: bool = True,
 ) -> Markup:
-    """A stacked bar chart of ``completed`` and ``dead`` per bucket starting at ``starts``."""
+    """A stacked bar chart of ``completed`` and ``dead`` per bucket starting at ``starts``;
+    without ``axes``, a sparkline (each bar's tooltip still says its minute and counts)."""
     n = len(starts)
     if not (len(completed) == len(dead) == n) or n == 0:
         raise ValueError("throughput_svg needs one completed and one dead count per bucket")
-    peak = max(c + d for c, d in zip(completed, dead, strict=True)) or 1
+    top = max(c + d for c, d in zip(completed, dead, strict=True))
+    peak = top or 1
     step = width / n
     bar = max(step - 1.0, 1.0)
+    full = height + 14 if axes else height
     parts = [
-        f'<svg class="chart" viewBox="0 0 {width} {height + 14}" width="{width}" '
-        f'height="{height + 14}" role="img" aria-label="{escape(label)}">',
+        f'<svg class="chart" viewBox="0 0 {width} {full}" width="{width}" '
+        f'height="{full}" role="img" aria-label="{escape(label)}">',
         f"<title>{escape(label)}</title>",
         f'<line class="axis" x1="0" y1="{height}" x2="{width}" y2="{height}"/>',
     ]
@@ -56,11 +60,12 @@ def throughput_svg(
                 f'width="{bar:.1f}" height="{h_d:.1f}"/>'
             )
         parts.append("</g>")
-    parts.append(
-        f'<text class="tick" x="0" y="{height + 12}">{starts[0]:%H:%M}</text>'
-        f'<text class="tick" x="{width}" y="{height + 12}" text-anchor="end">'
-        f"{starts[-1]:%H:%M} UTC</text>"
-        f'<text class="tick" x="{width}" y="10" text-anchor="end">peak {peak}/min</text>'
-    )
+    if axes:
+        parts.append(
+            f'<text class="tick" x="0" y="{height + 12}">{starts[0]:%H:%M}</text>'
+            f'<text class="tick" x="{width}" y="{height + 12}" text-anchor="end">'
+            f"{starts[-1]:%H:%M} UTC</text>"
+            f'<text class="tick" x="{width}" y="10" text-anchor="end">peak {top}/min</text>'
+        )
     parts.append("</svg>")
     return Markup("".join(parts))

@@ -45,7 +45,7 @@ __all__ = ["HTMX_SHA256", "HTMX_VERSION", "create_app"]
 #: The vendored htmx (static/htmx.min.js, from the npm package htmx.org), pinned: a test
 #: checks the file against this digest.
 HTMX_VERSION = "2.0.11"
-HTMX_SHA256 = "ed6fdc75f204e6bdefa99b69bf1e6d4ac69b8a364f77929f45c13476b4000f717"
+HTMX_SHA256 = "d6fdc75f204e6bdefa99b69bf1e6d4ac69b8a364f77929f45c13476b4000f717"
 
 _STATIC = files("ultimat3.jobs.dashboard").joinpath("static")
 _ASSETS = {"htmx.min.js": "text/javascript", "dashboard.css": "text/css"}
@@ -261,7 +261,13 @@ class _Site:
         )
         sparks = {
             q.name: throughput_svg(
-                data.starts, q.completed, q.dead, label=f"{q.name}: last hour", width=180, height=24
+                data.starts,
+                q.completed,
+                q.dead,
+                label=f"{q.name}: jobs ended per minute, last hour",
+                width=180,
+                height=24,
+                axes=False,
             )
             for q in data.queues
         }

@@ -238,6 +238,7 @@ def run(kind: str, n: int, repeat: int) -> list[str]:
         app.close()
         return slow
     from bench_pg import _url, bench_database
+
     from pgcluster import Cluster
 
     cluster = Cluster.create()

@@ -173,3 +173,18 @@ def test_the_chart_escapes_its_label_and_stacks_its_bars() -> None:
     assert "peak 4/min" in svg
     with pytest.raises(ValueError, match="one completed and one dead count per bucket"):
         throughput_svg(starts, [1], [1, 2, 3], label="x")
+
+
+def test_the_command_says_when_its_port_is_taken(tmp_path: Path) -> None:
+    import socket
+
+    url = f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
+    App(url).driver.close()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(cli, ["--url", url, "dashboard", "--port", str(port)])
+    assert result.exit_code == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "fix: pick another --port (0: any free port)" in result.stderr

@@ -1,14 +1,15 @@
 """What each page shows, read from an App: plain data for the templates, no HTTP.
 
 Every read is bounded at any table size: the jobs list pages by keyset (``before``: the last id
-shown) and a text search scans at most ``SCAN_BUDGET`` jobs per page, then offers to go on from
-where it stopped; the overview reads per-queue counts, the oldest ready job per queue (index
+shown) and a text search reads newer-to-older for at most ``SCAN_SECONDS`` per page, then
+offers to go on from where it stopped; the overview reads per-queue counts, the oldest ready job per queue (index
 seeks) and the last hour's ends (a range of the finished index).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -23,7 +24,7 @@ from ultimat3.jobs.retry import Retry, backoff_delay
 __all__ = [
     "BULK_LIMIT",
     "PAGE_SIZE",
-    "SCAN_BUDGET",
+    "SCAN_SECONDS",
     "Filters",
     "JobsPage",
     "cron_rows",
@@ -35,9 +36,9 @@ __all__ = [
 ]
 
 PAGE_SIZE = 50
-#: The most jobs a text search reads for one page before it offers to continue.
-SCAN_BUDGET = 5_000
-_SCAN_BATCH = 500
+#: How long a text search reads jobs for one page before it offers to continue from there.
+SCAN_SECONDS = 0.05
+_SCAN_BATCH = 250
 #: The most jobs one confirmed "all that match" action changes.
 BULK_LIMIT = 1_000
 HOUR = timedelta(hours=1)
@@ -128,7 +129,8 @@ def jobs_page(app: App, filters: Filters, before: str | None) -> JobsPage:
     hits: list[Job] = []
     scanned = 0
     cursor = before
-    while scanned < SCAN_BUDGET:
+    deadline = time.monotonic() + SCAN_SECONDS
+    while True:
         batch = driver.job_list(where, limit=_SCAN_BATCH, before_id=cursor)
         for job in batch:
             scanned += 1
@@ -139,7 +141,8 @@ def jobs_page(app: App, filters: Filters, before: str | None) -> JobsPage:
                     return JobsPage(hits, cursor, scanned)
         if len(batch) < _SCAN_BATCH:
             return JobsPage(hits, None, scanned)
-    return JobsPage(hits, cursor, scanned, budget_spent=True)
+        if time.monotonic() > deadline:
+            return JobsPage(hits, cursor, scanned, budget_spent=True)
 
 
 def bulk_ids(app: App, filters: Filters, action: str) -> list[str]:
@@ -153,7 +156,8 @@ def bulk_ids(app: App, filters: Filters, action: str) -> list[str]:
     states = {_STATES[filters.state]} if filters.state else {JobState.DEAD, JobState.CANCELLED}
     if not states <= {JobState.DEAD, JobState.CANCELLED}:
         raise ConfigurationError(
-            f"only dead or cancelled jobs can be {action}ed, and the filter is {filters.state}",
+            f"only dead or cancelled jobs can be {'retried' if action == 'retry' else 'discarded'},"
+            f" and the filter is {filters.state}",
             fix="filter on state dead (or cancelled)",
         )
     where = JobFilter(

@@ -8,12 +8,13 @@ and in a ``read_only`` dashboard there is no POST route at all and no button tha
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from importlib.resources import files
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qsl, urlencode
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
@@ -159,6 +160,30 @@ def _ago(delta: timedelta | None) -> str:
     return format_duration(timedelta(seconds=seconds))
 
 
+_Action = Callable[["_Site", Request, FormData], Awaitable[Response]]
+
+
+def _checked(action: _Action) -> Callable[[_Site, Request], Awaitable[Response]]:
+    """A POST endpoint that runs only once the form's CSRF token matches its cookie; any other
+    POST is refused with 403 before its fields are looked at."""
+
+    @functools.wraps(action)
+    async def endpoint(site: _Site, request: Request) -> Response:
+        form = await request.form()
+        submitted = form.get(CSRF_FIELD)
+        cookie = request.cookies.get(CSRF_COOKIE)
+        if not csrf_matches(cookie, submitted if isinstance(submitted, str) else None):
+            return Response(
+                "refused: the form's CSRF token is missing or does not match (reload the page "
+                "and submit again)\n",
+                status_code=403,
+                media_type="text/plain",
+            )
+        return await action(site, request, form)
+
+    return endpoint
+
+
 class _Site:
     def __init__(self, app: App, *, read_only: bool, tenant: str | None, refresh: float) -> None:
         self.app = app
@@ -242,16 +267,6 @@ class _Site:
             headers={"allow": "GET"},
         )
 
-    async def checked_form(self, request: Request) -> FormData:
-        """The POST's form, once its CSRF token matched its cookie; else a 403."""
-        form = await request.form()
-        submitted = form.get(CSRF_FIELD)
-        if not csrf_matches(
-            request.cookies.get(CSRF_COOKIE), submitted if isinstance(submitted, str) else None
-        ):
-            raise _Refused()
-        return form
-
     # -- pages -------------------------------------------------------------------------------
 
     async def overview(self, request: Request) -> Response:
@@ -297,7 +312,7 @@ class _Site:
             filters=filters,
             page=page,
             path="/dead" if dead else "/jobs",
-            scan_budget=views.SCAN_BUDGET,
+            scan_ms=round(views.SCAN_SECONDS * 1000),
             bulk_limit=views.BULK_LIMIT,
         )
 
@@ -334,11 +349,8 @@ class _Site:
 
     # -- actions (POST only, CSRF-checked) -----------------------------------------------------
 
-    async def act_jobs(self, request: Request) -> Response:
-        try:
-            form = await self.checked_form(request)
-        except _Refused:
-            return _refused()
+    @_checked
+    async def act_jobs(self, request: Request, form: FormData) -> Response:
         action = str(form.get("action", ""))
         if action not in _ACTIONS:
             raise ConfigurationError(
@@ -377,11 +389,8 @@ class _Site:
         sep = "&" if "?" in back else "?"
         return RedirectResponse(back + sep + urlencode(done), status_code=303)
 
-    async def act_queue(self, request: Request) -> Response:
-        try:
-            form = await self.checked_form(request)
-        except _Refused:
-            return _refused()
+    @_checked
+    async def act_queue(self, request: Request, form: FormData) -> Response:
         name = str(form.get("queue", ""))
         action = str(form.get("action", ""))
         if not name or action not in ("pause", "resume"):
@@ -397,19 +406,6 @@ class _Site:
         return RedirectResponse(f"{_base(request)}/queues?{query}", status_code=303)
 
 
-class _Refused(Exception):
-    pass
-
-
-def _refused() -> Response:
-    return Response(
-        "refused: the form's CSRF token is missing or does not match (reload the page and "
-        "submit again)\n",
-        status_code=403,
-        media_type="text/plain",
-    )
-
-
 def _base(request: Request) -> str:
     return str(request.scope.get("root_path", "")).rstrip("/")
 
@@ -419,7 +415,10 @@ def _local(path: str, request: Request) -> str:
     base = _base(request)
     inside = not base or path == base or path.startswith(base + "/")
     if path.startswith("/") and not path.startswith("//") and "\\" not in path and inside:
-        return path
+        # Without the notice of an earlier action, so notices do not pile up in the URL.
+        where, _, query = path.partition("?")
+        kept = [(k, v) for k, v in parse_qsl(query) if k not in ("done", "n", "of")]
+        return where + ("?" + urlencode(kept) if kept else "")
     return base + "/dead"
 
 

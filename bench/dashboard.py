@@ -61,6 +61,8 @@ def rows(n: int, now: datetime) -> Iterator[tuple[Any, ...]]:
         queue = QUEUES[i % 4]
         tenant = f"t{i % 100}"
         name = {"mail": "send_mail", "billing": "charge", "reports": "report"}.get(queue, "job")
+        if i % (n // 10) == 1:  # ten jobs of a rare tenant and a rare name, spread out
+            tenant, name = "rare", "refund"
         payload = f'{{"customer": "c{i}", "note": "order {i}"}}'
         if roll < 0.95:
             state, attempt, finished, errors = "completed", 1, created + timedelta(seconds=1), "[]"
@@ -145,6 +147,7 @@ def serving(app: App) -> Iterator[int]:
     host = Starlette(
         routes=[
             Mount("/t/t7", app=create_app(app, tenant="t7")),
+            Mount("/t/rare", app=create_app(app, tenant="rare")),
             Mount("/", app=create_app(app)),
         ]
     )
@@ -163,17 +166,21 @@ def serving(app: App) -> Iterator[int]:
         thread.join(10)
 
 
-def pages(app: App) -> list[tuple[str, str]]:
+def pages(app: App, count: int) -> list[tuple[str, str]]:
     driver = app.driver
     from ultimat3.jobs.records import JobFilter, JobState
 
     dead = driver.job_list(JobFilter(states=frozenset({JobState.DEAD})), limit=1)[0]
     page2 = driver.job_list(JobFilter(), limit=1, before_id=dead.id)[0]
     tenant_job = driver.job_list(JobFilter(tenant_id="t7"), limit=1)[0]
+    deep = driver.job_id_below(None, min(990_000, count - 2))
     return [
         ("overview", "/"),
         ("jobs, newest", "/jobs"),
         ("jobs, an older page (keyset)", f"/jobs?before={page2.id}"),
+        (f"jobs, a page {min(990_000, count - 2):,} jobs deep (keyset)", f"/jobs?before={deep}"),
+        ("jobs, tenant=rare (10 jobs)", "/jobs?tenant=rare"),
+        ("jobs, name=refund (10 jobs)", "/jobs?name=refund"),
         ("jobs, state=dead", "/jobs?state=dead"),
         ("jobs, queue=billing & state=available", "/jobs?queue=billing&state=available"),
         ("jobs, name=report", "/jobs?name=report"),
@@ -190,6 +197,8 @@ def pages(app: App) -> list[tuple[str, str]]:
         ("tenant t7: overview", "/t/t7/"),
         ("tenant t7: jobs", "/t/t7/jobs"),
         ("tenant t7: job detail", f"/t/t7/jobs/{tenant_job.id}"),
+        ("tenant rare (10 jobs): overview", "/t/rare/"),
+        ("tenant rare (10 jobs): jobs", "/t/rare/jobs"),
     ]
 
 
@@ -234,7 +243,7 @@ def run(kind: str, n: int, repeat: int) -> list[str]:
         print(f"  filled in {time.perf_counter() - started:.0f} s")
         app = App(url, modules=[dashjobs])
         with serving(app) as port:
-            slow = measure(port, pages(app), repeat)
+            slow = measure(port, pages(app, n), repeat)
         app.close()
         return slow
     from bench_pg import _url, bench_database
@@ -249,7 +258,7 @@ def run(kind: str, n: int, repeat: int) -> list[str]:
         print(f"  filled in {time.perf_counter() - started:.0f} s")
         app = App(_url(dsn), modules=[dashjobs])
         with serving(app) as port:
-            slow = measure(port, pages(app), repeat)
+            slow = measure(port, pages(app, n), repeat)
         app.close()
         return slow
     finally:

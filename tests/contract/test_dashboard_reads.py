@@ -70,3 +70,32 @@ def test_schedule_read_creates_nothing(driver: Driver) -> None:
     state = driver.schedule_read(["nightly", "other"])
     assert list(state) == ["nightly"] and state["nightly"].last_fired_at == at(60)
     assert state["nightly"].first_seen_at == T0
+
+
+def test_min_id_bounds_a_window_of_the_id_order(driver: Driver) -> None:
+    from ultimat3.jobs.records import JobFilter
+
+    ids = insert(driver, *(new_job(queue="a" if i % 3 else "b") for i in range(10)), now=T0)
+    newest_first = sorted(ids, reverse=True)
+    window = JobFilter(min_id=newest_first[6])  # the 7 newest
+    assert [j.id for j in driver.job_list(window)] == newest_first[:7]
+    assert [j.id for j in driver.job_list(window, before_id=newest_first[2])] == newest_first[3:7]
+    in_b = JobFilter(queue="b", min_id=newest_first[6])
+    assert {j.id for j in driver.job_list(in_b)} == {
+        i
+        for i in newest_first[:7]
+        if driver.job_get(i).queue == "b"  # type: ignore[union-attr]
+    }
+    counts = driver.job_count(window)
+    assert sum(counts.values()) == 7
+
+
+def test_id_below_counts_along_the_id_order(driver: Driver) -> None:
+    ids = sorted(insert(driver, *(new_job() for _ in range(5)), now=T0), reverse=True)
+    assert driver.job_id_below(None, 0) == ids[0]
+    assert driver.job_id_below(None, 4) == ids[4]
+    assert driver.job_id_below(None, 5) is None
+    assert driver.job_id_below(ids[1], 0) == ids[2]
+    assert driver.job_id_below(ids[1], 2) == ids[4]
+    assert driver.job_id_below(ids[1], 3) is None
+    assert driver.job_id_below(None, -1) is None

@@ -105,3 +105,24 @@ def test_an_unknown_state_in_the_filter_is_explained() -> None:
     assert views.Filters.parse({"state": "dead"}, tenant=None).job_filter().states == frozenset(
         {JobState.DEAD}
     )
+
+
+def test_a_selective_filter_reads_window_by_window(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rare = app.enqueue(dashjobs.send_mail, {"to": "rare"}, tenant_id="rare").id  # the oldest
+    app.enqueue_many(dashjobs.send_mail, [{"to": f"u{i}"} for i in range(450)])
+    monkeypatch.setattr(views, "WINDOW", 100)
+    found = views.jobs_page(app, views.Filters(tenant="rare"), None)
+    assert [j.id for j in found.jobs] == [rare] and found.next_before is None
+    # Out of time after the first window: the page says where it stopped, and going on from
+    # there reaches the job.
+    monkeypatch.setattr(views, "SCAN_SECONDS", 0.0)
+    first = views.jobs_page(app, views.Filters(tenant="rare"), None)
+    assert first.jobs == [] and first.budget_spent and first.next_before is not None
+    pages, page = 1, first
+    while page.next_before is not None and not page.jobs:
+        page = views.jobs_page(app, views.Filters(tenant="rare"), page.next_before)
+        pages += 1
+    assert [j.id for j in page.jobs] == [rare]
+    assert pages == 5  # 451 jobs, 100 a window

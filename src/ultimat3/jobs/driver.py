@@ -270,6 +270,12 @@ class Driver(Protocol):
         """Jobs matching ``where``, newest id first; ``before_id`` pages (keyset)."""
         ...
 
+    def job_id_below(self, before_id: str | None, offset: int) -> str | None:
+        """The id ``offset`` places below ``before_id`` (None: the newest) in newest-first id
+        order, or None when there are not that many: the far end of a window for
+        ``JobFilter.min_id``. A walk along the primary key, costing ``offset`` entries."""
+        ...
+
     def job_count(self, where: JobFilter) -> dict[tuple[str, JobState], int]:
         """How many jobs match, per (queue, state); absent keys mean zero."""
         ...

@@ -201,6 +201,9 @@ class JobFilter:
     name: str | None = None
     tenant_id: str | None = None
     ids: tuple[str, ...] | None = None
+    #: Only ids at or above this one: with ``job_list``'s ``before_id``, a window of the id
+    #: order, so a selective filter reads that window, not the whole table.
+    min_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

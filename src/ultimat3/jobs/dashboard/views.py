@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -36,8 +36,10 @@ __all__ = [
 ]
 
 PAGE_SIZE = 50
-#: How long a text search reads jobs for one page before it offers to continue from there.
+#: How long one page reads jobs before it offers to continue from where it stopped.
 SCAN_SECONDS = 0.05
+#: How many ids of the id order one step reads (a filter's window).
+WINDOW = 20_000
 _SCAN_BATCH = 250
 #: The most jobs one confirmed "all that match" action changes.
 BULK_LIMIT = 1_000
@@ -99,9 +101,9 @@ class JobsPage:
     jobs: list[Job]
     #: The id to page on from (``before=``), or None on the last page.
     next_before: str | None
-    #: How many jobs a text search read for this page (0 without text).
+    #: How many jobs this page read.
     scanned: int = 0
-    #: The search stopped at its budget: more may match further on.
+    #: The page stopped at its time budget: more may match further on.
     budget_spent: bool = False
 
 
@@ -119,30 +121,70 @@ def matches_text(job: Job, text: str) -> bool:
 
 
 def jobs_page(app: App, filters: Filters, before: str | None) -> JobsPage:
-    where = filters.job_filter()
+    text = filters.text
+    scan = _scan(
+        app,
+        filters.job_filter(),
+        before,
+        want=PAGE_SIZE + 1,
+        accept=(lambda job: matches_text(job, text)) if text else None,
+    )
+    if scan.stopped is not None:
+        return JobsPage(scan.jobs[:PAGE_SIZE], scan.stopped, scan.read, budget_spent=True)
+    shown = scan.jobs[:PAGE_SIZE]
+    more = len(scan.jobs) > PAGE_SIZE
+    return JobsPage(shown, shown[-1].id if more else None, scan.read)
+
+
+@dataclass
+class _Scan:
+    jobs: list[Job]
+    read: int
+    #: Where the time ran out (the next page starts below it), or None: it did not.
+    stopped: str | None
+
+
+def _scan(
+    app: App,
+    where: JobFilter,
+    before: str | None,
+    *,
+    want: int,
+    accept: Callable[[Job], bool] | None,
+) -> _Scan:
+    """Up to ``want`` jobs of ``where`` (and ``accept``), newest first below ``before``, read
+    window by window down the id order (``WINDOW`` ids each, so a filter that matches little
+    never makes the database walk the whole table in one statement) until ``SCAN_SECONDS`` is
+    spent."""
     driver = app.driver
-    if not filters.text:
-        found = driver.job_list(where, limit=PAGE_SIZE + 1, before_id=before)
-        more = len(found) > PAGE_SIZE
-        shown = found[:PAGE_SIZE]
-        return JobsPage(shown, shown[-1].id if more and shown else None)
-    hits: list[Job] = []
-    scanned = 0
-    cursor = before
     deadline = time.monotonic() + SCAN_SECONDS
+    hits: list[Job] = []
+    read = 0
+    cursor = before
     while True:
-        batch = driver.job_list(where, limit=_SCAN_BATCH, before_id=cursor)
-        for job in batch:
-            scanned += 1
-            cursor = job.id
-            if matches_text(job, filters.text):
-                hits.append(job)
-                if len(hits) == PAGE_SIZE:
-                    return JobsPage(hits, cursor, scanned)
-        if len(batch) < _SCAN_BATCH:
-            return JobsPage(hits, None, scanned)
+        floor = driver.job_id_below(cursor, WINDOW - 1)  # the window's oldest id
+        window = replace(where, min_id=floor)
+        inner = cursor
+        while True:
+            batch = driver.job_list(
+                window, limit=_SCAN_BATCH if accept else want - len(hits), before_id=inner
+            )
+            read += len(batch)
+            for job in batch:
+                inner = job.id
+                if accept is None or accept(job):
+                    hits.append(job)
+                    if len(hits) == want:
+                        return _Scan(hits, read, None)
+            if accept is None or len(batch) < _SCAN_BATCH:
+                break
+            if time.monotonic() > deadline:
+                return _Scan(hits, read, inner)
+        if floor is None:
+            return _Scan(hits, read, None)
+        cursor = floor
         if time.monotonic() > deadline:
-            return JobsPage(hits, cursor, scanned, budget_spent=True)
+            return _Scan(hits, read, cursor)
 
 
 def bulk_ids(app: App, filters: Filters, action: str) -> list[str]:
@@ -166,7 +208,7 @@ def bulk_ids(app: App, filters: Filters, action: str) -> list[str]:
         name=filters.name or None,
         tenant_id=filters.tenant or None,
     )
-    return [j.id for j in app.driver.job_list(where, limit=BULK_LIMIT)]
+    return [j.id for j in _scan(app, where, None, want=BULK_LIMIT, accept=None).jobs]
 
 
 # -- overview ----------------------------------------------------------------------------------

@@ -462,6 +462,13 @@ class MemoryDriver:
         found.sort(key=lambda job: job.id, reverse=True)
         return found[: max(0, limit)]
 
+    def job_id_below(self, before_id: str | None, offset: int) -> str | None:
+        with self._lock:
+            ids = sorted(
+                (i for i in self._jobs if before_id is None or i < before_id), reverse=True
+            )
+        return ids[offset] if 0 <= offset < len(ids) else None
+
     def job_count(self, where: JobFilter) -> dict[tuple[str, JobState], int]:
         with self._lock:
             counts = Counter(
@@ -716,6 +723,7 @@ def _matches(job: Job, where: JobFilter) -> bool:
         and (where.name is None or job.name == where.name)
         and (where.tenant_id is None or job.tenant_id == where.tenant_id)
         and (where.ids is None or job.id in where.ids)
+        and (where.min_id is None or job.id >= where.min_id)
     )
 
 

@@ -667,6 +667,13 @@ class PostgresDriver:
         params = {**_filter_params(where), "limit": limit, "before_id": before_id}
         return [_job(row) for row in self._fetch("job_list", params, prepare=False)]
 
+    def job_id_below(self, before_id: str | None, offset: int) -> str | None:
+        if offset < 0:
+            return None
+        params = {"before_id": before_id, "offset": offset}
+        rows = self._fetch("job_id_below", params, prepare=False)
+        return str(rows[0][0]) if rows else None
+
     def job_count(self, where: JobFilter) -> dict[tuple[str, JobState], int]:
         rows = self._fetch("job_count", _filter_params(where), prepare=False)
         return {(queue, _STATES[state]): count for queue, state, count in rows}
@@ -1542,6 +1549,7 @@ def _filter_params(where: JobFilter) -> dict[str, Any]:
         "name": where.name,
         "tenant_id": where.tenant_id,
         "ids": _text_array(where.ids) if where.ids is not None else None,
+        "min_id": where.min_id,
     }
 
 

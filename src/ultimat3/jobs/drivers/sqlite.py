@@ -900,6 +900,13 @@ class SqliteDriver:
         rows = self._read(lambda conn: conn.execute(_Q["job_list"], args).fetchall())
         return [_job(row) for row in rows]
 
+    def job_id_below(self, before_id: str | None, offset: int) -> str | None:
+        if offset < 0:
+            return None
+        args = {"before_id": before_id, "offset": offset}
+        row = self._read(lambda conn: conn.execute(_Q["job_id_below"], args).fetchone())
+        return None if row is None else str(row[0])
+
     def job_count(self, where: JobFilter) -> dict[tuple[str, JobState], int]:
         args = _filter_args(where)
         rows = self._read(lambda conn: conn.execute(_Q["job_count"], args).fetchall())
@@ -1211,6 +1218,7 @@ def _filter_args(where: JobFilter) -> dict[str, Any]:
         "name": where.name,
         "tenant_id": where.tenant_id,
         "ids": None if where.ids is None else json.dumps(list(where.ids)),
+        "min_id": where.min_id,
     }
 
 

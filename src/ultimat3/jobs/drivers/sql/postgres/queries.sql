@@ -353,8 +353,16 @@ WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s::text)
   AND (%(ids)s::text[] IS NULL OR id = ANY(%(ids)s::text[]))
   AND (%(before_id)s::text IS NULL OR id < %(before_id)s::text)
+  AND (%(min_id)s::text IS NULL OR id >= %(min_id)s::text)
 ORDER BY id DESC
 LIMIT %(limit)s
+
+-- name: job_id_below
+-- The id %(offset)s places below %(before_id)s, newest first (unprepared, like job_list).
+SELECT id FROM {schema}.x_jobs
+WHERE (%(before_id)s::text IS NULL OR id < %(before_id)s::text)
+ORDER BY id DESC
+LIMIT 1 OFFSET %(offset)s
 
 -- name: job_count
 SELECT queue, state, count(*)
@@ -364,6 +372,7 @@ WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(name)s::text IS NULL OR name = %(name)s::text)
   AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s::text)
   AND (%(ids)s::text[] IS NULL OR id = ANY(%(ids)s::text[]))
+  AND (%(min_id)s::text IS NULL OR id >= %(min_id)s::text)
 GROUP BY queue, state
 
 -- name: job_retry

@@ -196,7 +196,9 @@ FROM x_jobs
 WHERE id = :id AND (:tenant_id IS NULL OR tenant_id = :tenant_id);
 
 -- name: job_list
--- Each filter is NULL for "any"; :states and :ids are JSON arrays.
+-- Each filter is NULL for "any"; :states and :ids are JSON arrays. The id bounds are written
+-- so the planner seeks the primary key (any text sorts below any blob, above ''), where an
+-- "IS NULL OR" form would walk it from the top on every page.
 SELECT id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
        max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
        lease_expires_at, worker_id, errors, cancel_reason
@@ -206,9 +208,17 @@ WHERE (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
   AND (:name IS NULL OR name = :name)
   AND (:tenant_id IS NULL OR tenant_id = :tenant_id)
   AND (:ids IS NULL OR id IN (SELECT value FROM json_each(:ids)))
-  AND (:before_id IS NULL OR id < :before_id)
+  AND id < coalesce(:before_id, x'')
+  AND id >= coalesce(:min_id, '')
 ORDER BY id DESC
 LIMIT :limit;
+
+-- name: job_id_below
+-- The id :offset places below :before_id, newest first: a count along the primary key index.
+SELECT id FROM x_jobs
+WHERE id < coalesce(:before_id, x'')
+ORDER BY id DESC
+LIMIT 1 OFFSET :offset;
 
 -- name: job_count
 SELECT queue, state, count(*)
@@ -218,6 +228,7 @@ WHERE (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
   AND (:name IS NULL OR name = :name)
   AND (:tenant_id IS NULL OR tenant_id = :tenant_id)
   AND (:ids IS NULL OR id IN (SELECT value FROM json_each(:ids)))
+  AND id >= coalesce(:min_id, '')
 GROUP BY queue, state;
 
 -- name: job_retry

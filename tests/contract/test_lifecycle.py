@@ -40,7 +40,7 @@ def test_migrate_applies_every_version_once(
 ) -> None:
     migrations = unmigrated_driver.migration_sql()
     versions = [version for version, _ in migrations]
-    assert versions == list(range(1, len(versions) + 1))
+    assert versions == sorted(set(versions)) and (not versions or versions[0] == 1)
     assert all(isinstance(sql, str) and sql.strip() for _, sql in migrations)
     if driver_spec.kind != "memory":
         assert versions, "a SQL driver has at least one migration"

@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo
 
 from ultimat3.jobs.app import App
 from ultimat3.jobs.errors import ConfigurationError, JobsError
-from ultimat3.jobs.records import FINAL_STATES, Job, JobFilter, JobState
+from ultimat3.jobs.records import Job, JobFilter, JobState
 from ultimat3.jobs.retry import Retry, backoff_delay
 
 __all__ = [
@@ -31,8 +31,8 @@ __all__ = [
     "job_detail",
     "jobs_page",
     "overview",
+    "queue_rows",
     "workers",
-    "workers_supported",
 ]
 
 PAGE_SIZE = 50
@@ -193,7 +193,7 @@ def bulk_ids(app: App, filters: Filters, action: str) -> list[str]:
     if filters.text:
         raise ConfigurationError(
             "an action on all that match cannot use a text search (it reads a bounded window)",
-            fix="clear the text field, or tick the jobs on the page and act on those",
+            fix="clear the text field, or use the Retry and Discard buttons of single jobs",
         )
     states = {_STATES[filters.state]} if filters.state else {JobState.DEAD, JobState.CANCELLED}
     if not states <= {JobState.DEAD, JobState.CANCELLED}:
@@ -217,15 +217,12 @@ def bulk_ids(app: App, filters: Filters, action: str) -> list[str]:
 @dataclass
 class QueueRow:
     name: str
-    paused: bool | None  # None: not shown (a tenant's view)
-    counts: dict[str, int]
-    oldest_ready_age: timedelta | None
-    completed: list[int]
-    dead: list[int]
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
+    paused: bool | None = None  # None: not shown (a tenant's view)
+    counts: dict[str, int] = field(default_factory=dict)
+    oldest_ready_age: timedelta | None = None
+    #: Jobs that ended in each minute of the last hour, oldest minute first.
+    completed: list[int] = field(default_factory=lambda: [0] * 60)
+    dead: list[int] = field(default_factory=lambda: [0] * 60)
 
 
 @dataclass
@@ -239,22 +236,16 @@ class Overview:
     paused: list[str] = field(default_factory=list)
 
 
-def workers_supported(app: App) -> bool:
-    return callable(getattr(app.driver, "worker_list", None))
-
-
-def overview(app: App, tenant: str | None) -> Overview:
+def queue_rows(app: App, tenant: str | None) -> dict[str, QueueRow]:
+    """Each queue's counts by state, pause flag and oldest ready job (a tenant's view: that
+    tenant's counts only, the shared flags left out)."""
     driver = app.driver
     now = app.clock.now()
-    # Whole minutes, so a refresh a few seconds later draws the same buckets.
-    end = now.replace(second=0, microsecond=0) + MINUTE
-    since = end - HOUR
-    starts = [since + i * MINUTE for i in range(60)]
     per_queue: dict[str, QueueRow] = {}
 
     def row(name: str) -> QueueRow:
         if name not in per_queue:
-            per_queue[name] = QueueRow(name, None, {}, None, [0] * 60, [0] * 60)
+            per_queue[name] = QueueRow(name)
         return per_queue[name]
 
     if tenant is None:
@@ -268,12 +259,22 @@ def overview(app: App, tenant: str | None) -> Overview:
         for (name, state), n in driver.job_count(JobFilter(tenant_id=tenant)).items():
             if n:
                 row(name).counts[state.value] = n
+    return per_queue
+
+
+def overview(app: App, tenant: str | None) -> Overview:
+    now = app.clock.now()
+    # Whole minutes, so a refresh a few seconds later draws the same buckets.
+    end = now.replace(second=0, microsecond=0) + MINUTE
+    since = end - HOUR
+    starts = [since + i * MINUTE for i in range(60)]
+    per_queue = queue_rows(app, tenant)
     completed, dead = [0] * 60, [0] * 60
-    for c in driver.job_finished_counts(since, MINUTE, tenant_id=tenant):
+    for c in app.driver.job_finished_counts(since, MINUTE, tenant_id=tenant):
         k = int((c.start - since) / MINUTE)
         if not 0 <= k < 60:
             continue
-        r = row(c.queue)
+        r = per_queue.setdefault(c.queue, QueueRow(c.queue))
         if c.state is JobState.COMPLETED:
             r.completed[k] += c.count
             completed[k] += c.count
@@ -405,7 +406,3 @@ def cron_rows(app: App, count: int = 5) -> list[CronRow]:
             )
         )
     return rows
-
-
-def is_final(job: Job) -> bool:
-    return job.state in FINAL_STATES

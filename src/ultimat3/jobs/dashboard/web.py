@@ -325,8 +325,9 @@ class _Site:
         return self.render(request, "job.html", title=f"Job {job.id}", d=detail)
 
     async def queues(self, request: Request) -> Response:
-        data = await run_in_threadpool(views.overview, self.app, self.tenant)
-        return self.render(request, "queues.html", title="Queues", data=data)
+        rows = await run_in_threadpool(views.queue_rows, self.app, self.tenant)
+        queues = [rows[name] for name in sorted(rows)]
+        return self.render(request, "queues.html", title="Queues", queues=queues)
 
     async def cron(self, request: Request) -> Response:
         rows = await run_in_threadpool(views.cron_rows, self.app)
@@ -366,7 +367,8 @@ class _Site:
             scope = "ids"
             if not ids:
                 raise ConfigurationError(
-                    "no job was selected", fix="tick the jobs to act on, or use 'all that match'"
+                    "no job was selected",
+                    fix="use a job's Retry or Discard button, or the ones for all that match",
                 )
         if form.get("confirmed") != "yes":
             return self.render(

@@ -909,7 +909,9 @@ class SqliteDriver:
 
     def job_count(self, where: JobFilter) -> dict[tuple[str, JobState], int]:
         args = _filter_args(where)
-        rows = self._read(lambda conn: conn.execute(_Q["job_count"], args).fetchall())
+        tenant_only = where.tenant_id is not None and where == JobFilter(tenant_id=where.tenant_id)
+        query = _Q["job_count_tenant"] if tenant_only else _Q["job_count"]
+        rows = self._read(lambda conn: conn.execute(query, args).fetchall())
         return {(queue, _STATES[state]): count for queue, state, count in rows}
 
     def job_retry(

@@ -231,6 +231,13 @@ WHERE (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
   AND id >= coalesce(:min_id, '')
 GROUP BY queue, state;
 
+-- name: job_count_tenant
+-- One tenant's counts, from x_jobs_tenant (covering while the other filters are unset).
+SELECT queue, state, count(*)
+FROM x_jobs
+WHERE tenant_id = :tenant_id
+GROUP BY queue, state;
+
 -- name: job_retry
 UPDATE x_jobs
 SET state = 'available',

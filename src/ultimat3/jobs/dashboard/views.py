@@ -37,9 +37,9 @@ __all__ = [
 
 PAGE_SIZE = 50
 #: How long one page reads jobs before it offers to continue from where it stopped.
-SCAN_SECONDS = 0.05
+SCAN_SECONDS = 0.04
 #: How many ids of the id order one step reads (a filter's window).
-WINDOW = 20_000
+WINDOW = 10_000
 _SCAN_BATCH = 250
 #: The most jobs one confirmed "all that match" action changes.
 BULK_LIMIT = 1_000

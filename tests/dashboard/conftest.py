@@ -82,7 +82,9 @@ def screenshots() -> Path:
     return SCREENSHOTS
 
 
-@pytest.fixture(scope="session")
+# Module-scoped: Playwright's sync API keeps its event loop marked running on this thread while
+# it is open, which would break later tests that call asyncio.run().
+@pytest.fixture(scope="module")
 def browser_context() -> Iterator[Any]:
     if not os.path.exists(CHROMIUM):
         pytest.fail(

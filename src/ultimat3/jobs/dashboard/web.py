@@ -3,7 +3,7 @@
 ``create_app(app)`` returns an ASGI app to mount anywhere (Starlette ``Mount``, FastAPI
 ``app.mount``, Litestar ``asgi`` handler) or to serve alone (``ultimat3-jobs dashboard``).
 Every page is a GET that changes nothing; every change is a POST that carries the CSRF token,
-and in a ``read_only`` dashboard there is no POST route at all and no button that would post.
+and a ``read_only`` dashboard has no button that would post and answers every POST with 405.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def create_app(
 ) -> ASGIApp:
     """The dashboard of ``app`` as an ASGI application.
 
-    ``read_only`` shows everything and changes nothing (no POST route, no button).
+    ``read_only`` shows everything and changes nothing (no button; a POST answers 405).
     ``tenant`` scopes every page to that tenant's jobs: another tenant's job answers 404, and
     the pages about shared things (cron tasks, workers, pausing queues) are left out.
     ``auth`` checks HTTP basic auth on every request; leave it None only where the host

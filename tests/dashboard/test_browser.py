@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import dashjobs  # type: ignore[import-not-found]
@@ -84,8 +85,13 @@ def test_every_page_renders_and_refreshes_live(site: Site, page: Any) -> None:
     expect(page.locator(f"tr[data-job='{dead}']")).to_be_visible()
     site.shot(page, "dead-letters")
 
+    # As a scheduler records an occurrence it fired (its jobs: none here).
+    fired = datetime(2031, 3, 14, 1, 30, tzinfo=UTC)
+    app.driver.schedule_state(["nightly"])
+    assert app.driver.schedule_fire("nightly", fired, []) is not None
     page.goto(site.base + "/cron")
     task = page.locator("section[data-task='nightly']")
+    expect(task).to_contain_text("Last fired2031-03-14 01:30:00Z")
     expect(task).to_contain_text("30 2 * * *")
     expect(task).to_contain_text("Europe/Paris")
     expect(task).to_contain_text("run-once")

@@ -162,7 +162,8 @@ def site(
     thread = threading.Thread(target=server.run, name=f"dashboard-{backend}", daemon=True)
     thread.start()
     wait_until(lambda: server.started, 20, "uvicorn to start")
-    env = {**os.environ, "PYTHONPATH": str(HERE), "ULTIMAT3_JOBS_URL": url}
+    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "ULTIMAT3_JOBS_URL": url}
     log = (tmp / "worker.log").open("wb")
     worker = subprocess.Popen(
         [

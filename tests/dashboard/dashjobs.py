@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 from ultimat3.jobs import App, JobContext, Retry, job, task
@@ -24,6 +25,14 @@ def charge(input: dict[str, Any], ctx: JobContext) -> None:
 def report(input: dict[str, Any]) -> None:
     """Always fails: its retry plan is what the job page shows."""
     raise ValueError("the warehouse is down")
+
+
+@job(queue="slow")
+def nap(input: dict[str, Any], ctx: JobContext) -> None:
+    """Runs for ``seconds`` (or until cancelled), so a page can show it running."""
+    end = time.monotonic() + float(input["seconds"])
+    while time.monotonic() < end and not ctx.cancelled:
+        time.sleep(0.05)
 
 
 nightly = task(

@@ -7,6 +7,7 @@ Each test saves a screenshot of every page it visits under ``tests/dashboard/scr
 from __future__ import annotations
 
 import re
+import socket
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -251,3 +252,30 @@ def test_another_tenants_job_answers_404(site: Site, page: Any) -> None:
     assert response is not None and response.status == 200
     page.goto(site.base + "/t/acme/")
     site.shot(page, "tenant-overview")
+
+
+def test_the_workers_page_shows_the_live_worker_and_what_it_runs(site: Site, page: Any) -> None:
+    running = site.app.enqueue(dashjobs.nap, {"seconds": 20}).id
+    wait_until(lambda: _state(site, running) is JobState.RUNNING, 30, f"{running} to start")
+    if not callable(getattr(site.app.driver, "worker_list", None)):
+        # A database without the workers table (before the observability change): the pages
+        # say so rather than show an empty list.
+        for path in ("/workers", "/"):
+            page.goto(site.base + path)
+            expect(page.locator("#no-workers-table")).to_contain_text("keeps no workers table")
+        site.shot(page, "workers-no-table")
+        return
+    page.goto(site.base + "/workers")
+    row = page.locator(f"#workers tr[data-worker*=':{site.worker.pid}:']")
+    expect(row).to_contain_text(socket.gethostname())
+    expect(row).to_contain_text(str(site.worker.pid))
+    expect(row).to_contain_text("slow")
+    expect(row.locator(f"a[href$='/jobs/{running}']")).to_be_visible()
+    site.shot(page, "workers-live")
+    page.goto(site.base + f"/jobs/{running}")
+    expect(page.locator("#job-worker")).to_contain_text(f"pid {site.worker.pid}")
+    site.shot(page, "job-running")
+    page.goto(site.base + "/")
+    expect(page.locator("#live-workers")).to_contain_text(str(site.worker.pid))
+    site.shot(page, "overview-live-workers")
+    site.app.cancel_job(running)

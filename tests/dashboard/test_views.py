@@ -82,7 +82,9 @@ def test_the_job_page_plans_the_rest_of_the_retry_schedule(app: App) -> None:
     assert '"day": "monday"' in detail.input_text
 
 
-def test_bulk_actions_are_bounded_and_refuse_what_they_cannot_do(app: App) -> None:
+def test_bulk_actions_are_bounded_and_refuse_what_they_cannot_do(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with pytest.raises(ConfigurationError, match="cannot use a text search"):
         views.bulk_ids(app, views.Filters(state="dead", text="x"), "retry")
     with pytest.raises(
@@ -92,8 +94,13 @@ def test_bulk_actions_are_bounded_and_refuse_what_they_cannot_do(app: App) -> No
         views.bulk_ids(app, views.Filters(state="available"), "retry")
     for i in range(3):
         app.cancel_job(app.enqueue(dashjobs.send_mail, {"to": f"c{i}"}).id)
-    assert len(views.bulk_ids(app, views.Filters(state="cancelled"), "retry")) == 3
-    assert len(views.bulk_ids(app, views.Filters(), "discard")) == 3  # dead or cancelled
+    ids, more = views.bulk_ids(app, views.Filters(state="cancelled"), "retry")
+    assert len(ids) == 3 and not more
+    ids, more = views.bulk_ids(app, views.Filters(), "discard")  # dead or cancelled
+    assert len(ids) == 3 and not more
+    monkeypatch.setattr(views, "BULK_LIMIT", 2)
+    ids, more = views.bulk_ids(app, views.Filters(), "discard")
+    assert len(ids) == 2 and more
 
 
 def test_an_unknown_state_in_the_filter_is_explained() -> None:

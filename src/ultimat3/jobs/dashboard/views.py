@@ -187,9 +187,9 @@ def _scan(
             return _Scan(hits, read, cursor)
 
 
-def bulk_ids(app: App, filters: Filters, action: str) -> list[str]:
+def bulk_ids(app: App, filters: Filters, action: str) -> tuple[list[str], bool]:
     """The ids "all that match" covers: dead or cancelled jobs of the filter, newest first, at
-    most ``BULK_LIMIT``."""
+    most ``BULK_LIMIT`` or what ``SCAN_SECONDS`` finds; and whether more may match."""
     if filters.text:
         raise ConfigurationError(
             "an action on all that match cannot use a text search (it reads a bounded window)",
@@ -208,7 +208,8 @@ def bulk_ids(app: App, filters: Filters, action: str) -> list[str]:
         name=filters.name or None,
         tenant_id=filters.tenant or None,
     )
-    return [j.id for j in _scan(app, where, None, want=BULK_LIMIT, accept=None).jobs]
+    scan = _scan(app, where, None, want=BULK_LIMIT, accept=None)
+    return [j.id for j in scan.jobs], scan.stopped is not None or len(scan.jobs) == BULK_LIMIT
 
 
 # -- overview ----------------------------------------------------------------------------------

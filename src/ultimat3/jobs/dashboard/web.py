@@ -359,8 +359,9 @@ class _Site:
             )
         filters = views.Filters.parse(form, tenant=self.tenant)
         back = _local(str(form.get("next", "")), request)
+        partial = False
         if form.get("scope") == "all":
-            ids = await run_in_threadpool(views.bulk_ids, self.app, filters, action)
+            ids, partial = await run_in_threadpool(views.bulk_ids, self.app, filters, action)
             scope = "all"
         else:
             ids = [str(v) for v in form.getlist("ids") if str(v)]
@@ -380,7 +381,7 @@ class _Site:
                 scope=scope,
                 filters=filters,
                 back=back,
-                bulk_limit=views.BULK_LIMIT,
+                partial=partial,
                 refresh=0,  # a confirmation is a POST's answer: nothing to refresh
             )
         verb = self.app.retry_jobs if action == "retry" else self.app.discard_jobs

@@ -48,4 +48,10 @@ def segfaults(input: dict[str, Any]) -> None:
     ctypes.string_at(0)
 
 
+@job(retry=Retry(attempts=2, delay="50ms", jitter=False))
+def raises(input: dict[str, Any]) -> None:
+    """Raises on every attempt: retried once, then dead."""
+    raise ValueError("always")
+
+
 app = App(os.environ["ULTIMAT3_JOBS_URL"], modules=[sys.modules[__name__]])

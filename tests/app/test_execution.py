@@ -608,6 +608,13 @@ def test_completions_are_logged_at_info_and_an_unknown_job_at_warning(
     assert completed.fields["duration"] is not None and completed.fields["duration"] >= 0
     unknown = by_event["jobs.job.unknown"]
     assert unknown.levelno == logging.WARNING and unknown.fields["job"] == "gone.job"
+    # It names what this worker can run, and says what to do.
+    registered = sorted(app.registry.jobs)
+    assert registered and unknown.fields["registered"] == ", ".join(registered)
+    assert f"registered={', '.join(registered)}" in unknown.getMessage()
+    assert "deploy the code" in unknown.fields["fix"]
+    (error,) = app.get_job(stray).errors
+    assert error.kind == "unknown_job" and f"(registered: {', '.join(registered)})" in error.message
 
 
 def test_a_claim_whose_reply_was_lost_costs_no_lease_and_no_attempt(

@@ -1,6 +1,6 @@
-"""The dashboard's reads: ``job_finished_counts`` (throughput buckets), ``queue_oldest_ready``
-(the oldest due waiting job per queue, across priorities) and ``schedule_read`` (a read that
-creates nothing)."""
+"""The dashboard's reads: ``job_finished_counts`` (throughput buckets), ``schedule_read`` (a
+read that creates nothing), ``JobFilter.min_id`` and ``job_id_below`` (windows of the id
+order)."""
 
 from __future__ import annotations
 
@@ -42,25 +42,6 @@ def test_finished_counts_bucket_each_end_by_queue_state_and_minute(driver: Drive
     assert driver.job_finished_counts(T0 + 10 * MINUTE, MINUTE) == []
 
 
-def test_oldest_ready_is_the_earliest_due_waiting_job_of_any_priority(driver: Driver) -> None:
-    insert(
-        driver,
-        new_job(queue="a", priority=5, run_at=at(30)),
-        new_job(queue="a", priority=0, run_at=at(10)),  # the oldest of a, at a low priority
-        new_job(queue="a", priority=-3, run_at=at(500)),  # not due yet
-        new_job(queue="b", run_at=at(40)),
-        new_job(queue="c", run_at=at(900)),  # nothing due in c
-        now=T0,
-    )
-    assert driver.queue_oldest_ready(now=at(100)) == {"a": at(10), "b": at(40)}
-    assert driver.queue_oldest_ready(now=at(20)) == {"a": at(10)}
-    assert driver.queue_oldest_ready(now=at(5)) == {}
-    # A claimed job is no longer waiting.
-    claimed = claim(driver, at(100), queues=["b"], limit=1)
-    assert len(claimed) == 1
-    assert driver.queue_oldest_ready(now=at(100)) == {"a": at(10)}
-
-
 def test_schedule_read_creates_nothing(driver: Driver) -> None:
     assert driver.schedule_read(["nightly"]) == {}
     assert driver.schedule_read([]) == {}
@@ -99,3 +80,17 @@ def test_id_below_counts_along_the_id_order(driver: Driver) -> None:
     assert driver.job_id_below(ids[1], 2) == ids[4]
     assert driver.job_id_below(ids[1], 3) is None
     assert driver.job_id_below(None, -1) is None
+
+
+def test_running_lists_every_running_job_by_lease_expiry(driver: Driver) -> None:
+    ids = insert(driver, *(new_job() for _ in range(4)), now=T0)
+    first = claim(driver, at(1), limit=2, lease_for=timedelta(seconds=60))
+    second = claim(driver, at(2), limit=1, lease_for=timedelta(seconds=10), started=False)
+    assert driver.job_complete_many([first[1].lease], now=at(3)) == {first[1].id}
+    running = driver.job_list_running(limit=10)
+    # The unstarted claim expires first (at 12 s), then the started one (at 61 s).
+    assert [j.id for j in running] == [second[0].id, first[0].id]
+    assert all(j.state is JobState.RUNNING and j.worker_id == "worker-1" for j in running)
+    assert [j.id for j in driver.job_list_running(limit=1)] == [second[0].id]
+    assert driver.job_list_running(limit=0) == []
+    assert len(set(ids)) == 4

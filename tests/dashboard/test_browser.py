@@ -257,14 +257,6 @@ def test_another_tenants_job_answers_404(site: Site, page: Any) -> None:
 def test_the_workers_page_shows_the_live_worker_and_what_it_runs(site: Site, page: Any) -> None:
     running = site.app.enqueue(dashjobs.nap, {"seconds": 20}).id
     wait_until(lambda: _state(site, running) is JobState.RUNNING, 30, f"{running} to start")
-    if not callable(getattr(site.app.driver, "worker_list", None)):
-        # A database without the workers table (before the observability change): the pages
-        # say so rather than show an empty list.
-        for path in ("/workers", "/"):
-            page.goto(site.base + path)
-            expect(page.locator("#no-workers-table")).to_contain_text("keeps no workers table")
-        site.shot(page, "workers-no-table")
-        return
     page.goto(site.base + "/workers")
     row = page.locator(f"#workers tr[data-worker*=':{site.worker.pid}:']")
     expect(row).to_contain_text(socket.gethostname())

@@ -205,11 +205,13 @@ def test_four_processes_migrating_at_once_leave_one_schema(pg_empty_dsn: str) ->
             "SELECT tablename FROM pg_tables WHERE schemaname = 'ultimat3_jobs' ORDER BY 1"
         ).fetchall()
         assert [row[0] for row in tables] == [
+            "x_job_counts",
             "x_jobs",
             "x_leaders",
             "x_migrations",
             "x_queues",
             "x_schedules",
+            "x_workers",
         ]
         indexes = {
             row[0]

@@ -45,7 +45,7 @@ from ultimat3.jobs.maintenance import MaintenanceConfig
 from ultimat3.jobs.outbox import EnqueueOptions, Mode, bind, build_job, insert
 from ultimat3.jobs.outbox_store import OutboxStore
 from ultimat3.jobs.outboxes import open_store
-from ultimat3.jobs.records import Job, JobFilter, JobState, NewJob, QueueInfo
+from ultimat3.jobs.records import Job, JobFilter, JobState, NewJob, QueueInfo, WorkerInfo
 from ultimat3.jobs.relay import Relay
 from ultimat3.jobs.scheduler import DatabaseLeader, Scheduler, SoleLeader
 from ultimat3.jobs.serialization import Codec, Serializer
@@ -421,6 +421,7 @@ class App(Enqueuer):
             clock=self.clock,
             app=self,
             config=config,
+            registered=lambda: sorted(self.registry.jobs),
         )
 
     def scheduler(
@@ -532,6 +533,10 @@ class App(Enqueuer):
 
     def queues(self) -> list[QueueInfo]:
         return self.driver.queue_list()
+
+    def workers(self) -> list[WorkerInfo]:
+        """The live worker processes (their rows in the workers table), by id."""
+        return self.driver.worker_list()
 
 
 def _filter(

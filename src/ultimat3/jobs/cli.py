@@ -19,13 +19,14 @@ import inspect
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal, NoReturn, TypeVar
@@ -38,10 +39,13 @@ from ultimat3.jobs.cron import next_runs
 from ultimat3.jobs.drivers import open_driver, sqlite_path, url_from_env
 from ultimat3.jobs.duration import format_duration, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError, DurationError, JobsError
+from ultimat3.jobs.health import Check, run_checks
 from ultimat3.jobs.job import JobHandle
+from ultimat3.jobs.logs import LEVELS
+from ultimat3.jobs.logs import configure as configure_logs
 from ultimat3.jobs.outboxes import open_store
-from ultimat3.jobs.pool import ProcessPool, watch_parent
-from ultimat3.jobs.records import Job, JobState
+from ultimat3.jobs.pool import POOL_PID, ProcessPool, watch_parent
+from ultimat3.jobs.records import Job, JobState, WorkerInfo
 from ultimat3.jobs.retry import retry_schedule
 from ultimat3.jobs.tasks import TaskHandle
 from ultimat3.jobs.worker import Worker
@@ -323,16 +327,38 @@ def clip(text: str, limit: int) -> str:
     "$ULTIMAT3_JOBS_URL, else ./ultimat3-jobs.sqlite3.",
 )
 @click.option("-v", "--verbose", count=True, help="Log more (-v info, -vv debug).")
+@click.option(
+    "--log-level",
+    type=click.Choice(sorted(LEVELS, key=LEVELS.__getitem__), case_sensitive=False),
+    help="The log's level (overrides -v): info shows every completion, debug every start.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="The log on stderr: text lines, or one JSON object a line (event and fields as keys).",
+)
 @click.version_option(package_name="ultimat3-jobs")
 @click.pass_context
-def cli(ctx: click.Context, app_ref: str | None, url: str | None, verbose: int) -> None:
+def cli(
+    ctx: click.Context,
+    app_ref: str | None,
+    url: str | None,
+    verbose: int,
+    log_level: str | None,
+    log_format: Literal["text", "json"],
+) -> None:
     """Durable background jobs: workers, schedules, and the jobs themselves.
 
     Exit codes: 0 ok, 1 an error explained by its cause and fix, 2 a usage error, 70 a
     worker that stopped so that its supervisor restarts it.
     """
-    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(message)s")
+    if log_level is not None:
+        level = LEVELS[log_level.lower()]
+    else:
+        level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    configure_logs(level, log_format)
     ctx.obj = Context(app_ref, url)
 
 
@@ -403,6 +429,21 @@ def _worker_options(f: F) -> F:
     return f
 
 
+def _metrics_options(f: F) -> F:
+    """The metrics options, shared by ``worker`` and ``run``."""
+    f = click.option(
+        "--metrics-tenant",
+        is_flag=True,
+        help="Label job metrics by tenant too (only for a bounded number of tenants).",
+    )(f)
+    return click.option(
+        "--metrics-port",
+        type=click.IntRange(1, 65535),
+        help="Serve Prometheus metrics on this port at /metrics (needs the [prometheus] "
+        "extra); with --processes the pool serves the sum of its processes. Off by default.",
+    )(f)
+
+
 def _build_worker(app: App, queues: tuple[str, ...], concurrency: int, **settings: Any) -> Worker:
     return app.worker(queues=list(queues) or None, concurrency=concurrency, **settings)
 
@@ -417,12 +458,21 @@ def _build_worker(app: App, queues: tuple[str, ...], concurrency: int, **setting
     help="Worker processes to run, each with --concurrency handler threads; one that exits "
     "is restarted. SIGTERM stops them all gracefully.",
 )
+@_metrics_options
 @pass_ctx
 def worker(
-    ctx: Context, /, queues: tuple[str, ...], concurrency: int, processes: int, **settings: Any
+    ctx: Context,
+    /,
+    queues: tuple[str, ...],
+    concurrency: int,
+    processes: int,
+    metrics_port: int | None,
+    metrics_tenant: bool,
+    **settings: Any,
 ) -> None:
     """Run jobs until SIGTERM/SIGINT (a second signal stops at once)."""
     if processes > 1:
+        metrics_dir = None
         with explained():
             app = ctx.app
             _build_worker(app, queues, concurrency, **settings)  # every option checked here
@@ -432,12 +482,22 @@ def worker(
                 f"{concurrency} each",
                 err=True,
             )
-            app.close()
-        sys.exit(ProcessPool(_without_processes(sys.argv[1:]), processes).run())
+            if metrics_port is not None:
+                metrics_dir = _pool_metrics(app, metrics_port)
+            else:
+                app.close()
+        try:
+            code = ProcessPool(_without_processes(sys.argv[1:]), processes).run()
+        finally:
+            if metrics_dir is not None:
+                shutil.rmtree(metrics_dir, ignore_errors=True)
+        sys.exit(code)
     watch_parent()
     with explained():
         app = ctx.app
         w = _build_worker(app, queues, concurrency, **settings)
+        if metrics_port is not None:
+            _worker_metrics(app, metrics_port, metrics_tenant)
         click.echo(
             f"worker {w.worker_id} on {app.driver.display_url}, queues {', '.join(w.queues)}, "
             f"concurrency {concurrency}",
@@ -452,6 +512,43 @@ def worker(
             err=True,
         )
         sys.exit(w.exit_code)
+
+
+def _load_metrics() -> Any:
+    try:
+        from ultimat3.jobs import prometheus
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"--metrics-port needs prometheus_client, which is not installed ({exc})",
+            fix="pip install 'ultimat3-jobs[prometheus]'",
+        ) from exc
+    return prometheus
+
+
+def _pool_metrics(app: App, port: int) -> str:
+    """A pool: its children write their metrics to a folder of its own, and it serves them."""
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix=f"ultimat3-jobs-metrics-{os.getpid()}-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path  # before prometheus_client is imported
+    try:
+        _load_metrics().serve(port, app, pool_dir=path)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    click.echo(f"metrics of the pool on :{port}/metrics", err=True)
+    return path
+
+
+def _worker_metrics(app: App, port: int, tenant: bool) -> None:
+    """One worker process: its metrics, served by itself, or by its pool when it is a
+    pool's child."""
+    prometheus = _load_metrics()
+    prometheus.Metrics(tenant=tenant).subscribe()
+    if os.environ.get(POOL_PID) and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return  # the pool serves the sum of its children
+    prometheus.serve(port, app)
+    click.echo(f"metrics on :{port}/metrics", err=True)
 
 
 def _without_processes(argv: list[str]) -> list[str]:
@@ -542,6 +639,7 @@ def relay(ctx: Context, batch_size: int, interval: timedelta) -> None:
 @cli.command("run")
 @_worker_options
 @_scheduler_options
+@_metrics_options
 @pass_ctx
 def run_all(
     ctx: Context,
@@ -551,6 +649,8 @@ def run_all(
     leader: str,
     leader_ttl: timedelta,
     tick: timedelta,
+    metrics_port: int | None,
+    metrics_tenant: bool,
     **settings: Any,
 ) -> None:
     """Worker, scheduler and (with App(outbox=...)) the outbox relay in one process."""
@@ -563,6 +663,8 @@ def run_all(
         )
         r = app.relay() if app._outbox is not None else None
         w = _build_worker(app, queues, concurrency, **settings)
+        if metrics_port is not None:
+            _worker_metrics(app, metrics_port, metrics_tenant)
         extra = " + relay" if r is not None else ""
         click.echo(f"worker + scheduler{extra} on {app.driver.display_url}", err=True)
         if s is not None:
@@ -803,11 +905,24 @@ def jobs_show(ctx: Context, job_id: str, tenant: str | None, as_json: bool) -> N
     """One job with its input and every attempt's error."""
     with explained(as_json):
         app = ctx.existing_app
-        data = job_dict(app, app.get_job(job_id, tenant_id=tenant), full=True)
+        job = app.get_job(job_id, tenant_id=tenant)
+        data = job_dict(app, job, full=True)
+        if job.worker_id is not None and job.state is JobState.RUNNING:
+            found = {w.id: w for w in app.workers()}.get(job.worker_id)
+            data["worker"] = worker_dict(found) if found is not None else None
         if as_json:
             emit(data)
             return
         errors = data.pop("errors")
+        if "worker" in data:
+            found_row = data.pop("worker")
+            data["worker_id"] = (
+                f"{job.worker_id} (live: pid {found_row['pid']} on {found_row['host']}, "
+                f"heartbeat {found_row['heartbeat_at']})"
+                if found_row is not None
+                else f"{job.worker_id} (no live worker has this id: it exited or was killed; "
+                "the job is rescued once its lease expires)"
+            )
         for key, value in data.items():
             click.echo(f"{key:>16}: {json.dumps(value) if key == 'input' else value}")
         for e in errors:
@@ -869,6 +984,111 @@ def jobs_discard(ctx: Context, ids: tuple[str, ...], tenant: str | None, as_json
 def jobs_cancel(ctx: Context, ids: tuple[str, ...], tenant: str | None, as_json: bool) -> None:
     """Cancel scheduled, available or running jobs."""
     _act(ctx, ids, tenant, as_json, "cancel")
+
+
+def worker_dict(w: WorkerInfo) -> dict[str, Any]:
+    return {
+        "id": w.id,
+        "host": w.host,
+        "pid": w.pid,
+        "queues": list(w.queues),
+        "concurrency": w.concurrency,
+        "started_at": w.started_at.isoformat(),
+        "heartbeat_at": w.heartbeat_at.isoformat(),
+        "version": w.version,
+    }
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
+@pass_ctx
+def workers(ctx: Context, as_json: bool) -> None:
+    """Live worker processes (one row each, refreshed with its heartbeat)."""
+    with explained(as_json):
+        found = ctx.existing_app.workers()
+        if as_json:
+            emit([worker_dict(w) for w in found])
+            return
+        if not found:
+            click.echo("no live workers")
+            return
+        now = datetime.now(UTC)
+        rows = [
+            [
+                w.id,
+                str(w.pid),
+                ",".join(w.queues),
+                str(w.concurrency),
+                w.started_at.isoformat(timespec="seconds"),
+                f"{max(0.0, (now - w.heartbeat_at).total_seconds()):.1f}s ago",
+                w.version,
+            ]
+            for w in found
+        ]
+        headers = ["ID", "PID", "QUEUES", "CONCURRENCY", "STARTED", "HEARTBEAT", "VERSION"]
+        for line in table(rows, headers):
+            click.echo(line)
+
+
+@cli.command()
+@click.option(
+    "--min-workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(0, None),
+    help="Fail (exit 5) with fewer live workers than this.",
+)
+@click.option(
+    "--worker-stale",
+    default="1m",
+    show_default=True,
+    type=DURATION,
+    help="A worker whose heartbeat is older than this is not counted as live.",
+)
+@click.option(
+    "--max-ready-age",
+    default="5m",
+    show_default=True,
+    type=DURATION,
+    help="Fail (exit 6) when a queue's oldest ready job has waited longer (paused queues "
+    "are not checked).",
+)
+@click.option("-q", "--queue", "queues", multiple=True, help="Check only these queues' ready age.")
+@click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
+@pass_ctx
+def healthcheck(
+    ctx: Context,
+    min_workers: int,
+    worker_stale: timedelta,
+    max_ready_age: timedelta,
+    queues: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Check the database, its migrations, the live workers and the oldest ready job, for
+    container probes. Exit codes: 0 healthy, 3 database unreachable, 4 migrations pending,
+    5 too few live workers, 6 a ready job waited too long (the first failing check's)."""
+    try:
+        app = ctx.existing_app
+        driver = app._driver or open_driver(app.url or "")  # never migrates
+    except JobsError as exc:
+        checks = [Check("database", False, exc.cause, exc.fix or "")]
+    else:
+        checks = run_checks(
+            driver,
+            min_workers=min_workers,
+            worker_stale=worker_stale,
+            max_ready_age=max_ready_age,
+            queues=queues,
+        )
+    code = next((c.exit_code for c in checks if not c.ok), 0)
+    if as_json:
+        emit({"healthy": code == 0, "exit_code": code, "checks": [c.to_json() for c in checks]})
+    else:
+        for c in checks:
+            click.echo(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}")
+            if not c.ok and c.fix:
+                click.echo(f"     fix: {c.fix}")
+    sys.exit(code)
 
 
 @cli.group()

@@ -58,6 +58,7 @@ from ultimat3.jobs.records import (
     NewJob,
     QueueInfo,
     ScheduleState,
+    WorkerInfo,
 )
 
 __all__ = ["DatabaseId", "Driver", "Executor", "Joined", "StallTracker", "current_tx"]
@@ -260,6 +261,11 @@ class Driver(Protocol):
         fails them through their (expired) lease, so a worker that comes back races fairly."""
         ...
 
+    def job_list_running(self, *, limit: int) -> list[Job]:
+        """Up to ``limit`` running jobs, earliest lease expiry first (then id), started or not:
+        what the workers page shows each worker running. A read of the lease index."""
+        ...
+
     def job_get(self, job_id: str, *, tenant_id: str | None = None) -> Job | None:
         """One job; with ``tenant_id``, only that tenant's."""
         ...
@@ -311,14 +317,10 @@ class Driver(Protocol):
         """Pause or resume a queue; a paused queue is not claimed from (running jobs finish)."""
         ...
 
-    def queue_list(self) -> list[QueueInfo]:
-        """Every queue that has jobs or a pause setting, with per-state counts."""
-        ...
-
-    def queue_oldest_ready(self, *, now: datetime | None = None) -> dict[str, datetime]:
-        """Per queue with a due waiting job (scheduled or available, ``run_at <= now``), the
-        earliest such ``run_at``: how long the oldest ready job has waited. Index seeks per
-        queue and priority, not a scan of the waiting jobs."""
+    def queue_list(self, *, now: datetime | None = None) -> list[QueueInfo]:
+        """Every queue that has jobs or a pause setting, with per-state counts and the
+        ``run_at`` of its oldest job due by ``now`` (the database's clock when None). Reads
+        kept counts, not the jobs: fast at any size."""
         ...
 
     # -- cron schedules and leadership -----------------------------------------------------
@@ -360,6 +362,26 @@ class Driver(Protocol):
 
     def leader_resign(self, name: str, holder: str) -> None:
         """Give up leadership of ``name`` if ``holder`` has it."""
+        ...
+
+    # -- live workers ------------------------------------------------------------------------
+
+    def worker_beat(self, worker: WorkerInfo, *, now: datetime | None = None) -> None:
+        """Insert or refresh ``worker``'s row: its ``heartbeat_at`` becomes ``now`` (the
+        database's clock when None); the other fields are written as given."""
+        ...
+
+    def worker_remove(self, worker_id: str) -> None:
+        """Delete a worker's row (its clean exit); nothing when it has none."""
+        ...
+
+    def worker_prune(self, stale_after: timedelta, *, now: datetime | None = None) -> list[str]:
+        """Delete the rows whose heartbeat is older than ``stale_after`` (on the database's
+        clock when ``now`` is None); return their ids."""
+        ...
+
+    def worker_list(self) -> list[WorkerInfo]:
+        """Every worker row, by id."""
         ...
 
     # -- wake-ups ----------------------------------------------------------------------------

@@ -20,6 +20,9 @@ Guarantees and limits:
   counted (it was counted at claim), so a job that kills its worker on every attempt ends
   ``dead`` after ``max_attempts`` starts. A rescued job is marked *isolated*: it is claimed alone, with
   nothing else running in its worker, until it returns (see ``ultimat3.jobs.worker``).
+- **Dead workers leave the list.** Each rescue pass deletes the rows of workers whose
+  heartbeat is older than ``worker_stale`` (default three leases): a worker killed with -9
+  leaves the workers table within that, a clean exit at once.
 - **Pruning keeps up.** Each pass deletes ``completed`` and ``cancelled`` rows finished longer
   ago than ``retention`` (default 1 day) in bounded batches until none is left or the pass's
   time budget is spent; the next pass follows at once while rows remain. ``dead`` rows are kept
@@ -95,6 +98,8 @@ class MaintenanceConfig:
     prune_batch: int = 5_000
     #: The most time one pass spends pruning before it lets the other loops write.
     prune_budget: timedelta = timedelta(seconds=1)
+    #: A worker row whose heartbeat is older than this is deleted; None: three leases.
+    worker_stale: timedelta | None = None
 
 
 class Maintenance:
@@ -137,6 +142,7 @@ class Maintenance:
         if now >= self._next_rescue:
             self._next_rescue = now + rescue_every
             rescued = len(self.rescue())
+            self.prune_workers()
         if now >= self._next_prune or self._backlog:
             self._next_prune = now + prune_every
             self.prune()
@@ -200,16 +206,28 @@ class Maintenance:
                 if drop:
                     drops.append(job.id)
             changed = self.driver.job_fail_many(failures, now=self.clock.pinned())
-            for failure in failures:
+            for job, failure in zip(expired, failures, strict=True):
                 if failure.lease.id in changed:
                     events.warning(
-                        "jobs.job.rescued", job_id=failure.lease.id, dead=failure.retry_at is None
+                        "jobs.job.rescued",
+                        job,
+                        **events.job_fields(job),
+                        worker_id=job.worker_id,
+                        dead=failure.retry_at is None,
                     )
             if drops:
                 self.driver.job_discard([i for i in drops if i in changed])
             rescued.extend(sorted(changed))
             if len(expired) < self.config.rescue_batch:
                 return rescued
+
+    def prune_workers(self) -> list[str]:
+        """Delete the rows of workers whose heartbeat is stale; return their ids."""
+        stale = self.config.worker_stale or self.grace * 3
+        gone = self.driver.worker_prune(stale, now=self.clock.pinned())
+        for worker_id in gone:
+            events.warning("jobs.worker.pruned", worker_id=worker_id, stale_after=str(stale))
+        return gone
 
     def prune(self) -> int:
         """Delete finished rows past their retention, batch after batch, within the pass's time

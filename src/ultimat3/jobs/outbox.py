@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from ultimat3.jobs import events
 from ultimat3.jobs.driver import DatabaseId, Driver, Joined, current_tx
 from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError, OutboxNoTxError
@@ -136,10 +137,12 @@ def build_job(
         raise ConfigurationError(
             f"max_attempts={attempts!r} is not valid", fix=f"use an int from 1 to {MAX_ATTEMPTS}"
         )
+    queue = check_queue_name(options.queue) if options.queue is not None else handle.queue
+    inject = events.trace_context_for  # a tracing integration's, or None
     return NewJob(
         id=job_id,
         name=handle.name,
-        queue=check_queue_name(options.queue) if options.queue is not None else handle.queue,
+        queue=queue,
         input=payload,
         idempotency_key=stored_key,
         max_attempts=attempts,
@@ -147,6 +150,7 @@ def build_job(
         priority=priority,
         tenant_id=tenant,
         delay=delay,
+        trace_context=None if inject is None else inject(queue, handle.name, job_id),
     )
 
 
@@ -164,6 +168,45 @@ def _check_text(value: object, option: str, limit: int) -> None:
 
 
 def insert(
+    driver: Driver,
+    jobs: Sequence[NewJob],
+    *,
+    mode: Mode,
+    outbox: bool | None,
+    now: datetime | None,
+    label: str,
+    store: OutboxStore | None = None,
+) -> list[InsertResult]:
+    """Insert built jobs under the one rule (``_insert``), then emit ``jobs.job.enqueued`` for
+    each (``staged``: written to an outbox, published by its relay after commit)."""
+    results = _insert(driver, jobs, mode=mode, outbox=outbox, now=now, label=label, store=store)
+    if events.wanted("jobs.job.enqueued", events.DEBUG):
+        staged = bool(results) and _staged(driver, store)
+        for job, result in zip(jobs, results, strict=True):
+            events.debug(
+                "jobs.job.enqueued",
+                job,
+                job_id=result.id,
+                job=job.name,
+                queue=job.queue,
+                tenant=job.tenant_id,
+                deduped=result.deduped,
+                staged=staged,
+            )
+    return results
+
+
+def _staged(driver: Driver, store: OutboxStore | None) -> bool:
+    joined = current_tx.get()
+    return (
+        joined is not None
+        and store is not None
+        and not reaches(joined.database, driver)
+        and reaches(joined.database, store)
+    )
+
+
+def _insert(
     driver: Driver,
     jobs: Sequence[NewJob],
     *,

@@ -52,6 +52,9 @@ class NewJob:
     tenant_id: str | None = None
     #: With ``run_at`` None: run this long after the insert, on the database's clock.
     delay: timedelta | None = None
+    #: The W3C trace context of the enqueue (``traceparent``, then `` tracestate`` if any),
+    #: set by a tracing integration; the worker's span links to it.
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +132,8 @@ class Job:
     worker_id: str | None = None
     errors: tuple[AttemptError, ...] = ()
     cancel_reason: str | None = None
+    #: The trace context stored with the job at enqueue (see ``NewJob.trace_context``).
+    trace_context: str | None = None
 
     @property
     def lease(self) -> Lease:
@@ -148,6 +153,7 @@ def job_from_row(
 ) -> Job:
     """A ``Job`` from a row whose columns come in ``Job``'s field order (every SQL driver
     selects them so); the driver supplies how its times and error histories are stored."""
+    trace_context = row[19] if len(row) > 19 else None
     (
         id_,
         name,
@@ -168,7 +174,7 @@ def job_from_row(
         worker_id,
         errors,
         cancel_reason,
-    ) = row
+    ) = row[:19]
     return Job(
         id_,
         name,
@@ -189,6 +195,7 @@ def job_from_row(
         worker_id,
         to_errors(errors),
         cancel_reason,
+        trace_context,
     )
 
 
@@ -230,6 +237,9 @@ class QueueInfo:
     name: str
     paused: bool
     counts: dict[JobState, int] = field(default_factory=dict)
+    #: The ``run_at`` of the oldest job due now (scheduled or available), None when none is
+    #: due: how long the queue's next job has waited.
+    oldest_ready_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,3 +308,19 @@ class CycleResult:
     completed: set[str] = field(default_factory=set)
     failed: set[str] = field(default_factory=set)
     claimed: list[Job] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A live worker process, as its row in the workers table says: refreshed with its
+    heartbeat, removed when it exits cleanly, pruned by the maintenance node once stale.
+    ``id`` is the ``worker_id`` it writes into the jobs it runs (``Job.worker_id``)."""
+
+    id: str
+    host: str
+    pid: int
+    queues: tuple[str, ...]
+    concurrency: int
+    started_at: datetime
+    heartbeat_at: datetime
+    version: str

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import logging
 import os
 import signal
 import socket
@@ -63,6 +62,7 @@ from ultimat3.jobs.maintenance import (
     decide_failure,
     error_from_exception,
 )
+from ultimat3.jobs.presence import Presence
 from ultimat3.jobs.records import ClaimParams, Cycle, Failure, Job, Lease
 from ultimat3.jobs.run import Run
 from ultimat3.jobs.serialization import Serializer
@@ -230,8 +230,11 @@ class Worker:
         clock: Clock,
         app: Enqueuer,
         config: WorkerConfig | None = None,
+        registered: Callable[[], list[str]] | None = None,
     ) -> None:
         self.driver = driver
+        #: The job names this worker can run (named by the warning for an unknown one).
+        self.registered = registered or list
         self.handles = handles
         self.serializer = serializer
         self.clock = clock
@@ -249,6 +252,15 @@ class Worker:
             self.config.maintenance,
             holder=self.worker_id,
             grace=self.config.lease,
+        )
+        #: This worker's row in the workers table (``ultimat3-jobs workers``).
+        self.presence = Presence(
+            driver,
+            clock,
+            worker_id=self.worker_id,
+            queues=queues,
+            concurrency=self.config.concurrency,
+            every=self.config.heartbeat_every(),
         )
         #: 0 after a clean stop; FATAL_EXIT when a loop could not go on.
         self.exit_code = 0
@@ -320,7 +332,9 @@ class Worker:
             "heartbeat": Loop("heartbeat", self._heartbeat_step, on_fatal=self._fatal, stop=halt),
             "renew": Loop("renew", self._renew_step, on_fatal=self._fatal, stop=halt),
             "maintenance": Loop("maintenance", self._maintenance_step, stop=self._stop_claiming),
+            "presence": Loop("presence", self.presence.beat, stop=halt),
         }
+        self.presence.restarted(self.clock.now())
         for loop in self._loops.values():
             loop.start()
         events.info(
@@ -492,16 +506,10 @@ class Worker:
         if done:
             self.stats.completed += len(result.completed)
             self._note_lost([h for h in done if h.job.id not in result.completed])
-            if events.logger.isEnabledFor(logging.INFO):  # `-v`: every completion
+            if events.wanted("jobs.job.completed", events.INFO):  # `-v`: every completion
                 for h in done:
                     if h.job.id in result.completed:
-                        events.info(
-                            "jobs.job.completed",
-                            job_id=h.job.id,
-                            job=h.job.name,
-                            attempt=h.job.attempt,
-                            duration=None if h.duration is None else round(h.duration, 6),
-                        )
+                        events.info("jobs.job.completed", h.job, **_fields(h))
         if fails:
             self._failed_written(fails, result.failed)
         self._write_rare(rare)
@@ -688,7 +696,7 @@ class Worker:
                 if timeout is not None:
                     held.deadline = started + timeout.total_seconds()
                 outcome = self._call_sync(held, *prepared)
-                held.duration = time.monotonic() - started
+                assert held.duration is not None  # set by _call_sync
                 # Unsynchronised on purpose: an average that loses an update now and then is
                 # fine.
                 self._avg_run = self._avg_run * 0.9 + held.duration * 0.1
@@ -704,7 +712,6 @@ class Worker:
         try:
             held.started_at = time.monotonic()
             outcome = await self._run_async(held)
-            held.duration = time.monotonic() - held.started_at
             self._settle(held, outcome)
         except BaseException as exc:
             self._settle(held, self._failed(held, exc))
@@ -767,6 +774,7 @@ class Worker:
                 if self.driver.job_snooze(h.lease, outcome.run_at, now=now):
                     if outcome.kind == "snooze":
                         self.stats.snoozed += 1
+                        events.info("jobs.job.snoozed", h.job, **_fields(h))
                     else:
                         self.stats.released += 1
                 else:
@@ -774,6 +782,7 @@ class Worker:
             else:
                 if self.driver.job_cancel(h.job.id, reason=outcome.reason, lease=h.lease, now=now):
                     self.stats.cancelled += 1
+                    events.info("jobs.job.cancelled", h.job, **_fields(h), reason=outcome.reason)
                 else:
                     self._note_lost([h])
 
@@ -791,18 +800,17 @@ class Worker:
                 self.stats.dead += 1
                 events.warning(
                     "jobs.job.dead",
-                    job_id=h.job.id,
-                    job=h.job.name,
-                    attempt=h.job.attempt,
+                    h.job,
+                    **_fields(h),
                     error=outcome.failure.error.kind,
+                    dropped=outcome.drop,
                 )
             else:
                 self.stats.failed += 1
                 events.info(
-                    "jobs.job.retrying",
-                    job_id=h.job.id,
-                    job=h.job.name,
-                    attempt=h.job.attempt,
+                    "jobs.job.retried",
+                    h.job,
+                    **_fields(h),
                     retry_at=outcome.failure.retry_at.isoformat(),
                     error=outcome.failure.error.kind,
                 )
@@ -1007,10 +1015,11 @@ class Worker:
         self.maintenance.resign()
         self._halt.set()
         self._renew_now.set()
-        for name in ("heartbeat", "renew"):
+        for name in ("heartbeat", "renew", "presence"):
             beating = self._loops.get(name)
             if beating is not None:
                 beating.join(5.0)
+        self.presence.leave()
         if self._loop is not None and self._loop_thread is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._loop_thread.join(timeout=5.0)
@@ -1063,10 +1072,20 @@ class Worker:
         handle = held.handle
         now = self.clock.now()
         if handle is None:
+            names = ", ".join(self.registered()) or "none"
             error = attempt_error(
-                job, "unknown_job", f"no job named {job.name!r} is registered in this worker", now
+                job,
+                "unknown_job",
+                f"no job named {job.name!r} is registered in this worker (registered: {names})",
+                now,
             )
-            events.warning("jobs.job.unknown", job_id=job.id, job=job.name)
+            events.warning(
+                "jobs.job.unknown",
+                job,
+                **events.job_fields(job),
+                registered=names,
+                fix="deploy the code that defines it to this worker, or discard the job",
+            )
             failure, drop = decide_failure(job, None, error, now)
             return Outcome("fail", failure=failure, drop=drop)
         try:
@@ -1109,13 +1128,17 @@ class Worker:
 
     def _call_sync(self, held: _Held, handle: JobHandle[Any], args: list[Any]) -> Outcome:
         reset = current_app.set(self.app)
+        began = _job_started(held)
         try:
             handle.fn(*args)
         except BaseException as exc:
-            return self.outcome_of(held, exc)
+            outcome = self.outcome_of(held, exc)
+        else:
+            outcome = Outcome("complete")
         finally:
             current_app.reset(reset)
-        return Outcome("complete")
+        _job_finished(held, outcome, began)
+        return outcome
 
     async def _run_async(self, held: _Held) -> Outcome | None:
         prepared = self._prepare(held)
@@ -1124,17 +1147,22 @@ class Worker:
         handle, args = prepared
         reset = current_app.set(self.app)
         timeout = handle.timeout.total_seconds() if handle.timeout is not None else None
+        began = _job_started(held)
+        outcome: Outcome | None
         try:
             await asyncio.wait_for(handle.fn(*args), timeout)
         except TimeoutError:
-            return self._timeout_outcome(held)
+            outcome = self._timeout_outcome(held)
         except asyncio.CancelledError:
-            return None  # cancelled by the worker, which has settled this run already
+            outcome = None  # cancelled by the worker, which has settled this run already
         except BaseException as exc:
-            return self.outcome_of(held, exc)
+            outcome = self.outcome_of(held, exc)
+        else:
+            outcome = Outcome("complete")
         finally:
             current_app.reset(reset)
-        return Outcome("complete")
+        _job_finished(held, outcome, began)
+        return outcome
 
     def outcome_of(self, held: _Held, exc: BaseException) -> Outcome:
         """What a handler's exception means (shared by sync and async handlers). Never raises:
@@ -1165,6 +1193,46 @@ class Worker:
         )
         failure, drop = decide_failure(held.job, held.handle, error, now)
         return Outcome("fail", failure=failure, drop=drop)
+
+
+def _fields(h: _Held) -> dict[str, Any]:
+    """The fields of a job's outcome events."""
+    duration = None if h.duration is None else round(h.duration, 6)
+    return {**events.job_fields(h.job), "duration": duration}
+
+
+def _job_started(held: _Held) -> float:
+    """``jobs.job.started``, on the thread (or task) about to call the job's function: a
+    tracing subscriber opens its span here. Returns the monotonic start."""
+    if events.wanted("jobs.job.started", events.DEBUG):
+        job = held.job
+        at = job.attempted_at
+        events.debug(
+            "jobs.job.started",
+            job,
+            **events.job_fields(job),
+            queue_latency=None
+            if at is None
+            else round(max(0.0, (at - job.run_at).total_seconds()), 6),
+        )
+    return time.monotonic()
+
+
+def _job_finished(held: _Held, outcome: Outcome | None, began: float) -> None:
+    """The function is done: how long it ran, and ``jobs.job.finished`` on the same thread
+    (or task)."""
+    held.duration = duration = time.monotonic() - began
+    if events.wanted("jobs.job.finished", events.DEBUG):
+        job = held.job
+        failure = outcome.failure if outcome is not None else None
+        events.debug(
+            "jobs.job.finished",
+            job,
+            **events.job_fields(job),
+            outcome="release" if outcome is None else outcome.kind,
+            duration=round(duration, 6),
+            error=None if failure is None else failure.error.kind,
+        )
 
 
 class StuckError(Exception):

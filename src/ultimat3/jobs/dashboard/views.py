@@ -2,8 +2,9 @@
 
 Every read is bounded at any table size: the jobs list pages by keyset (``before``: the last id
 shown) and a text search reads newer-to-older for at most ``SCAN_SECONDS`` per page, then
-offers to go on from where it stopped; the overview reads per-queue counts, the oldest ready job per queue (index
-seeks) and the last hour's ends (a range of the finished index).
+offers to go on from where it stopped; the overview reads the queues (kept counts, the oldest
+ready job by index seeks) and the last hour's ends (a range of the finished index); the
+workers page the workers table and the running jobs (the lease index).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from zoneinfo import ZoneInfo
 
 from ultimat3.jobs.app import App
 from ultimat3.jobs.errors import ConfigurationError, JobsError
-from ultimat3.jobs.records import Job, JobFilter, JobState
+from ultimat3.jobs.records import Job, JobFilter, JobState, WorkerInfo
 from ultimat3.jobs.retry import Retry, backoff_delay
 
 __all__ = [
@@ -233,7 +234,7 @@ class Overview:
     queues: list[QueueRow]
     completed: list[int]
     dead: list[int]
-    workers: list[Any] | None  # None: this database has no workers table
+    workers: list[WorkerRow] | None  # None: not shown (a tenant's view)
     paused: list[str] = field(default_factory=list)
 
 
@@ -254,8 +255,8 @@ def queue_rows(app: App, tenant: str | None) -> dict[str, QueueRow]:
             r = row(info.name)
             r.paused = info.paused
             r.counts = {s.value: n for s, n in info.counts.items() if n}
-        for name, run_at in driver.queue_oldest_ready(now=app.clock.pinned()).items():
-            row(name).oldest_ready_age = max(timedelta(0), now - run_at)
+            if info.oldest_ready_at is not None:
+                r.oldest_ready_age = max(timedelta(0), now - info.oldest_ready_at)
     else:
         for (name, state), n in driver.job_count(JobFilter(tenant_id=tenant)).items():
             if n:
@@ -300,17 +301,18 @@ def overview(app: App, tenant: str | None) -> Overview:
 
 @dataclass
 class WorkerRow:
-    info: Any  # records.WorkerInfo
+    info: WorkerInfo
     running: list[Job]
 
 
-def workers(app: App) -> list[WorkerRow] | None:
-    """Live workers with the jobs each runs, or None when the driver has no workers table."""
-    worker_list: Callable[[], list[Any]] | None = getattr(app.driver, "worker_list", None)
-    if worker_list is None:
-        return None
-    infos = worker_list()
-    running = app.driver.job_list(JobFilter(states=frozenset({JobState.RUNNING})), limit=1_000)
+#: The most running jobs the workers page reads (a worker runs at most its concurrency).
+RUNNING_LIMIT = 2_000
+
+
+def workers(app: App) -> list[WorkerRow]:
+    """Live workers with the jobs each runs."""
+    infos = app.driver.worker_list()
+    running = app.driver.job_list_running(limit=RUNNING_LIMIT)
     by_worker: dict[str, list[Job]] = {}
     for job in running:
         if job.worker_id is not None:
@@ -337,7 +339,7 @@ class JobDetail:
     policy: Retry | None
     next_run: datetime | None
     plan: list[PlannedAttempt]
-    worker: Any | None  # records.WorkerInfo of the worker that runs it, when known
+    worker: WorkerInfo | None  # the worker that runs it, while its row is live
 
 
 def job_detail(app: App, job: Job) -> JobDetail:
@@ -362,9 +364,7 @@ def job_detail(app: App, job: Job) -> JobDetail:
             plan.append(PlannedAttempt(attempt + 1, wait, at))
     worker = None
     if job.worker_id is not None and job.state is JobState.RUNNING:
-        live = workers(app)
-        if live is not None:
-            worker = next((w.info for w in live if w.info.id == job.worker_id), None)
+        worker = next((w for w in app.driver.worker_list() if w.id == job.worker_id), None)
     return JobDetail(
         job, input_text, input_error, handle is not None, policy, next_run, plan, worker
     )

@@ -73,6 +73,7 @@ from ultimat3.jobs.records import (
     NewJob,
     QueueInfo,
     ScheduleState,
+    WorkerInfo,
 )
 
 __all__ = ["MemoryDriver", "MemoryTransaction"]
@@ -123,6 +124,7 @@ class MemoryDriver:
         self._waiting: set[str] = set()  # ids of scheduled and available jobs, for claims
         self._schedules: dict[str, ScheduleState] = {}
         self._leaders: dict[str, tuple[str, datetime]] = {}  # name -> (holder, expires_at)
+        self._workers: dict[str, WorkerInfo] = {}
         self._monotonic = SystemClock().monotonic
         self._identity = DatabaseId("memory", (id(self),), "memory://")
         self._isolated: set[str] = set()  # ids of jobs rescued after their worker died
@@ -432,6 +434,15 @@ class MemoryDriver:
             )
             return True
 
+    def job_list_running(self, *, limit: int) -> list[Job]:
+        with self._lock:
+            running = [job for job in self._jobs.values() if job.state is JobState.RUNNING]
+        # A running job always holds a lease (the records' invariant).
+        running.sort(
+            key=lambda job: (job.lease_expires_at or datetime.min.replace(tzinfo=UTC), job.id)
+        )
+        return running[: max(0, limit)]
+
     def job_list_expired(self, *, limit: int, now: datetime | None = None) -> list[Job]:
         at = _now(now)
         with self._lock:
@@ -555,24 +566,20 @@ class MemoryDriver:
             if not paused:
                 self._notify()
 
-    def queue_list(self) -> list[QueueInfo]:
+    def queue_list(self, *, now: datetime | None = None) -> list[QueueInfo]:
+        at = _now(now)
         with self._lock:
             counts: dict[str, Counter[JobState]] = {name: Counter() for name in self._paused}
+            oldest: dict[str, datetime] = {}
             for job in self._jobs.values():
                 counts.setdefault(job.queue, Counter())[job.state] += 1
+                due = job.state in (JobState.SCHEDULED, JobState.AVAILABLE) and job.run_at <= at
+                if due and (job.queue not in oldest or job.run_at < oldest[job.queue]):
+                    oldest[job.queue] = job.run_at
             return [
-                QueueInfo(name, self._paused.get(name, False), dict(counts[name]))
+                QueueInfo(name, self._paused.get(name, False), dict(counts[name]), oldest.get(name))
                 for name in sorted(counts)
             ]
-
-    def queue_oldest_ready(self, *, now: datetime | None = None) -> dict[str, datetime]:
-        at = _now(now)
-        oldest: dict[str, datetime] = {}
-        with self._lock:
-            for job in self._jobs.values():
-                if job.state in _WAITING and job.run_at <= min(at, oldest.get(job.queue, at)):
-                    oldest[job.queue] = job.run_at
-        return oldest
 
     # -- wake-ups ----------------------------------------------------------------------------
 
@@ -624,6 +631,29 @@ class MemoryDriver:
             current = self._leaders.get(name)
             if current is not None and current[0] == holder:
                 del self._leaders[name]
+
+    # -- live workers ------------------------------------------------------------------------
+
+    def worker_beat(self, worker: WorkerInfo, *, now: datetime | None = None) -> None:
+        at = _now(now)
+        with self._lock:
+            self._workers[worker.id] = replace(worker, heartbeat_at=at)
+
+    def worker_remove(self, worker_id: str) -> None:
+        with self._lock:
+            self._workers.pop(worker_id, None)
+
+    def worker_prune(self, stale_after: timedelta, *, now: datetime | None = None) -> list[str]:
+        cutoff = _now(now) - stale_after
+        with self._lock:
+            stale = sorted(w.id for w in self._workers.values() if w.heartbeat_at < cutoff)
+            for worker_id in stale:
+                del self._workers[worker_id]
+        return stale
+
+    def worker_list(self) -> list[WorkerInfo]:
+        with self._lock:
+            return [self._workers[worker_id] for worker_id in sorted(self._workers)]
 
     def wait_for_jobs(self, timeout: float, wake: threading.Event) -> None:
         deadline = self._monotonic() + timeout
@@ -713,6 +743,7 @@ def _new_job(new: NewJob, now: datetime) -> Job:
         max_attempts=new.max_attempts,
         run_at=run_at,
         created_at=now,
+        trace_context=new.trace_context,
     )
 
 

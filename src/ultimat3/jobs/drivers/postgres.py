@@ -110,6 +110,7 @@ from ultimat3.jobs.dialects.postgres import (
 )
 from ultimat3.jobs.dialects.postgres import first_line as _first_line
 from ultimat3.jobs.driver import DatabaseId, Driver, Executor, Joined, StallTracker
+from ultimat3.jobs.drivers import pool_log
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError, SerializationError
 from ultimat3.jobs.records import (
     FINAL_STATES,
@@ -127,6 +128,7 @@ from ultimat3.jobs.records import (
     NewJob,
     QueueInfo,
     ScheduleState,
+    WorkerInfo,
     job_from_row,
 )
 
@@ -157,6 +159,8 @@ _COPY_SLICE = 500
 #: then how much longer before it raises (the pool is exhausted).
 _QUICK_WAIT = 0.5
 _POOL_WAIT = 5.0
+#: A queue_list that summed more count deltas than this folds them (see 0005).
+_FOLD_AFTER = 5_000
 #: One reconnection attempt chain of the pool gives up after this long; the next call starts a
 #: fresh chain (first attempt at once), which keeps the pool's exponential backoff short.
 _RECONNECT_WINDOW = 5.0
@@ -319,6 +323,7 @@ class PostgresDriver:
             reconnect_timeout=_RECONNECT_WINDOW,
             name=f"ultimat3-jobs:{schema}",
         )
+        pool_log.install()  # psycopg_pool's records: one line per outage and recovery
         self._pool.open(wait=False)
         self._claim_one: dict[int, bytes] = {}
         self._reachable_at = 0.0
@@ -655,6 +660,11 @@ class PostgresDriver:
         rows = self._fetch("job_list_expired", {"limit": limit, "now": now})
         return [_job(row) for row in rows]
 
+    def job_list_running(self, *, limit: int) -> list[Job]:
+        if limit <= 0:
+            return []
+        return [_job(row) for row in self._fetch("job_list_running", {"limit": limit})]
+
     def job_get(self, job_id: str, *, tenant_id: str | None = None) -> Job | None:
         rows = self._fetch("job_get", {"id": job_id, "tenant_id": tenant_id})
         return _job(rows[0]) if rows else None
@@ -675,7 +685,17 @@ class PostgresDriver:
         return str(rows[0][0]) if rows else None
 
     def job_count(self, where: JobFilter) -> dict[tuple[str, JobState], int]:
-        rows = self._fetch("job_count", _filter_params(where), prepare=False)
+        params = _filter_params(where)
+        if (
+            where.name is None
+            and where.tenant_id is None
+            and where.ids is None
+            and where.min_id is None
+        ):
+            kept = {"states": params["states"], "queue": params["queue"]}
+            rows = self._fetch("job_count_kept", kept, prepare=False)
+        else:
+            rows = self._fetch("job_count", params, prepare=False)
         return {(queue, _STATES[state]): count for queue, state, count in rows}
 
     def job_retry(
@@ -716,6 +736,8 @@ class PostgresDriver:
             return 0
         params = {"states": _text_array(final), "before": finished_before, "limit": limit}
         with self._connection() as conn:
+            # The maintenance node prunes: it folds the count deltas too (see 0005).
+            self._exec(conn, self._q["job_counts_fold"], {}, bounded=True)
             return self._exec(conn, self._q["job_prune"], params, bounded=True).rowcount
 
     # -- queues ------------------------------------------------------------------------------
@@ -723,19 +745,34 @@ class PostgresDriver:
     def queue_set_paused(self, queue: str, paused: bool) -> None:
         self._fetch("queue_set_paused", {"name": queue, "paused": paused, "channel": self._channel})
 
-    def queue_list(self) -> list[QueueInfo]:
+    def queue_list(self, *, now: datetime | None = None) -> list[QueueInfo]:
         paused: dict[str, bool] = {}
         counts: dict[str, dict[JobState, int]] = {}
-        for queue, is_paused, state, count in self._fetch("queue_list", {}, prepare=False):
+        summed = 0
+        rows, oldest_rows = self._pipelined(
+            [(self._q["queue_list"], {}), (self._q["queue_oldest_ready"], {"now": now})]
+        )
+        for queue, is_paused, state, count, deltas in rows:
             paused[queue] = is_paused
+            summed += deltas
             per_state = counts.setdefault(queue, {})
             if state is not None:
                 per_state[_STATES[state]] = count
-        return [QueueInfo(name, paused[name], counts[name]) for name in sorted(paused)]
+        oldest = {queue: _utc(at) for queue, at in oldest_rows if at is not None}
+        for queue in oldest:  # a queue whose counts have not been read yet (a race)
+            paused.setdefault(queue, False)
+            counts.setdefault(queue, {})
+        if summed > _FOLD_AFTER:  # no maintenance node has folded the deltas for a while
+            self.job_counts_fold()
+        return [
+            QueueInfo(name, paused[name], counts[name], oldest.get(name)) for name in sorted(paused)
+        ]
 
-    def queue_oldest_ready(self, *, now: datetime | None = None) -> dict[str, datetime]:
-        rows = self._fetch("queue_oldest_ready", {"now": now}, prepare=False)
-        return {queue: _utc(run_at) for queue, run_at in rows}
+    def job_counts_fold(self) -> None:
+        """Fold the count deltas the triggers append into one row per (queue, state) (the
+        maintenance node does it as it prunes; a read that summed many does it too)."""
+        with self._connection() as conn:
+            self._exec(conn, self._q["job_counts_fold"], {}, bounded=True)
 
     # -- cron schedules and leadership -----------------------------------------------------
 
@@ -795,6 +832,43 @@ class PostgresDriver:
             self._exec(
                 conn, self._q["leader_resign"], {"name": name, "holder": holder}, bounded=True
             )
+
+    # -- live workers ------------------------------------------------------------------------
+
+    def worker_beat(self, worker: WorkerInfo, *, now: datetime | None = None) -> None:
+        params = {
+            "id": worker.id,
+            "host": worker.host,
+            "pid": worker.pid,
+            "queues": _text_array(worker.queues),
+            "concurrency": worker.concurrency,
+            "started_at": worker.started_at,
+            "now": now,
+            "version": worker.version,
+        }
+        self._write_only("worker_beat", params)
+
+    def worker_remove(self, worker_id: str) -> None:
+        self._write_only("worker_remove", {"id": worker_id})
+
+    def _write_only(self, name: str, params: dict[str, Any]) -> None:
+        """Run one statement that returns no rows, as ``_fetch`` runs one that does."""
+        query = self._q[name]
+        self._attempts(lambda conn: self._exec(conn, query, params, bounded=True))
+
+    def worker_prune(self, stale_after: timedelta, *, now: datetime | None = None) -> list[str]:
+        rows = self._fetch("worker_prune", {"stale": stale_after, "now": now})
+        return sorted(row[0] for row in rows)
+
+    def worker_list(self) -> list[WorkerInfo]:
+        return [
+            WorkerInfo(
+                id_, host, pid, tuple(queues), concurrency, _utc(started), _utc(beat), version
+            )
+            for id_, host, pid, queues, concurrency, started, beat, version in self._fetch(
+                "worker_list", {}
+            )
+        ]
 
     # -- wake-ups ----------------------------------------------------------------------------
 
@@ -1043,6 +1117,8 @@ class PostgresDriver:
         ON CONFLICT path, which dedupes. Runs inside the caller's transaction."""
         if len({(j.tenant_id, j.idempotency_key) for j in jobs}) != len(jobs):
             return None
+        if any(j.trace_context is not None for j in jobs):
+            return None  # COPY carries no trace context: the ON CONFLICT path does
         row = self._exec(conn, self._q["clock"], {"now": now}).fetchone()
         assert row is not None
         at: datetime = row[0]
@@ -1124,6 +1200,7 @@ class PostgresDriver:
                 "delay": j.delay,
                 "now": now,
                 "channel": self._channel,
+                "trace_context": j.trace_context,
             }
         else:
             rows = [
@@ -1138,6 +1215,7 @@ class PostgresDriver:
                     j.max_attempts,
                     j.run_at.isoformat() if j.run_at is not None else None,
                     None if j.delay is None else f"{j.delay // _MICROSECOND} microseconds",
+                    j.trace_context,
                 ]
                 for j in jobs
             ]
@@ -1206,6 +1284,8 @@ class PostgresDriver:
             try:
                 result = body(conn)
                 self.stalls.note_wait(time.monotonic() - started)
+                if pool_log.OWNER.down:  # a statement went through: the outage is over
+                    pool_log.OWNER.recovered()
                 return result
             except psycopg.Error as exc:
                 if attempt < 2 and isinstance(exc, pg_errors.DeadlockDetected):
@@ -1247,6 +1327,8 @@ class PostgresDriver:
             self._watch.arm(conn)
         try:
             yield conn
+            if pool_log.OWNER.down:  # a statement went through: the outage is over
+                pool_log.OWNER.recovered()
         except psycopg.Error as exc:
             self._reraise(exc, conn)
         finally:

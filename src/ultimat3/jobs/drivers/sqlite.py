@@ -63,6 +63,7 @@ import sqlite3
 import threading
 import time
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -109,6 +110,7 @@ from ultimat3.jobs.records import (
     NewJob,
     QueueInfo,
     ScheduleState,
+    WorkerInfo,
     job_from_row,
 )
 from ultimat3.jobs.sql import migrations, queries
@@ -163,6 +165,7 @@ _NETWORK_FILESYSTEMS = frozenset(
 
 _Q = queries("sqlite")
 _INSERT = _Q["job_insert"]
+_COUNTS_ADD = _Q["job_counts_add"]
 _CLAIM_QUEUE = _Q["job_claim_queue"]
 _COMPLETE = _Q["job_complete"]
 _DATA_VERSION = _Q["data_version"]
@@ -754,6 +757,7 @@ class SqliteDriver:
             job.max_attempts,
             run_at,
             now_us,
+            job.trace_context,
         )
 
     def job_claim(self, params: ClaimParams) -> list[Job]:
@@ -886,6 +890,11 @@ class SqliteDriver:
         rows = self._read(lambda conn: conn.execute(_Q["job_list_expired"], args).fetchall())
         return [_job(row) for row in rows]
 
+    def job_list_running(self, *, limit: int) -> list[Job]:
+        args = {"limit": max(0, limit)}
+        rows = self._read(lambda conn: conn.execute(_Q["job_list_running"], args).fetchall())
+        return [_job(row) for row in rows]
+
     def job_get(self, job_id: str, *, tenant_id: str | None = None) -> Job | None:
         args = {"id": job_id, "tenant_id": tenant_id}
         row = self._read(lambda conn: conn.execute(_Q["job_get"], args).fetchone())
@@ -910,7 +919,19 @@ class SqliteDriver:
     def job_count(self, where: JobFilter) -> dict[tuple[str, JobState], int]:
         args = _filter_args(where)
         tenant_only = where.tenant_id is not None and where == JobFilter(tenant_id=where.tenant_id)
-        query = _Q["job_count_tenant"] if tenant_only else _Q["job_count"]
+        kept = (
+            where.name is None
+            and where.tenant_id is None
+            and where.ids is None
+            and where.min_id is None
+        )
+        if tenant_only:
+            query = _Q["job_count_tenant"]
+        elif kept:
+            query = _Q["job_count_kept"]
+            args = {"states": args["states"], "queue": args["queue"]}
+        else:
+            query = _Q["job_count"]
         rows = self._read(lambda conn: conn.execute(query, args).fetchall())
         return {(queue, _STATES[state]): count for queue, state, count in rows}
 
@@ -959,8 +980,10 @@ class SqliteDriver:
         args = {"name": queue, "paused": int(paused), "now": _now_us(None)}
         self._write(lambda conn: conn.execute(_Q["queue_set_paused"], args))
 
-    def queue_list(self) -> list[QueueInfo]:
-        def body(conn: sqlite3.Connection) -> tuple[list[Any], list[Any]]:
+    def queue_list(self, *, now: datetime | None = None) -> list[QueueInfo]:
+        at = {"now": _now_us(now)}
+
+        def body(conn: sqlite3.Connection) -> tuple[list[Any], list[Any], list[Any]]:
             # One read transaction, so the counts and the pause settings agree.
             in_tx = conn.in_transaction
             if not in_tx:
@@ -968,24 +991,22 @@ class SqliteDriver:
             try:
                 counts = conn.execute(_Q["queue_counts"]).fetchall()
                 settings = conn.execute(_Q["queue_settings"]).fetchall()
+                oldest = _oldest_ready(conn, at["now"])
             finally:
                 if not in_tx:
                     rollback_quietly(conn)
-            return counts, settings
+            return counts, settings, oldest
 
-        counts, settings = self._read(body)
+        counts, settings, oldest_rows = self._read(body)
+        oldest = {queue: _dt(run_at) for queue, run_at in oldest_rows if run_at is not None}
         paused = {name: bool(flag) for name, flag in settings}
         per_queue: dict[str, dict[JobState, int]] = {name: {} for name in paused}
         for queue, state, count in counts:
             per_queue.setdefault(queue, {})[_STATES[state]] = count
         return [
-            QueueInfo(name, paused.get(name, False), per_queue[name]) for name in sorted(per_queue)
+            QueueInfo(name, paused.get(name, False), per_queue[name], oldest.get(name))
+            for name in sorted(per_queue)
         ]
-
-    def queue_oldest_ready(self, *, now: datetime | None = None) -> dict[str, datetime]:
-        args = {"now": _now_us(now)}
-        rows = self._read(lambda conn: conn.execute(_Q["queue_oldest_ready"], args).fetchall())
-        return {queue: _dt(run_at) for queue, run_at in rows}
 
     # -- wake-ups ----------------------------------------------------------------------------
 
@@ -1052,6 +1073,45 @@ class SqliteDriver:
         args = {"name": name, "holder": holder}
         self._write(lambda conn: conn.execute(_Q["leader_resign"], args))
 
+    # -- live workers ------------------------------------------------------------------------
+
+    def worker_beat(self, worker: WorkerInfo, *, now: datetime | None = None) -> None:
+        args = {
+            "id": worker.id,
+            "host": worker.host,
+            "pid": worker.pid,
+            "queues": json.dumps(list(worker.queues)),
+            "concurrency": worker.concurrency,
+            "started_at": _us(worker.started_at),
+            "now": _now_us(now),
+            "version": worker.version,
+        }
+        self._write(lambda conn: conn.execute(_Q["worker_beat"], args))
+
+    def worker_remove(self, worker_id: str) -> None:
+        self._write(lambda conn: conn.execute(_Q["worker_remove"], {"id": worker_id}))
+
+    def worker_prune(self, stale_after: timedelta, *, now: datetime | None = None) -> list[str]:
+        args = {"cutoff": _now_us(now) - stale_after // MICROSECOND}
+        rows = self._write(lambda conn: conn.execute(_Q["worker_prune"], args).fetchall())
+        return sorted(row[0] for row in rows)
+
+    def worker_list(self) -> list[WorkerInfo]:
+        rows = self._read(lambda conn: conn.execute(_Q["worker_list"]).fetchall())
+        return [
+            WorkerInfo(
+                id_,
+                host,
+                pid,
+                tuple(json.loads(queues)),
+                concurrency,
+                _dt(started),
+                _dt(beat),
+                version,
+            )
+            for id_, host, pid, queues, concurrency, started, beat, version in rows
+        ]
+
     def wait_for_jobs(self, timeout: float, wake: threading.Event) -> None:
         """Poll ``PRAGMA data_version`` on a connection of its own (one per thread): it changes
         whenever another connection, in any process, commits. A commit since this thread's last
@@ -1109,6 +1169,7 @@ def _insert(
         conn.execute(f"SAVEPOINT {_SAVEPOINT}_insert")
         try:
             if conn.executemany(_INSERT, rows).rowcount == len(rows):
+                _count_inserted(conn, rows)
                 conn.execute(f"RELEASE {_SAVEPOINT}_insert")
                 return [InsertResult(job.id, False) for job in jobs]
         except sqlite3.IntegrityError:
@@ -1117,7 +1178,19 @@ def _insert(
         # learn which, so a re-published job with its original id still reports deduped=True.
         conn.execute(f"ROLLBACK TO {_SAVEPOINT}_insert")
         conn.execute(f"RELEASE {_SAVEPOINT}_insert")
-    return [_insert_one(conn, job, row) for job, row in zip(jobs, rows, strict=True)]
+    results = [_insert_one(conn, job, row) for job, row in zip(jobs, rows, strict=True)]
+    _count_inserted(conn, [row for row, r in zip(rows, results, strict=True) if not r.deduped])
+    return results
+
+
+def _count_inserted(conn: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Add the inserted rows to the kept counts (migration 5), in the same transaction."""
+    if len(rows) == 1:
+        row = rows[0]
+        conn.execute(_COUNTS_ADD, (row[3], row[7], 1))
+        return
+    added = Counter((row[3], row[7]) for row in rows)  # (queue, state)
+    conn.executemany(_COUNTS_ADD, [(q, s, n) for (q, s), n in added.items()])
 
 
 def _insert_one(conn: sqlite3.Connection, job: NewJob, row: tuple[Any, ...]) -> InsertResult:
@@ -1211,6 +1284,27 @@ def _claim_queues(conn: sqlite3.Connection, queues: list[str], args: dict[str, A
     candidates.sort()
     chosen = [id_ for _, _, id_ in candidates[: args["limit"]]]
     return conn.execute(_Q["job_claim_ids"], {**args, "ids": json.dumps(chosen)}).fetchall()
+
+
+def _oldest_ready(conn: sqlite3.Connection, now_us: int) -> list[tuple[str, int | None]]:
+    """Per queue with a waiting job, the run_at of its oldest job due by ``now_us`` (None:
+    none is due): a walk of the claim index's (queue, priority) groups, a seek a step."""
+    found: list[tuple[str, int | None]] = []
+    after = ""
+    while True:
+        row = conn.execute(_Q["queue_first"], {"after": after}).fetchone()
+        if row is None or row[0] is None:
+            return found
+        queue, priority = row
+        oldest: int | None = None
+        while priority is not None:
+            args = {"queue": queue, "priority": priority}
+            first = conn.execute(_Q["queue_group_first_run_at"], args).fetchone()[0]
+            if first is not None and first <= now_us and (oldest is None or first < oldest):
+                oldest = first
+            priority = conn.execute(_Q["queue_next_priority"], args).fetchone()[0]
+        found.append((queue, oldest))
+        after = queue
 
 
 def _filter_args(where: JobFilter) -> dict[str, Any]:

@@ -85,7 +85,9 @@ _ADOPT_FIX = (
 
 
 def _record(row: Sequence[Any]) -> OutboxRecord:
-    (id_, job, queue, input_, key, attempts, priority, run_at, staged_at, tenant, published) = row
+    (id_, job, queue, input_, key, attempts, priority, run_at, staged_at, tenant, published) = row[
+        :11
+    ]
     return OutboxRecord(
         NewJob(
             id=id_,
@@ -97,6 +99,7 @@ def _record(row: Sequence[Any]) -> OutboxRecord:
             run_at=run_at,
             priority=priority,
             tenant_id=tenant,
+            trace_context=row[11] if len(row) > 11 else None,
         ),
         staged_at=staged_at,
         published_at=published,
@@ -314,6 +317,7 @@ class PostgresOutboxStore:
                 "delay": job.delay,
                 "now": now,
                 "tenant_id": job.tenant_id,
+                "trace_context": job.trace_context,
             }
             for job in jobs
         ]

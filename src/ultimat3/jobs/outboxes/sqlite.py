@@ -61,7 +61,9 @@ _NAME = "sqlite-outbox"
 
 
 def _record(row: Sequence[Any]) -> OutboxRecord:
-    (id_, job, queue, input_, key, attempts, priority, run_at, staged_at, tenant, published) = row
+    (id_, job, queue, input_, key, attempts, priority, run_at, staged_at, tenant, published) = row[
+        :11
+    ]
     return OutboxRecord(
         NewJob(
             id=id_,
@@ -73,6 +75,7 @@ def _record(row: Sequence[Any]) -> OutboxRecord:
             run_at=dt_or_none(run_at),
             priority=priority,
             tenant_id=tenant,
+            trace_context=row[11] if len(row) > 11 else None,
         ),
         staged_at=dt(staged_at),
         published_at=dt_or_none(published),
@@ -94,6 +97,7 @@ def _row(job: NewJob, at_us: int) -> tuple[Any, ...]:
         run_at,
         at_us,
         job.tenant_id,
+        job.trace_context,
     )
 
 

@@ -45,19 +45,21 @@ WITH rows AS (
            (e.v ->> 6)::int AS priority,
            (e.v ->> 7)::int AS max_attempts,
            coalesce((e.v ->> 8)::timestamptz,
-                    coalesce(%(now)s::timestamptz, now()) + (e.v ->> 9)::interval) AS run_at
+                    coalesce(%(now)s::timestamptz, now()) + (e.v ->> 9)::interval) AS run_at,
+           e.v ->> 10 AS trace_context
     FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS e(v, ord)
 ),
 inserted AS (
     INSERT INTO {schema}.x_jobs AS j
         (id, name, queue, input, tenant_id, idempotency_key, priority, state,
-         max_attempts, run_at, created_at)
+         max_attempts, run_at, created_at, trace_context)
     SELECT r.id, r.name, r.queue, r.input::json, r.tenant_id, r.idempotency_key, r.priority,
            CASE WHEN r.run_at > coalesce(%(now)s::timestamptz, now())
                 THEN 'scheduled' ELSE 'available' END,
            r.max_attempts,
            coalesce(r.run_at, %(now)s::timestamptz, now()),
-           coalesce(%(now)s::timestamptz, now())
+           coalesce(%(now)s::timestamptz, now()),
+           r.trace_context
     FROM rows r
     ORDER BY r.ord
     ON CONFLICT ((coalesce('=' || tenant_id, '')), idempotency_key) DO NOTHING
@@ -77,7 +79,7 @@ SELECT i.id, (SELECT count(*) FROM woken) FROM inserted i
 WITH inserted AS (
     INSERT INTO {schema}.x_jobs AS j
         (id, name, queue, input, tenant_id, idempotency_key, priority, state,
-         max_attempts, run_at, created_at)
+         max_attempts, run_at, created_at, trace_context)
     VALUES (
         %(id)s, %(name)s, %(queue)s, %(input)s::json, %(tenant_id)s, %(key)s, %(priority)s,
         CASE WHEN coalesce(%(run_at)s::timestamptz,
@@ -88,7 +90,8 @@ WITH inserted AS (
         coalesce(%(run_at)s::timestamptz,
                  coalesce(%(now)s::timestamptz, now()) + %(delay)s::interval,
                  %(now)s::timestamptz, now()),
-        coalesce(%(now)s::timestamptz, now())
+        coalesce(%(now)s::timestamptz, now()),
+        %(trace_context)s
     )
     ON CONFLICT ((coalesce('=' || tenant_id, '')), idempotency_key) DO NOTHING
     RETURNING j.id, j.queue, j.state
@@ -158,7 +161,7 @@ claimed AS (
     RETURNING j.id, j.name, j.queue, j.input::text, j.tenant_id, j.idempotency_key,
               j.priority, j.state, j.attempt, j.max_attempts, j.run_at, j.created_at,
               j.attempted_at, j.finished_at, j.lease_token, j.lease_expires_at, j.worker_id,
-              j.errors::text, j.cancel_reason
+              j.errors::text, j.cancel_reason, j.trace_context
 )
 SELECT * FROM claimed ORDER BY priority DESC, run_at, id
 
@@ -195,7 +198,7 @@ claimed AS (
     RETURNING j.id, j.name, j.queue, j.input::text, j.tenant_id, j.idempotency_key,
               j.priority, j.state, j.attempt, j.max_attempts, j.run_at, j.created_at,
               j.attempted_at, j.finished_at, j.lease_token, j.lease_expires_at, j.worker_id,
-              j.errors::text, j.cancel_reason
+              j.errors::text, j.cancel_reason, j.trace_context
 )
 SELECT * FROM claimed ORDER BY priority DESC, run_at, id
 
@@ -326,17 +329,27 @@ RETURNING j.id
 -- name: job_list_expired
 SELECT id, name, queue, input::text, tenant_id, idempotency_key, priority, state, attempt,
        max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
-       lease_expires_at, worker_id, errors::text, cancel_reason
+       lease_expires_at, worker_id, errors::text, cancel_reason, trace_context
 FROM {schema}.x_jobs
 WHERE state = 'running' AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
   AND started
 ORDER BY lease_expires_at, id
 LIMIT %(limit)s
 
+-- name: job_list_running
+-- Every running job, on the lease index (which holds running rows only).
+SELECT id, name, queue, input::text, tenant_id, idempotency_key, priority, state, attempt,
+       max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
+       lease_expires_at, worker_id, errors::text, cancel_reason, trace_context
+FROM {schema}.x_jobs
+WHERE state = 'running'
+ORDER BY lease_expires_at, id
+LIMIT %(limit)s
+
 -- name: job_get
 SELECT id, name, queue, input::text, tenant_id, idempotency_key, priority, state, attempt,
        max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
-       lease_expires_at, worker_id, errors::text, cancel_reason
+       lease_expires_at, worker_id, errors::text, cancel_reason, trace_context
 FROM {schema}.x_jobs
 WHERE id = %(id)s AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s::text)
 
@@ -345,7 +358,7 @@ WHERE id = %(id)s AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s:
 -- its values, so the unused filters fold away and the primary key serves "newest id first".
 SELECT id, name, queue, input::text, tenant_id, idempotency_key, priority, state, attempt,
        max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
-       lease_expires_at, worker_id, errors::text, cancel_reason
+       lease_expires_at, worker_id, errors::text, cancel_reason, trace_context
 FROM {schema}.x_jobs
 WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
@@ -425,9 +438,13 @@ woken AS (
 SELECT (SELECT count(*) FROM saved), (SELECT count(*) FROM woken)
 
 -- name: queue_list
-SELECT coalesce(c.queue, p.name), coalesce(p.paused, false), c.state, coalesce(c.n, 0)
+-- The counts are the sums of the deltas the triggers of migration 5 append (folded by
+-- job_counts_fold); the last column says how many delta rows were summed.
+SELECT coalesce(c.queue, p.name), coalesce(p.paused, false), c.state, coalesce(c.n, 0),
+       coalesce(c.rows, 0)
 FROM (
-    SELECT queue, state, count(*) AS n FROM {schema}.x_jobs GROUP BY queue, state
+    SELECT queue, state, sum(n) AS n, count(*) AS rows FROM {schema}.x_job_counts
+    GROUP BY queue, state HAVING sum(n) <> 0
 ) c
 FULL JOIN {schema}.x_queues p ON p.name = c.queue
 
@@ -442,36 +459,55 @@ WHERE finished_at IS NOT NULL AND finished_at >= %(since)s::timestamptz
   AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s::text)
 GROUP BY 1, 2, 3
 
+-- name: job_count_kept
+-- job_count for a filter of states and queue only, from the kept counts.
+SELECT queue, state, sum(n) FROM {schema}.x_job_counts
+WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+GROUP BY queue, state HAVING sum(n) <> 0
+
+-- name: job_counts_fold
+-- One row per (queue, state): the deltas deleted are summed back in the same statement, so
+-- a delta appended meanwhile (not seen by the DELETE) is kept as it is.
+WITH gone AS (DELETE FROM {schema}.x_job_counts RETURNING queue, state, n)
+INSERT INTO {schema}.x_job_counts (queue, state, n)
+SELECT queue, state, sum(n) FROM gone GROUP BY queue, state HAVING sum(n) <> 0
+
 -- name: queue_oldest_ready
--- Skip-scans the claim index (queue, priority DESC, run_at, id) over waiting rows: each queue,
--- then each priority in it, one index seek each; a (queue, priority)'s first entry has its
--- earliest run_at. Costs seeks per (queue, priority), not a walk of the backlog.
-WITH RECURSIVE
-q(queue) AS (
-    SELECT min(queue) FROM {schema}.x_jobs WHERE state IN ('scheduled', 'available')
+-- Per queue with a waiting job, the run_at of the oldest one due now (NULL: none is due
+-- yet), on the claim index x_jobs_claim_idx (queue, priority DESC, run_at, id), no index of
+-- its own (one that led with run_at would tempt the planner away from it for claims): a
+-- loose index scan of the (queue, priority) groups, each step a seek (the same queue's next
+-- priority, else the next queue), then the first row of each group, its smallest run_at.
+WITH RECURSIVE g AS (
+    (SELECT queue, priority FROM {schema}.x_jobs
+     WHERE state IN ('scheduled', 'available')
+     ORDER BY queue, priority DESC LIMIT 1)
     UNION ALL
-    SELECT (SELECT min(j.queue) FROM {schema}.x_jobs j
-            WHERE j.state IN ('scheduled', 'available') AND j.queue > q.queue)
-    FROM q WHERE q.queue IS NOT NULL
-),
-p(queue, priority) AS (
-    SELECT q.queue, (SELECT max(j.priority) FROM {schema}.x_jobs j
-                     WHERE j.state IN ('scheduled', 'available') AND j.queue = q.queue)
-    FROM q WHERE q.queue IS NOT NULL
-    UNION ALL
-    SELECT p.queue, (SELECT max(j.priority) FROM {schema}.x_jobs j
-                     WHERE j.state IN ('scheduled', 'available') AND j.queue = p.queue
-                       AND j.priority < p.priority)
-    FROM p WHERE p.priority IS NOT NULL
+    SELECT n.queue, n.priority
+    FROM g, LATERAL (
+        SELECT * FROM (
+            (SELECT j.queue, j.priority FROM {schema}.x_jobs j
+             WHERE j.state IN ('scheduled', 'available') AND j.queue = g.queue
+               AND j.priority < g.priority
+             ORDER BY j.priority DESC LIMIT 1)
+            UNION ALL
+            (SELECT j.queue, j.priority FROM {schema}.x_jobs j
+             WHERE j.state IN ('scheduled', 'available') AND j.queue > g.queue
+             ORDER BY j.queue, j.priority DESC LIMIT 1)
+        ) step
+        LIMIT 1
+    ) n
 )
-SELECT p.queue, min(m.run_at)
-FROM p, LATERAL (
-    SELECT min(j.run_at) AS run_at FROM {schema}.x_jobs j
-    WHERE j.state IN ('scheduled', 'available') AND j.queue = p.queue
-      AND j.priority = p.priority
-) m
-WHERE p.priority IS NOT NULL AND m.run_at <= coalesce(%(now)s::timestamptz, now())
-GROUP BY p.queue
+SELECT g.queue,
+       min(f.run_at) FILTER (WHERE f.run_at <= coalesce(%(now)s::timestamptz, now()))
+FROM g, LATERAL (
+    SELECT j.run_at FROM {schema}.x_jobs j
+    WHERE j.state IN ('scheduled', 'available') AND j.queue = g.queue
+      AND j.priority = g.priority
+    ORDER BY j.priority DESC, j.run_at LIMIT 1
+) f
+GROUP BY g.queue
 
 -- name: schedule_register
 INSERT INTO {schema}.x_schedules (task, first_seen_at)
@@ -512,3 +548,23 @@ DELETE FROM {schema}.x_leaders WHERE name = %(name)s AND holder = %(holder)s
 -- The polling waiter's look (no LISTEN): the newest job id, one backward probe of the primary
 -- key. Ids are UUIDv7 text, so a new job's id sorts after the ones before it.
 SELECT max(id) FROM {schema}.x_jobs
+
+-- name: worker_beat
+INSERT INTO {schema}.x_workers AS w
+    (id, host, pid, queues, concurrency, started_at, heartbeat_at, version)
+VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s::text[], %(concurrency)s, %(started_at)s,
+        coalesce(%(now)s::timestamptz, now()), %(version)s)
+ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, queues = excluded.queues,
+    concurrency = excluded.concurrency, version = excluded.version
+
+-- name: worker_remove
+DELETE FROM {schema}.x_workers WHERE id = %(id)s
+
+-- name: worker_prune
+DELETE FROM {schema}.x_workers
+WHERE heartbeat_at < coalesce(%(now)s::timestamptz, now()) - %(stale)s::interval
+RETURNING id
+
+-- name: worker_list
+SELECT id, host, pid, queues, concurrency, started_at, heartbeat_at, version
+FROM {schema}.x_workers ORDER BY id

@@ -18,9 +18,14 @@ VALUES (:version, CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER))
 -- name: job_insert
 -- Positional, in this order, because executemany binds tuples fastest.
 INSERT INTO x_jobs (id, tenant_id, name, queue, input, idempotency_key, priority, state,
-                    max_attempts, run_at, created_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    max_attempts, run_at, created_at, trace_context)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (idempotency_key, tenant_id IS NULL, ifnull(tenant_id, '')) DO NOTHING;
+
+-- name: job_counts_add
+-- The driver counts what it inserted (see migration 5): one row per (queue, state).
+INSERT INTO x_job_counts (queue, state, n) VALUES (?, ?, ?)
+ON CONFLICT (queue, state) DO UPDATE SET n = n + excluded.n;
 
 -- name: job_id_by_key
 SELECT id FROM x_jobs WHERE idempotency_key = :key AND tenant_id IS :tenant_id;
@@ -49,7 +54,7 @@ WHERE id IN (
 )
 RETURNING id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
           max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
-          lease_expires_at, worker_id, errors, cancel_reason;
+          lease_expires_at, worker_id, errors, cancel_reason, trace_context;
 
 -- name: queue_paused_among
 SELECT name FROM x_queues
@@ -88,7 +93,7 @@ WHERE id IN (SELECT value FROM json_each(:ids))
   AND state IN ('scheduled', 'available')
 RETURNING id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
           max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
-          lease_expires_at, worker_id, errors, cancel_reason;
+          lease_expires_at, worker_id, errors, cancel_reason, trace_context;
 
 -- name: lease_extend
 -- The fenced writes below are run once per lease (executemany).
@@ -182,16 +187,26 @@ WHERE id = :id
 -- Started jobs only: an unstarted one is released by job_release_unstarted instead.
 SELECT id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
        max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
-       lease_expires_at, worker_id, errors, cancel_reason
+       lease_expires_at, worker_id, errors, cancel_reason, trace_context
 FROM x_jobs
 WHERE state = 'running' AND lease_expires_at < :now AND started = 1
+ORDER BY lease_expires_at, id
+LIMIT :limit;
+
+-- name: job_list_running
+-- Every running job, on the lease index (which holds running rows only).
+SELECT id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
+       max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
+       lease_expires_at, worker_id, errors, cancel_reason, trace_context
+FROM x_jobs
+WHERE state = 'running'
 ORDER BY lease_expires_at, id
 LIMIT :limit;
 
 -- name: job_get
 SELECT id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
        max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
-       lease_expires_at, worker_id, errors, cancel_reason
+       lease_expires_at, worker_id, errors, cancel_reason, trace_context
 FROM x_jobs
 WHERE id = :id AND (:tenant_id IS NULL OR tenant_id = :tenant_id);
 
@@ -201,7 +216,7 @@ WHERE id = :id AND (:tenant_id IS NULL OR tenant_id = :tenant_id);
 -- "IS NULL OR" form would walk it from the top on every page.
 SELECT id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
        max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
-       lease_expires_at, worker_id, errors, cancel_reason
+       lease_expires_at, worker_id, errors, cancel_reason, trace_context
 FROM x_jobs
 WHERE (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
   AND (:queue IS NULL OR queue = :queue)
@@ -277,43 +292,39 @@ WHERE state IN ('completed', 'dead', 'cancelled')
   AND (:tenant_id IS NULL OR tenant_id = :tenant_id)
 GROUP BY queue, state, k;
 
--- name: queue_oldest_ready
--- Skip-scans the claim index (queue, priority DESC, run_at, id) over waiting rows: each queue,
--- then each priority in it, found by one seek each; the earliest run_at of a (queue,
--- priority) is its first entry. Costs seeks per (queue, priority), not a walk of the backlog.
-WITH RECURSIVE
-q(queue) AS (
-    SELECT min(queue) FROM x_jobs WHERE state IN ('scheduled', 'available')
-    UNION ALL
-    SELECT (SELECT min(queue) FROM x_jobs
-            WHERE state IN ('scheduled', 'available') AND queue > q.queue)
-    FROM q WHERE q.queue IS NOT NULL
-),
-p(queue, priority) AS (
-    SELECT q.queue, (SELECT max(priority) FROM x_jobs
-                     WHERE state IN ('scheduled', 'available') AND queue = q.queue)
-    FROM q WHERE q.queue IS NOT NULL
-    UNION ALL
-    SELECT p.queue, (SELECT max(priority) FROM x_jobs
-                     WHERE state IN ('scheduled', 'available') AND queue = p.queue
-                       AND priority < p.priority)
-    FROM p WHERE p.priority IS NOT NULL
-),
-m(queue, run_at) AS (
-    SELECT p.queue, (SELECT min(run_at) FROM x_jobs
-                     WHERE state IN ('scheduled', 'available') AND queue = p.queue
-                       AND priority = p.priority)
-    FROM p WHERE p.priority IS NOT NULL
-)
-SELECT queue, min(run_at) FROM m WHERE run_at <= :now GROUP BY queue;
-
 -- name: queue_set_paused
 INSERT INTO x_queues (name, paused, updated_at)
 VALUES (:name, :paused, :now)
 ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = excluded.updated_at;
 
 -- name: queue_counts
-SELECT queue, state, count(*) FROM x_jobs GROUP BY queue, state;
+-- Kept by the triggers of migration 5: a few rows, however many jobs.
+SELECT queue, state, n FROM x_job_counts WHERE n <> 0;
+
+-- name: job_count_kept
+-- job_count for a filter of states and queue only, from the kept counts.
+SELECT queue, state, n FROM x_job_counts
+WHERE n <> 0
+  AND (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
+  AND (:queue IS NULL OR queue = :queue);
+
+-- name: queue_first
+-- The oldest ready job of each queue is found on the claim index x_jobs_claim (queue,
+-- priority DESC, run_at, id), no index of its own (one that led with run_at would tempt the
+-- planner away from it for claims): the driver walks the (queue, priority) groups with
+-- these probes, each a seek, and the first row of a group has its smallest run_at.
+SELECT queue, max(priority) FROM x_jobs
+WHERE state IN ('scheduled', 'available')
+  AND queue = (SELECT min(queue) FROM x_jobs
+               WHERE state IN ('scheduled', 'available') AND queue > :after);
+
+-- name: queue_next_priority
+SELECT max(priority) FROM x_jobs
+WHERE queue = :queue AND state IN ('scheduled', 'available') AND priority < :priority;
+
+-- name: queue_group_first_run_at
+SELECT min(run_at) FROM x_jobs
+WHERE queue = :queue AND state IN ('scheduled', 'available') AND priority = :priority;
 
 -- name: queue_settings
 SELECT name, paused FROM x_queues;
@@ -342,3 +353,19 @@ WHERE x_leaders.holder = excluded.holder OR x_leaders.expires_at <= :now;
 
 -- name: leader_resign
 DELETE FROM x_leaders WHERE name = :name AND holder = :holder;
+
+-- name: worker_beat
+INSERT INTO x_workers (id, host, pid, queues, concurrency, started_at, heartbeat_at, version)
+VALUES (:id, :host, :pid, :queues, :concurrency, :started_at, :now, :version)
+ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, queues = excluded.queues,
+    concurrency = excluded.concurrency, version = excluded.version;
+
+-- name: worker_remove
+DELETE FROM x_workers WHERE id = :id;
+
+-- name: worker_prune
+DELETE FROM x_workers WHERE heartbeat_at < :cutoff RETURNING id;
+
+-- name: worker_list
+SELECT id, host, pid, queues, concurrency, started_at, heartbeat_at, version
+FROM x_workers ORDER BY id;

@@ -28,17 +28,17 @@ SELECT current_database(),
 -- name: stage
 INSERT INTO {schema}.x_outbox
     (id, job, queue, input, idempotency_key, max_attempts, priority, run_at, staged_at,
-     tenant_id)
+     tenant_id, trace_context)
 VALUES (%(id)s, %(job)s, %(queue)s, %(input)s::json, %(key)s, %(max_attempts)s, %(priority)s,
         -- a delay counts from staging, on this database's clock
         CASE WHEN %(delay)s::interval IS NULL THEN %(run_at)s::timestamptz
              ELSE coalesce(%(now)s::timestamptz, now()) + %(delay)s::interval END,
-        coalesce(%(now)s::timestamptz, now()), %(tenant_id)s)
+        coalesce(%(now)s::timestamptz, now()), %(tenant_id)s, %(trace_context)s)
 
 -- name: claim
 -- Seed SQL_OUTBOX_CLAIM: rows another relay holds are skipped, never waited for.
 SELECT id, job, queue, input::text, idempotency_key, max_attempts, priority, run_at, staged_at,
-       tenant_id, published_at
+       tenant_id, published_at, trace_context
 FROM {schema}.x_outbox
 WHERE published_at IS NULL
 ORDER BY staged_at, seq

@@ -18,12 +18,12 @@ SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'x_outbox';
 -- name: stage
 -- Positional, in this order, because executemany binds tuples fastest.
 INSERT INTO x_outbox (id, job, queue, input, idempotency_key, max_attempts, priority, run_at,
-                      staged_at, tenant_id)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
+                      staged_at, tenant_id, trace_context)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
 
 -- name: claim
 SELECT id, job, queue, input, idempotency_key, max_attempts, priority, run_at, staged_at,
-       tenant_id, published_at
+       tenant_id, published_at, trace_context
 FROM x_outbox
 WHERE published_at IS NULL
 ORDER BY staged_at, seq

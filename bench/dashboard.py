@@ -43,7 +43,8 @@ QUEUES = ["mail", "billing", "reports", "default"]
 BUDGET_MS = 100.0
 COLUMNS = (
     "id, tenant_id, name, queue, input, idempotency_key, priority, state, attempt, "
-    "max_attempts, run_at, created_at, attempted_at, finished_at, errors"
+    "max_attempts, run_at, created_at, attempted_at, finished_at, errors, lease_token, "
+    "lease_expires_at, worker_id"
 )
 
 
@@ -64,6 +65,8 @@ def rows(n: int, now: datetime) -> Iterator[tuple[Any, ...]]:
         if i % (n // 10) == 1:  # ten jobs of a rare tenant and a rare name, spread out
             tenant, name = "rare", "refund"
         payload = f'{{"customer": "c{i}", "note": "order {i}"}}'
+        job_id = uuid7()
+        lease: tuple[Any, ...] = (None, None, None)
         if roll < 0.95:
             state, attempt, finished, errors = "completed", 1, created + timedelta(seconds=1), "[]"
         elif roll < 0.97:
@@ -71,13 +74,16 @@ def rows(n: int, now: datetime) -> Iterator[tuple[Any, ...]]:
             state, attempt, errors = "dead", 1, error % finished.isoformat()
         elif roll < 0.975:
             state, attempt, finished, errors = "cancelled", 0, created, "[]"
+        elif roll < 0.976:  # 0.1% running, on eight workers
+            state, attempt, finished, errors = "running", 1, None, "[]"
+            lease = (f"t.{job_id}", now + timedelta(hours=1), f"bench:{i % 8}")
         else:
             state, attempt, finished, errors = "available", 0, None, "[]"
             if roll > 0.995:
                 state, created = "scheduled", now + timedelta(hours=1)
         run_at = created
         yield (
-            uuid7(),
+            job_id,
             tenant,
             name,
             queue,
@@ -89,9 +95,10 @@ def rows(n: int, now: datetime) -> Iterator[tuple[Any, ...]]:
             3,
             run_at,
             created,
-            finished if attempt else None,
+            created if attempt else None,
             finished,
             errors,
+            *lease,
         )
 
 
@@ -99,7 +106,7 @@ def fill_sqlite(path: Path, n: int, now: datetime) -> None:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("BEGIN")
     conn.executemany(
-        f"INSERT INTO x_jobs ({COLUMNS}) VALUES ({', '.join('?' * 15)})",
+        f"INSERT INTO x_jobs ({COLUMNS}) VALUES ({', '.join('?' * 18)})",
         (
             (
                 *r[:10],
@@ -108,6 +115,9 @@ def fill_sqlite(path: Path, n: int, now: datetime) -> None:
                 None if r[12] is None else us(r[12]),
                 None if r[13] is None else us(r[13]),
                 r[14],
+                r[15],
+                None if r[16] is None else us(r[16]),
+                r[17],
             )
             for r in rows(n, now)
         ),

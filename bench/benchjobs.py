@@ -6,14 +6,21 @@ import os
 import time
 from typing import Any
 
-from ultimat3.jobs import App, job
+from ultimat3.jobs import App, Limit, job
 
 _out = os.environ.get("BENCH_LATENCY_FILE", "")
+#: drain.py --limited N: the no-op job has a concurrency limit of N per key (ten keys).
+_LIMIT = int(os.environ.get("BENCH_LIMIT", "0"))
 
 
-@job
-def noop(input: Any) -> None:
+def _noop(input: Any) -> None:
     return None
+
+
+if _LIMIT:
+    noop = job(name="noop", concurrency=Limit(_LIMIT, key=lambda o: o["i"] % 10))(_noop)
+else:
+    noop = job(name="noop")(_noop)
 
 
 @job(queue="latency")

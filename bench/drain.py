@@ -4,6 +4,7 @@ claim-10/ack-10 loop measured in the same run.
     python bench/drain.py                          # SQLite and PostgreSQL, 1 process
     python bench/drain.py --driver postgres --processes 1,2,4
     python bench/drain.py --jobs 100000
+    python bench/drain.py --limited 100          # the no-op job limited to 100 per key, 10 keys
 
 Each figure is jobs per second from the first claim to the last completion; read it as the
 ratio beside it. Not a test: nothing here asserts.
@@ -12,6 +13,7 @@ ratio beside it. Not a test: nothing here asserts.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -101,10 +103,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--driver", choices=["sqlite", "postgres", "all"], default="all")
     parser.add_argument("--jobs", type=int, default=50_000)
     parser.add_argument(
+        "--limited",
+        type=int,
+        default=0,
+        help="give the no-op job a concurrency limit of N per key (ten keys); 0: none",
+    )
+    parser.add_argument(
         "--processes", default="1", help="comma-separated worker process counts, e.g. 1,2,4"
     )
     args = parser.parse_args(argv)
     sweep = [int(p) for p in args.processes.split(",")]
+    if args.limited:
+        os.environ["BENCH_LIMIT"] = str(args.limited)  # read by benchjobs, here and in workers
     if args.driver in ("sqlite", "all"):
         bench_sqlite(args.jobs, sweep)
     if args.driver in ("postgres", "all"):

@@ -189,6 +189,17 @@ def expire_and_reclaim(driver: Driver, job: Job, now: datetime) -> tuple[Lease, 
     return stale, again
 
 
+def max_overlap(spans: Iterable[tuple[float, float]]) -> int:
+    """How many of ``spans`` (start, end) were open at once, at most (an end before a start at
+    the same instant): the concurrency a ledger of start and end times shows."""
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
 class Undo(Exception):
     """Raised inside a transaction to roll it back."""
 

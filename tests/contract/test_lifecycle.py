@@ -40,6 +40,7 @@ def test_migrate_applies_every_version_once(
 ) -> None:
     migrations = unmigrated_driver.migration_sql()
     versions = [version for version, _ in migrations]
+    # Increasing and unique; a number reserved by another branch may be missing for a while.
     assert versions == sorted(set(versions)) and (not versions or versions[0] == 1)
     assert all(isinstance(sql, str) and sql.strip() for _, sql in migrations)
     if driver_spec.kind != "memory":

@@ -28,7 +28,15 @@ from ultimat3.jobs.errors import (
     SerializationError,
 )
 from ultimat3.jobs.job import Cancel, EnqueueResult, JobContext, JobHandle, Snooze, job
-from ultimat3.jobs.records import DEFAULT_QUEUE, AttemptError, Job, JobState, QueueInfo
+from ultimat3.jobs.limits import Limit, Rate, Unique
+from ultimat3.jobs.records import (
+    DEFAULT_QUEUE,
+    AttemptError,
+    FlowState,
+    Job,
+    JobState,
+    QueueInfo,
+)
 from ultimat3.jobs.retry import DEFAULT_RETRY, Retry, next_retry, retry_schedule
 from ultimat3.jobs.serialization import DATE, DATETIME, DECIMAL, UUID, Codec
 from ultimat3.jobs.tasks import TaskHandle, task
@@ -52,6 +60,7 @@ __all__ = [
     "DriverUnavailableError",
     "DurationError",
     "EnqueueResult",
+    "FlowState",
     "InvalidStateError",
     "Job",
     "JobContext",
@@ -59,15 +68,18 @@ __all__ = [
     "JobNotFoundError",
     "JobState",
     "JobsError",
+    "Limit",
     "OutboxNoTxError",
     "PayloadTooLargeError",
     "QueueInfo",
+    "Rate",
     "RegistrationError",
     "Retry",
     "SerializationError",
     "Snooze",
     "SystemClock",
     "TaskHandle",
+    "Unique",
     "Worker",
     "job",
     "next_retry",

@@ -45,7 +45,15 @@ from ultimat3.jobs.maintenance import MaintenanceConfig
 from ultimat3.jobs.outbox import EnqueueOptions, Mode, bind, build_job, insert
 from ultimat3.jobs.outbox_store import OutboxStore
 from ultimat3.jobs.outboxes import open_store
-from ultimat3.jobs.records import Job, JobFilter, JobState, NewJob, QueueInfo, WorkerInfo
+from ultimat3.jobs.records import (
+    FlowState,
+    Job,
+    JobFilter,
+    JobState,
+    NewJob,
+    QueueInfo,
+    WorkerInfo,
+)
 from ultimat3.jobs.relay import Relay
 from ultimat3.jobs.scheduler import DatabaseLeader, Scheduler, SoleLeader
 from ultimat3.jobs.serialization import Codec, Serializer
@@ -422,6 +430,9 @@ class App(Enqueuer):
             app=self,
             config=config,
             registered=lambda: sorted(self.registry.jobs),
+            limited=any(
+                h.concurrency is not None or h.rate is not None for h in self.registry.jobs.values()
+            ),
         )
 
     def scheduler(
@@ -479,6 +490,11 @@ class App(Enqueuer):
         if found is None:
             raise JobNotFoundError(f"no job has the id {job_id!r}")
         return found
+
+    def job_flow(self, job_id: str) -> FlowState | None:
+        """Where the partition of a job's limits stands now (``FlowState.why_waiting()`` says
+        what holds it back), or None for a job without limits."""
+        return self.driver.job_flow(job_id, now=self.clock.pinned())
 
     def list_jobs(
         self,

@@ -41,11 +41,12 @@ from ultimat3.jobs.duration import format_duration, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError, DurationError, JobsError
 from ultimat3.jobs.health import Check, run_checks
 from ultimat3.jobs.job import JobHandle
+from ultimat3.jobs.limits import NO_LIMIT
 from ultimat3.jobs.logs import LEVELS
 from ultimat3.jobs.logs import configure as configure_logs
 from ultimat3.jobs.outboxes import open_store
 from ultimat3.jobs.pool import POOL_PID, ProcessPool, watch_parent
-from ultimat3.jobs.records import Job, JobState, WorkerInfo
+from ultimat3.jobs.records import FlowState, Job, JobState, WorkerInfo
 from ultimat3.jobs.retry import retry_schedule
 from ultimat3.jobs.tasks import TaskHandle
 from ultimat3.jobs.worker import Worker
@@ -738,6 +739,7 @@ def schedule(ctx: Context, as_json: bool, count: int) -> None:
                     "dead_letter": policy.dead_letter,
                     "schedule": [format_duration(d) for d in retry_schedule(policy)],
                     "schedule_ms": [int(d.total_seconds() * 1000) for d in retry_schedule(policy)],
+                    "limits": _limits_of(handle),
                 }
             )
         tasks: list[dict[str, Any]] = []
@@ -775,6 +777,10 @@ def schedule(ctx: Context, as_json: bool, count: int) -> None:
                 for j in jobs
             ]
             headers = ["JOB", "QUEUE", "ATTEMPTS", "BACKOFF", "RETRIES AFTER", "THEN"]
+            if any(j["limits"] for j in jobs):  # a column only for an app that has limits
+                headers.append("LIMITS")
+                for cells, spec in zip(rows, jobs, strict=True):
+                    cells.append("; ".join(f"{k} {v}" for k, v in spec["limits"].items()) or "-")
             for line in table(rows, headers):
                 click.echo(line)
             if any(j["jitter"] and j["schedule"] for j in jobs):
@@ -828,6 +834,28 @@ def job_dict(app: App, j: Job, full: bool = False) -> dict[str, Any]:
     elif j.errors:
         data["last_error"] = f"{j.errors[-1].kind}: {j.errors[-1].message}"
     return data
+
+
+def _limits_of(handle: JobHandle[Any]) -> dict[str, str]:
+    """A job's limits as ``schedule`` shows them."""
+    limits: dict[str, str] = {}
+    if handle.concurrency is not None:
+        limits["concurrency"] = handle.concurrency.describe()
+    if handle.rate is not None:
+        limits["rate"] = handle.rate.describe()
+    if handle.unique is not None:
+        limits["unique"] = handle.unique.describe()
+    return limits
+
+
+def _flow_text(flow: FlowState) -> str:
+    """Where a job's partition stands, as ``jobs show`` says it."""
+    parts = []
+    if flow.limit_max < NO_LIMIT:
+        parts.append(f"{flow.running}/{flow.limit_max} running")
+    if flow.rate_max:
+        parts.append(f"{flow.starts}/{flow.rate_max} starts in {flow.rate_period}")
+    return f"{', '.join(parts)} on {flow.limit_key}"
 
 
 _TENANT_HELP = "Only the jobs of this tenant (tenant_id)."
@@ -910,6 +938,12 @@ def jobs_show(ctx: Context, job_id: str, tenant: str | None, as_json: bool) -> N
         if job.worker_id is not None and job.state is JobState.RUNNING:
             found = {w.id: w for w in app.workers()}.get(job.worker_id)
             data["worker"] = worker_dict(found) if found is not None else None
+        flow = app.job_flow(job.id)
+        if flow is not None:
+            data["limits"] = _flow_text(flow)
+            reason = flow.why_waiting()
+            if reason is not None and job.state in (JobState.SCHEDULED, JobState.AVAILABLE):
+                data["waiting_on"] = reason
         if as_json:
             emit(data)
             return

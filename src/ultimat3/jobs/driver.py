@@ -50,6 +50,7 @@ from ultimat3.jobs.records import (
     CycleResult,
     Failure,
     FinishedCount,
+    FlowState,
     InsertResult,
     Job,
     JobFilter,
@@ -203,6 +204,11 @@ class Driver(Protocol):
         (``ClaimParams.token``) whose reply was lost: the connection broke after the claim
         committed, so its worker never saw those jobs and never ran them (a claim that did not
         commit leaves nothing to find). Return the ids released."""
+        ...
+
+    def job_flow(self, job_id: str, *, now: datetime | None = None) -> FlowState | None:
+        """Where the partition of the job's limits stands now (``limits``): None for a job
+        without limits, or no such job."""
         ...
 
     def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError, RegistrationError
+from ultimat3.jobs.limits import Limit, Rate, Unique
 from ultimat3.jobs.records import DEFAULT_QUEUE, EnqueueResult
 from ultimat3.jobs.retry import DEFAULT_RETRY, Retry
 from ultimat3.jobs.serialization import input_type
@@ -164,6 +165,9 @@ class JobHandle(Generic[InputT]):
         idempotency_key: Callable[[InputT], str] | None = None,
         timeout: DurationInput | None = None,
         priority: int = 0,
+        concurrency: Limit | None = None,
+        unique: Unique | None = None,
+        rate: Rate | None = None,
     ) -> None:
         if not callable(fn):
             raise ConfigurationError(
@@ -192,6 +196,26 @@ class JobHandle(Generic[InputT]):
                 fix="higher runs first; the default is 0",
             )
         self.priority = priority
+        for option, value, kind, example in (
+            ("concurrency", concurrency, Limit, 'Limit(2, key=lambda o: o["account"])'),
+            ("unique", unique, Unique, 'Unique(period="1h", key=lambda o: o["user"])'),
+            ("rate", rate, Rate, 'Rate(100, per="1m")'),
+        ):
+            if value is not None and not isinstance(value, kind):
+                raise ConfigurationError(
+                    f"{option}= must be a {kind.__name__}, got {type(value).__name__}",
+                    fix=f"write {option}={example}",
+                )
+        self.concurrency = concurrency
+        self.unique = unique
+        if rate is not None and concurrency is not None and (rate.key, rate.scope) != (None, "job"):
+            raise ConfigurationError(
+                "rate= names its own partition, but a job with concurrency= counts its starts "
+                "in the concurrency partition",
+                fix="drop key= and scope= from the Rate (it counts per concurrency key); two "
+                "partitions on one job are not supported yet",
+            )
+        self.rate = rate
         self.is_async = inspect.iscoroutinefunction(fn)
         self.input_type = input_type(fn)
         self.wants_context = _wants_context(fn)
@@ -276,6 +300,9 @@ def job(
     idempotency_key: Callable[[Any], str] | None = None,
     timeout: DurationInput | None = None,
     priority: int = 0,
+    concurrency: Limit | None = None,
+    unique: Unique | None = None,
+    rate: Rate | None = None,
 ) -> Callable[[F], JobHandle[Any]]: ...
 
 
@@ -289,12 +316,18 @@ def job(
     idempotency_key: Callable[[Any], str] | None = None,
     timeout: DurationInput | None = None,
     priority: int = 0,
+    concurrency: Limit | None = None,
+    unique: Unique | None = None,
+    rate: Rate | None = None,
 ) -> JobHandle[Any] | Callable[[F], JobHandle[Any]]:
     """Define a job: ``@job`` or ``@job(queue="mail", retry=Retry(attempts=5))``.
 
     The function takes one JSON input (a dict, list, str, number, bool or None; or a dataclass
     or pydantic model when annotated so) and, optionally, a ``JobContext`` second. ``def``
     handlers run on the worker's threads, ``async def`` handlers on its event loop.
+    ``concurrency=Limit(...)`` bounds how many run at once across every worker, and
+    ``rate=Rate(...)`` how many start per period, and ``unique=Unique(...)`` how many may exist
+    at once (``limits``).
     """
 
     def wrap(f: Callable[..., Any]) -> JobHandle[Any]:
@@ -306,6 +339,9 @@ def job(
             idempotency_key=idempotency_key,
             timeout=timeout,
             priority=priority,
+            concurrency=concurrency,
+            unique=unique,
+            rate=rate,
         )
 
     if fn is not None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from ultimat3.jobs import events
@@ -139,6 +139,17 @@ def build_job(
         )
     queue = check_queue_name(options.queue) if options.queue is not None else handle.queue
     inject = events.trace_context_for  # a tracing integration's, or None
+    rate = handle.rate
+    limit = handle.concurrency or (rate.as_limit() if rate is not None else None)
+    limit_key = None
+    if limit is not None:
+        limit_key = limit.key_for(job=handle.name, queue=queue, input=input, tenant_id=tenant)
+    unique = handle.unique
+    unique_key = None
+    if unique is not None:
+        unique_key = unique.key_for(
+            job=handle.name, payload=payload, input=input, tenant_id=tenant, now=now
+        )
     return NewJob(
         id=job_id,
         name=handle.name,
@@ -151,6 +162,13 @@ def build_job(
         tenant_id=tenant,
         delay=delay,
         trace_context=None if inject is None else inject(queue, handle.name, job_id),
+        limit_key=limit_key,
+        limit_max=0 if limit is None else limit.max,
+        rate_max=0 if rate is None else rate.max,
+        rate_period=timedelta(0) if rate is None else rate.period,
+        unique_key=unique_key,
+        unique_states=0 if unique is None else unique.mask,
+        unique_replace=unique is not None and unique.on_conflict == "replace",
     )
 
 
@@ -236,6 +254,17 @@ def _insert(
         if reaches(joined.database, driver):
             return driver.job_insert_many(jobs, executor=joined, now=now)
         if store is not None and reaches(joined.database, store):
+            limited = next(
+                (job for job in jobs if job.limit_key is not None or job.unique_key is not None),
+                None,
+            )
+            if limited is not None:
+                raise ConfigurationError(
+                    f"job {limited.name!r} has a concurrency limit or a uniqueness window, which "
+                    "an outbox on another database cannot carry yet",
+                    fix="enqueue it in a transaction on the job database, or outside any "
+                    "transaction (outbox=False)",
+                )
             # Another database: stage in its x_outbox, in the caller's transaction; the relay
             # publishes after commit. The id is final; whether it dedupes is known only then.
             store.stage(joined, jobs, now=now)

@@ -55,6 +55,19 @@ class NewJob:
     #: The W3C trace context of the enqueue (``traceparent``, then `` tracestate`` if any),
     #: set by a tracing integration; the worker's span links to it.
     trace_context: str | None = None
+    #: The concurrency partition (``limits.Limit.key_for``), None for an unlimited job, and
+    #: how many of its jobs may run at once.
+    limit_key: str | None = None
+    limit_max: int = 0
+    #: At most ``rate_max`` starts of the partition per ``rate_period`` (0: no rate limit).
+    rate_max: int = 0
+    rate_period: timedelta = timedelta(0)
+    #: The uniqueness key (``limits.Unique.key_for``), None for none; the states it holds in
+    #: (``limits.STATE_BITS``); and whether a conflict replaces the waiting job's input,
+    #: ``run_at`` and priority (debounce) instead of only returning it.
+    unique_key: str | None = None
+    unique_states: int = 0
+    unique_replace: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +277,42 @@ class ScheduleState:
 
 
 @dataclass(frozen=True, slots=True)
+class FlowState:
+    """Where a job's partition stands against its limits now (``Driver.job_flow``)."""
+
+    limit_key: str
+    #: How many of the partition may run at once (``limits.NO_LIMIT``: only a rate limit),
+    #: and how many hold a slot now (running, lease not expired).
+    limit_max: int
+    running: int
+    #: At most ``rate_max`` starts per ``rate_period`` (0: no rate limit); the starts within
+    #: the window now, and when its oldest start leaves it.
+    rate_max: int = 0
+    rate_period: timedelta = timedelta(0)
+    starts: int = 0
+    oldest_start: datetime | None = None
+
+    @property
+    def reopens_at(self) -> datetime | None:
+        """When a full rate window lets the next job start; None when it is not full."""
+        if not self.rate_max or self.starts < self.rate_max or self.oldest_start is None:
+            return None
+        return self.oldest_start + self.rate_period
+
+    def why_waiting(self) -> str | None:
+        """What holds a waiting job back, in words; None when nothing does."""
+        if self.running >= self.limit_max:
+            return f"concurrency {self.running}/{self.limit_max} on {self.limit_key}"
+        reopens = self.reopens_at
+        if reopens is not None:
+            return (
+                f"rate-limited until {reopens.strftime('%H:%M:%S')} UTC "
+                f"({self.starts}/{self.rate_max} starts in {self.rate_period} on {self.limit_key})"
+            )
+        return None
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimParams:
     queues: tuple[str, ...]
     limit: int
@@ -276,6 +325,9 @@ class ClaimParams:
     #: caller that picks it (``ids.token()``) can give back a claim whose reply it lost
     #: (``Driver.job_release_claim``). Empty: the driver picks one.
     token: str = ""
+    #: Also claim jobs with a concurrency limit (see ``limits``); False claims only jobs
+    #: without one, by the same statement as before limits existed.
+    limited: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,6 +360,9 @@ class CycleResult:
     completed: set[str] = field(default_factory=set)
     failed: set[str] = field(default_factory=set)
     claimed: list[Job] = field(default_factory=list)
+    #: With limits: when a due job held back by a full rate window may next be claimed (the
+    #: worker's wait ends then at the latest); None when nothing waits on a rate limit.
+    wake_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -231,10 +231,13 @@ class Worker:
         app: Enqueuer,
         config: WorkerConfig | None = None,
         registered: Callable[[], list[str]] | None = None,
+        limited: bool = False,
     ) -> None:
         self.driver = driver
         #: The job names this worker can run (named by the warning for an unknown one).
         self.registered = registered or list
+        #: Claim jobs with a concurrency limit too (some registered job has one: ``limits``).
+        self.limited = limited
         self.handles = handles
         self.serializer = serializer
         self.clock = clock
@@ -270,6 +273,8 @@ class Worker:
         self._cond = threading.Condition(self._lock)
         self._held: dict[Lease, _Held] = {}  # by lease: a job can have a zombie run and a new one
         self._wake = threading.Event()  # a slot freed, or a stop was asked for
+        #: When the last claim's full rate window reopens (``CycleResult.wake_at``).
+        self._rate_wake: datetime | None = None
         self._stop_claiming = threading.Event()
         self._hard_stop = threading.Event()
         self._stopped = threading.Event()
@@ -490,6 +495,7 @@ class Worker:
                 now=self.clock.pinned(),
                 isolated=isolated,
                 token=token(),
+                limited=self.limited,
             )
         try:
             result = self.driver.job_cycle(
@@ -503,6 +509,7 @@ class Worker:
                 self._lost_claims.append(claim.token)
             raise
         self.stats.claimed += len(result.claimed)
+        self._rate_wake = result.wake_at
         if done:
             self.stats.completed += len(result.completed)
             self._note_lost([h for h in done if h.job.id not in result.completed])
@@ -540,6 +547,10 @@ class Worker:
                 self._leader_waiting = True
                 self._wake.clear()
         if idle:
+            wake_at = self._rate_wake
+            if wake_at is not None:  # a rate window reopens then: no later than that
+                left = (wake_at - self.clock.now()).total_seconds()
+                poll = min(poll, max(0.01, left + 0.002))
             try:
                 if limit:
                     self.driver.wait_for_jobs(poll, self._wake)  # a commit, or a wake-up

@@ -24,6 +24,14 @@ Semantics this driver pins down (the SQL drivers follow them):
   passed ``executor=tx`` are staged on it and applied together, under the lock, at commit, or
   dropped when the ``with`` block raises. Dedupe inside the transaction sees committed rows and
   the rows this transaction staged.
+- **Limits** (``ultimat3.jobs.limits``). A claim with ``limited`` takes a job with a
+  ``limit_key`` only while its key has fewer than ``limit_max`` running jobs with unexpired
+  leases and, under a rate limit, fewer than ``rate_max`` starts (``attempted_at``) within
+  ``rate_period``; within a priority, keys take turns (every key's first due job, then every
+  key's second; the unlimited jobs first, as one key; keys in order after the last key the
+  previous claim took). A claim without ``limited`` never takes a job with a key. A unique key
+  is held by a job in one of its ``unique_states``; a conflict returns the holder, after
+  giving it the new input, ``run_at`` and priority if ``unique_replace`` and it waits.
 - **Wake-ups.** ``wait_for_jobs`` returns early after an insert (a staged one at its commit), a
   failure, a snooze, a manual retry or a resumed queue: every change that can make a job
   claimable.
@@ -47,16 +55,17 @@ from __future__ import annotations
 import heapq
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ultimat3.jobs.clock import SystemClock, utcnow
 from ultimat3.jobs.driver import DatabaseId, Driver, Executor, Joined, StallTracker
 from ultimat3.jobs.errors import ConfigurationError
 from ultimat3.jobs.ids import token
+from ultimat3.jobs.limits import STATE_BITS, keys_to_look
 from ultimat3.jobs.records import (
     ACTIVE_STATES,
     FINAL_STATES,
@@ -65,6 +74,7 @@ from ultimat3.jobs.records import (
     CycleResult,
     Failure,
     FinishedCount,
+    FlowState,
     InsertResult,
     Job,
     JobFilter,
@@ -91,6 +101,16 @@ _ADOPT_FIX = (
 )
 
 
+class _Flow(NamedTuple):
+    """A job's limits: its partition, how many may run at once, and how many may start per
+    ``rate_period`` (0: no rate limit)."""
+
+    key: str
+    most: int
+    rate_max: int
+    rate_period: timedelta
+
+
 @dataclass(eq=False)
 class MemoryTransaction:
     """A staging buffer for one memory transaction: the executor ``transaction()`` yields.
@@ -103,6 +123,10 @@ class MemoryTransaction:
     keys: dict[_Key, str] = field(default_factory=dict)
     completions: list[tuple[Lease, datetime]] = field(default_factory=list)
     completed_ids: set[str] = field(default_factory=set)
+    limits: dict[str, _Flow] = field(default_factory=dict)
+    uniques: dict[str, tuple[str, int]] = field(default_factory=dict)
+    #: Debounces of committed jobs, applied at commit if the job still waits then.
+    replaces: list[tuple[str, Job]] = field(default_factory=list)
     open: bool = True
 
 
@@ -129,6 +153,10 @@ class MemoryDriver:
         self._identity = DatabaseId("memory", (id(self),), "memory://")
         self._isolated: set[str] = set()  # ids of jobs rescued after their worker died
         self._started: set[str] = set()  # running jobs whose worker recorded their start
+        self._limits: dict[str, _Flow] = {}  # the jobs with a limit
+        self._uniques: dict[str, tuple[str, int]] = {}  # id -> (unique_key, unique_states)
+        self._unique_ids: dict[str, set[str]] = {}  # unique_key -> ids
+        self._after = ""  # limited claims: the last key taken (keys take turns after it)
         self.stalls = StallTracker()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -188,9 +216,18 @@ class MemoryDriver:
             # Another writer committed the key or id since staging: the committed row wins.
             if key in self._keys or job.id in self._jobs:
                 continue
+            unique = tx.uniques.get(job.id)
+            if unique is not None and self._unique_holder(unique[0], None) is not None:
+                continue  # likewise a committed holder of its unique key
             self._put(job)
             self._keys[key] = job.id
+            if job.id in tx.limits:
+                self._limits[job.id] = tx.limits[job.id]
+            if unique is not None:
+                self._hold(job.id, unique)
             inserted = True
+        for holder, new in tx.replaces:
+            inserted = self._debounce(holder, new) or inserted
         for lease, now in tx.completions:
             self._complete(lease, now)
         if inserted:
@@ -218,6 +255,23 @@ class MemoryDriver:
                 if new.id in self._jobs or (tx is not None and new.id in tx.keys.values()):
                     raise ValueError(f"job id {new.id} is already stored under another key")
                 job = _new_job(new, at)
+                if new.unique_key is not None:
+                    holder = self._unique_holder(new.unique_key, tx)
+                    if holder is not None:
+                        if new.unique_replace:
+                            self._replace_holder(holder, job, tx)
+                        results.append(InsertResult(holder, deduped=True))
+                        continue
+                    unique = (new.unique_key, new.unique_states)
+                    if tx is None:
+                        self._hold(job.id, unique)
+                    else:
+                        tx.uniques[job.id] = unique
+                limits = self._limits if tx is None else tx.limits
+                if new.limit_key is not None:
+                    limits[job.id] = _Flow(
+                        new.limit_key, new.limit_max, new.rate_max, new.rate_period
+                    )
                 if tx is None:
                     self._put(job)
                     self._keys[key] = job.id
@@ -229,11 +283,57 @@ class MemoryDriver:
                 self._notify()
             return results
 
+    def _unique_holder(self, key: str, tx: MemoryTransaction | None) -> str | None:
+        """The job holding ``key`` (its state is among its unique states): committed, or
+        staged in ``tx``."""
+        for id_ in self._unique_ids.get(key, ()):
+            if self._uniques[id_][1] & STATE_BITS[self._jobs[id_].state.value]:
+                return id_
+        if tx is not None:
+            for job in tx.inserts:
+                unique = tx.uniques.get(job.id)
+                if (
+                    unique is not None
+                    and unique[0] == key
+                    and unique[1] & STATE_BITS[job.state.value]
+                ):
+                    return job.id
+        return None
+
+    def _hold(self, job_id: str, unique: tuple[str, int]) -> None:
+        self._uniques[job_id] = unique
+        self._unique_ids.setdefault(unique[0], set()).add(job_id)
+
+    def _replace_holder(self, holder: str, new: Job, tx: MemoryTransaction | None) -> None:
+        """Debounce: the holder, if still waiting, takes ``new``'s input, run_at and priority."""
+        if tx is None:
+            if self._debounce(holder, new):
+                self._notify()
+            return
+        for i, job in enumerate(tx.inserts):
+            if job.id == holder:
+                tx.inserts[i] = _debounced(job, new)
+                return
+        tx.replaces.append((holder, new))
+
+    def _debounce(self, holder: str, new: Job) -> bool:
+        job = self._jobs.get(holder)
+        if job is None or job.state not in _WAITING:
+            return False
+        self._put(_debounced(job, new))
+        return True
+
     def job_claim(self, params: ClaimParams) -> list[Job]:
         with self._lock:
             return self._claim(params, started=False)
 
     def _claim(self, params: ClaimParams, *, started: bool) -> list[Job]:
+        return self._claim_until(params, started=started)[0]
+
+    def _claim_until(
+        self, params: ClaimParams, *, started: bool
+    ) -> tuple[list[Job], datetime | None]:
+        """The claimed jobs, and when a job held back by a rate limit may be claimed."""
         at = _now(params.now)
         queues = set(params.queues)
         due = (
@@ -243,10 +343,13 @@ class MemoryDriver:
             and job.queue in queues
             and not self._paused.get(job.queue, False)
             and (job.id in self._isolated) is params.isolated
+            and (params.limited or job.id not in self._limits)
         )
-        best = heapq.nsmallest(
-            max(0, params.limit), due, key=lambda job: (-job.priority, job.run_at, job.id)
-        )
+        wake_at = None
+        if params.limited:
+            best, wake_at = self._within_limits(due, max(0, params.limit), at)
+        else:
+            best = heapq.nsmallest(max(0, params.limit), due, key=_order)
         claimed: list[Job] = []
         claim = params.token or token()
         for job in best:
@@ -263,7 +366,74 @@ class MemoryDriver:
             if started:
                 self._started.add(running.id)
             claimed.append(running)
-        return claimed
+        return claimed, wake_at
+
+    def _within_limits(
+        self, due: Iterable[Job], limit: int, at: datetime
+    ) -> tuple[list[Job], datetime | None]:
+        """The jobs a claim with limits takes (``limits``): the unlimited due jobs, and key by
+        key from the one after the cursor, each key's first due jobs up to its free slots until
+        the claim is full; of those, the first ``limit`` with keys taking turns within a
+        priority (every key's first job, the unlimited jobs first as one key, then every key's
+        second...). A slot is held by a running job of the key whose lease has not expired,
+        and, under a rate limit, by each start within the window. Also returns when the first
+        full window looked at reopens (its oldest start leaves it)."""
+        ordered = sorted(due, key=_order)
+        plain: list[Job] = []
+        by_key: dict[str, list[Job]] = {}
+        for job in ordered:
+            flow = self._limits.get(job.id)
+            if flow is None:
+                if len(plain) < limit:
+                    plain.append(job)
+            else:
+                by_key.setdefault(flow.key, []).append(job)
+        running: Counter[str] = Counter()
+        starts: dict[str, list[datetime]] = {}
+        for job in self._jobs.values():
+            flow = self._limits.get(job.id)
+            if flow is None or flow.key not in by_key:
+                continue
+            if (
+                job.state is JobState.RUNNING
+                and job.lease_expires_at is not None
+                and job.lease_expires_at > at
+            ):
+                running[flow.key] += 1
+            if job.attempted_at is not None:
+                starts.setdefault(flow.key, []).append(job.attempted_at)
+        keys = sorted(by_key)
+        rotated = [k for k in keys if k > self._after] + [k for k in keys if k <= self._after]
+        places: list[tuple[int, int, int, datetime, str, Job]] = [
+            (-job.priority, rank, -1, job.run_at, job.id, job) for rank, job in enumerate(plain)
+        ]
+        need, taken, wake_at = limit, 0, None
+        looked = rotated[: keys_to_look(limit)]
+        for key in looked:
+            if need <= 0:
+                break
+            head = self._limits[by_key[key][0].id]
+            free = head.most - running[key]
+            if head.rate_max:
+                recent = [t for t in starts.get(key, ()) if t > at - head.rate_period]
+                if len(recent) >= head.rate_max and running[key] < head.most:
+                    opens = min(recent) + head.rate_period
+                    wake_at = opens if wake_at is None else min(wake_at, opens)
+                free = min(free, head.rate_max - len(recent))
+            if free <= 0:
+                continue
+            take = by_key[key][: min(free, need)]
+            places += [
+                (-job.priority, rank, taken, job.run_at, job.id, job)
+                for rank, job in enumerate(take)
+            ]
+            taken += 1
+            need -= len(take)
+            self._after = key  # round-robin: the next claim starts after the last key taken
+        if not taken and looked and len(looked) == keys_to_look(limit):
+            self._after = looked[-1]  # past the full keys looked at
+        places.sort(key=lambda place: place[:5])
+        return [place[-1] for place in places[:limit]], wake_at
 
     def lease_extend(
         self, leases: Sequence[Lease], lease_for: timedelta, *, now: datetime | None = None
@@ -332,10 +502,11 @@ class MemoryDriver:
         with self._lock:  # one lock: no reader can tell the parts apart from one transaction
             completed = {lease.id for lease in cycle.completes if self._complete(lease, at)}
             failed = self._fail(cycle.failures, at)
-            claimed = []
+            claimed: list[Job] = []
+            wake_at = None
             if cycle.claims is not None:
-                claimed = self._claim(cycle.claims, started=True)
-        return CycleResult(completed, failed, claimed)
+                claimed, wake_at = self._claim_until(cycle.claims, started=True)
+        return CycleResult(completed, failed, claimed, wake_at)
 
     def job_release_unstarted(self, *, now: datetime | None = None) -> list[str]:
         at = _now(now)
@@ -372,6 +543,40 @@ class MemoryDriver:
             if released:
                 self._notify()
         return sorted(released)
+
+    def job_flow(self, job_id: str, *, now: datetime | None = None) -> FlowState | None:
+        at = _now(now)
+        with self._lock:
+            flow = self._limits.get(job_id)
+            if flow is None or job_id not in self._jobs:
+                return None
+            running = 0
+            starts: list[datetime] = []
+            for job in self._jobs.values():
+                other = self._limits.get(job.id)
+                if other is None or other.key != flow.key:
+                    continue
+                if (
+                    job.state is JobState.RUNNING
+                    and job.lease_expires_at is not None
+                    and job.lease_expires_at > at
+                ):
+                    running += 1
+                if (
+                    flow.rate_max
+                    and job.attempted_at is not None
+                    and job.attempted_at > at - flow.rate_period
+                ):
+                    starts.append(job.attempted_at)
+        return FlowState(
+            flow.key,
+            flow.most,
+            running,
+            flow.rate_max,
+            flow.rate_period,
+            len(starts),
+            min(starts, default=None),
+        )
 
     def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:
         at = _now(now)
@@ -688,6 +893,8 @@ class MemoryDriver:
         if job is None:
             return False
         self._put(_unleased(replace(job, state=JobState.COMPLETED, finished_at=at)))
+        if job.id in self._limits:
+            self._notify()  # a slot is free: a worker waiting on a full limit may claim
         return True
 
     def _put(self, job: Job) -> None:
@@ -705,6 +912,10 @@ class MemoryDriver:
         self._waiting.discard(job.id)
         self._isolated.discard(job.id)
         self._started.discard(job.id)
+        self._limits.pop(job.id, None)
+        unique = self._uniques.pop(job.id, None)
+        if unique is not None:
+            self._unique_ids[unique[0]].discard(job.id)
         self._keys.pop((job.tenant_id, job.idempotency_key), None)
 
 
@@ -716,6 +927,14 @@ def _utc(moment: datetime) -> datetime:
     if moment.tzinfo is None:
         raise ValueError(f"{moment!r} is naive; drivers take timezone-aware UTC datetimes")
     return moment.astimezone(UTC)
+
+
+def _debounced(job: Job, new: Job) -> Job:
+    return replace(job, input=new.input, run_at=new.run_at, state=new.state, priority=new.priority)
+
+
+def _order(job: Job) -> tuple[int, datetime, str]:
+    return (-job.priority, job.run_at, job.id)
 
 
 def _waiting(run_at: datetime, now: datetime) -> JobState:

@@ -20,6 +20,11 @@ Guarantees (beyond the ``Driver`` protocol's rules, which this driver keeps):
   commits it. A connection in autocommit mode with no transaction open is accepted: the
   insert then commits on its own. A non-autocommit connection with no transaction yet gets the
   implicit one psycopg opens, left open for the caller to commit.
+- **Limits** (``ultimat3.jobs.limits``): a limited claim is two pipelined statements in one
+  transaction, per-key ``pg_try_advisory_xact_lock`` then the claim, whose fresh snapshot makes
+  its counts exact; the completion or failure of a limited job NOTIFYs its queue (a slot
+  freed). A unique key is a partial unique index (``x_jobs_unique_idx``): ``ON CONFLICT DO
+  NOTHING``, then a look-up of the holder (and a conditional debounce).
 - **Wake-ups.** Inserts (of due jobs), retries, snoozes and resumed queues ``pg_notify`` the
   channel named like the schema, with the queue name as the only payload, in the same
   transaction: a rollback sends nothing. ``wait_for_jobs`` LISTENs on one dedicated
@@ -80,6 +85,7 @@ call gets a fresh connection.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -90,6 +96,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -112,6 +119,7 @@ from ultimat3.jobs.dialects.postgres import first_line as _first_line
 from ultimat3.jobs.driver import DatabaseId, Driver, Executor, Joined, StallTracker
 from ultimat3.jobs.drivers import pool_log
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError, SerializationError
+from ultimat3.jobs.limits import keys_to_look
 from ultimat3.jobs.records import (
     FINAL_STATES,
     AttemptError,
@@ -120,6 +128,7 @@ from ultimat3.jobs.records import (
     CycleResult,
     Failure,
     FinishedCount,
+    FlowState,
     InsertResult,
     Job,
     JobFilter,
@@ -298,6 +307,23 @@ class PostgresDriver:
         self._q["job_claim_isolated"] = self._q["job_claim"].replace(
             b"AND NOT j.isolated", b"AND j.isolated"
         )
+        # A job with a uniqueness window: job_insert_one with its two columns, and DO NOTHING
+        # on any conflict (its idempotency key, or its unique key held: see _insert).
+        unique_one = self._q["job_insert_one"]
+        for old, new in (
+            (b"rate_period)\n", b"rate_period, unique_key, unique_states)\n"),
+            (
+                b"%(rate_period)s\n",
+                b"%(rate_period)s, %(unique_key)s, %(unique_states)s\n",
+            ),
+            (
+                b"ON CONFLICT ((coalesce('=' || tenant_id, '')), idempotency_key) DO",
+                b"ON CONFLICT DO",
+            ),
+        ):
+            assert unique_one.count(old) == 1, old
+            unique_one = unique_one.replace(old, new)
+        self._q["job_insert_unique"] = unique_one
         self._migrations, self._migrate_key = migration_plan(
             sql_files.migrations(_NAME),
             quoted_schema=quoted,
@@ -326,6 +352,14 @@ class PostgresDriver:
         pool_log.install()  # psycopg_pool's records: one line per outage and recovery
         self._pool.open(wait=False)
         self._claim_one: dict[int, bytes] = {}
+        #: Limited claims: the last key looked at (``limits``, step 1), and the first half of
+        #: the two-part advisory lock keys of this schema's limits.
+        self._after = ""
+        self._limit_lock_class = int.from_bytes(
+            hashlib.blake2b(f"ultimat3-jobs:limits:{schema}".encode(), digest_size=4).digest(),
+            "big",
+            signed=True,
+        )
         self._reachable_at = 0.0
         self._closed = False
         self._identity: DatabaseId | None = None
@@ -489,8 +523,57 @@ class PostgresDriver:
     def job_claim(self, params: ClaimParams) -> list[Job]:
         if params.limit <= 0 or not params.queues:
             return []
-        query, values = self._claim_query(params, started=False)
-        return [_job(row) for row in self._fetch(query, values)]
+        steps = self._claim_steps(params, started=False)
+        if len(steps) == 1:
+            return [_job(row) for row in self._fetch(*steps[0])]
+        rows = self._pipelined(steps)
+        self._advance(params, rows[-2])
+        return [_job(row) for row in rows[-1]]
+
+    def _claim_steps(
+        self, params: ClaimParams, *, started: bool
+    ) -> list[tuple[bytes, dict[str, Any]]]:
+        """The claim's statements: one without limits; with them (``params.limited``), the
+        planner settings (``job_claim_limited_setup``), the key locks (``job_limit_lock``) then
+        the claim (``job_claim_limited``), in one transaction (see ``limits``: the claim's
+        snapshot must follow the locks)."""
+        if not params.limited:
+            return [self._claim_query(params, started=started)]
+        queues = _text_array(sorted(set(params.queues)))
+        lock = {
+            "queues": queues,
+            "now": params.now,
+            "isolated": params.isolated,
+            "after": self._after,
+            "keys": keys_to_look(params.limit),
+            "limit": params.limit,
+            "lock_class": self._limit_lock_class,
+        }
+        claim = {
+            "queues": queues,
+            "now": params.now,
+            "isolated": params.isolated,
+            "limit": params.limit,
+            "lease_for": params.lease_for,
+            "worker_id": params.worker_id,
+            "started": started,
+            "token": params.token or ids.token(),
+        }
+        return [
+            (self._q["job_claim_limited_setup"], {}),
+            (self._q["job_limit_lock"], lock),
+            (self._q["job_claim_limited"], claim),
+        ]
+
+    def _advance(self, params: ClaimParams, lock_rows: list[Row]) -> datetime | None:
+        """Move the key cursor where a limited claim says (``job_limit_lock``: after the last
+        key it got, round-robin); return when a full rate window reopens."""
+        if not (params.limited and lock_rows):
+            return None
+        _, cursor, wake_at = lock_rows[0]
+        if cursor is not None:
+            self._after = cursor
+        return wake_at  # type: ignore[no-any-return]
 
     def _claim_query(self, params: ClaimParams, *, started: bool) -> tuple[bytes, dict[str, Any]]:
         """The claim statement for ``params`` and its parameters: one queue has its own,
@@ -529,13 +612,19 @@ class PostgresDriver:
         if relaxed:
             steps.append((b"SET LOCAL synchronous_commit = off", {}))
         if cycle.completes:
-            steps.append((self._q["job_complete"], {**_lease_arrays(cycle.completes), "now": now}))
+            steps.append(
+                (
+                    self._q["job_complete"],
+                    {**_lease_arrays(cycle.completes), "now": now, "channel": self._channel},
+                )
+            )
         if cycle.failures:
             steps.append((self._q["job_fail"], self._failure_params(cycle.failures, now)))
         if claim is not None:
-            steps.append(self._claim_query(claim, started=True))
+            steps.extend(self._claim_steps(claim, started=True))
         rows = self._pipelined(steps)
         result = CycleResult()
+        wake_at = None
         at = 1 if relaxed else 0
         for changed, present in (
             (result.completed, cycle.completes),
@@ -545,8 +634,11 @@ class PostgresDriver:
                 changed.update(row[0] for row in rows[at])
                 at += 1
         if claim is not None:
+            if claim.limited:
+                wake_at = self._advance(claim, rows[at + 1])
+                at += 2
             result.claimed.extend(_job(row) for row in rows[at])
-        return result
+        return replace(result, wake_at=wake_at) if wake_at is not None else result
 
     def job_release_unstarted(self, *, now: datetime | None = None) -> list[str]:
         rows = self._fetch("job_release_unstarted", {"now": now, "channel": self._channel})
@@ -555,6 +647,21 @@ class PostgresDriver:
     def job_release_claim(self, token: str, *, now: datetime | None = None) -> list[str]:
         params = {"token": token, "now": now, "channel": self._channel}
         return sorted(row[0] for row in self._fetch("job_release_claim", params))
+
+    def job_flow(self, job_id: str, *, now: datetime | None = None) -> FlowState | None:
+        rows = self._fetch("job_flow", {"id": job_id, "now": now})
+        if not rows:
+            return None
+        key, most, running, rate_max, period, starts, oldest = rows[0]
+        return FlowState(
+            key,
+            most,
+            running,
+            rate_max,
+            period * _MICROSECOND,
+            starts,
+            None if oldest is None else _utc(oldest),
+        )
 
     def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:
         rows = self._fetch(
@@ -581,7 +688,7 @@ class PostgresDriver:
     ) -> set[str]:
         if not leases:
             return set()
-        params = {**_lease_arrays(leases), "now": now}
+        params = {**_lease_arrays(leases), "now": now, "channel": self._channel}
         if executor is not None:
             with self._joined(executor) as conn:
                 rows = self._exec(conn, self._q["job_complete"], params).fetchall()
@@ -614,6 +721,7 @@ class PostgresDriver:
             ),
             "ids": _text_array([f.lease.id for f in ordered]),
             "now": now,
+            "channel": self._channel,
         }
 
     def job_snooze(
@@ -1098,6 +1206,11 @@ class PostgresDriver:
                     pending.append(i)
                 else:
                     results[i] = InsertResult(found, deduped=True)
+            for i in [i for i in pending if jobs[i].unique_key is not None]:
+                holder = self._unique_holder(conn, jobs[i], now, bounded=bounded)
+                if holder is not None:
+                    pending.remove(i)
+                    results[i] = InsertResult(holder, deduped=True)
             if not pending:
                 break
         if any(result is None for result in results):
@@ -1115,7 +1228,9 @@ class PostgresDriver:
         text parsed in C), betting that no key is stored yet. A duplicate in the batch, or a
         row that conflicts, returns None having written nothing, and the caller takes the
         ON CONFLICT path, which dedupes. Runs inside the caller's transaction."""
-        if len({(j.tenant_id, j.idempotency_key) for j in jobs}) != len(jobs):
+        if len({(j.tenant_id, j.idempotency_key) for j in jobs}) != len(jobs) or any(
+            j.limit_key is not None or j.unique_key is not None for j in jobs
+        ):
             return None
         if any(j.trace_context is not None for j in jobs):
             return None  # COPY carries no trace context: the ON CONFLICT path does
@@ -1184,9 +1299,14 @@ class PostgresDriver:
     ) -> list[Row]:
         query: bytes
         params: dict[str, Any]
+        if len(jobs) > 1 and any(j.unique_key is not None for j in jobs):
+            # One by one: each unique key is resolved by its own statement.
+            return [
+                row for j in jobs for row in self._execute_insert(conn, [j], now, bounded=bounded)
+            ]
         if len(jobs) == 1:
             [j] = jobs
-            query = self._q["job_insert_one"]
+            query = self._q["job_insert_one" if j.unique_key is None else "job_insert_unique"]
             params = {
                 "id": j.id,
                 "name": j.name,
@@ -1201,6 +1321,12 @@ class PostgresDriver:
                 "now": now,
                 "channel": self._channel,
                 "trace_context": j.trace_context,
+                "limit_key": j.limit_key,
+                "limit_max": j.limit_max,
+                "rate_max": j.rate_max,
+                "rate_period": j.rate_period // _MICROSECOND,
+                "unique_key": j.unique_key,
+                "unique_states": j.unique_states,
             }
         else:
             rows = [
@@ -1216,6 +1342,10 @@ class PostgresDriver:
                     j.run_at.isoformat() if j.run_at is not None else None,
                     None if j.delay is None else f"{j.delay // _MICROSECOND} microseconds",
                     j.trace_context,
+                    j.limit_key,
+                    j.limit_max,
+                    j.rate_max,
+                    j.rate_period // _MICROSECOND,
                 ]
                 for j in jobs
             ]
@@ -1234,6 +1364,30 @@ class PostgresDriver:
                 f"PostgreSQL refused the job: {_first_line(exc)}",
                 fix="pass the JSON text the serializer made, and numbers that fit in 32 bits",
             ) from None
+
+    def _unique_holder(
+        self, conn: Conn, job: NewJob, now: datetime | None, *, bounded: bool
+    ) -> str | None:
+        """The job holding ``job``'s unique key, debounced to ``job`` first when it asks to
+        replace (see ``job_debounce``); None when the key is free again (insert once more)."""
+        row = self._exec(
+            conn, self._q["job_unique_holder"], {"key": job.unique_key}, bounded=bounded
+        ).fetchone()
+        if row is None:
+            return None
+        holder: str = row[0]
+        if job.unique_replace:
+            params = {
+                "id": holder,
+                "input": job.input,
+                "priority": job.priority,
+                "run_at": job.run_at,
+                "delay": job.delay,
+                "now": now,
+                "channel": self._channel,
+            }
+            self._exec(conn, self._q["job_debounce"], params, bounded=bounded)
+        return holder
 
     def _ids_by_key(
         self, conn: Conn, jobs: Sequence[NewJob], *, bounded: bool

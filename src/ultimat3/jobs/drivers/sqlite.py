@@ -26,6 +26,9 @@ What it guarantees:
   caller calls ``commit()``, and gone on ``rollback()`` or close. A connection in autocommit mode
   (``isolation_level=None``) outside a transaction commits our write at once, as its own INSERT
   would.
+- **Limits** (``ultimat3.jobs.limits``): a limited claim counts each key's running jobs and
+  recent starts under the write lock it already holds, so the counts are exact; a unique key is
+  a partial unique index (``x_jobs_unique``) named as a second ``ON CONFLICT`` target.
 - **Wake-ups across processes.** ``wait_for_jobs`` polls ``PRAGMA data_version`` on a
   connection of its own: every 1 ms for a second after the last change, then every 4 ms (an
   idle worker, all its threads together, used 1.5% of a core here; a commit is noticed within
@@ -95,6 +98,7 @@ from ultimat3.jobs.dialects.sqlite import now_us as _now_us
 from ultimat3.jobs.dialects.sqlite import us as _us
 from ultimat3.jobs.driver import DatabaseId, Joined, StallTracker, current_tx
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
+from ultimat3.jobs.limits import keys_to_look
 from ultimat3.jobs.records import (
     AttemptError,
     ClaimParams,
@@ -102,6 +106,7 @@ from ultimat3.jobs.records import (
     CycleResult,
     Failure,
     FinishedCount,
+    FlowState,
     InsertResult,
     Job,
     JobFilter,
@@ -297,6 +302,8 @@ class SqliteDriver:
         self._closed = False
         self._checked_filesystem = False
         self._identity: DatabaseId | None = None
+        #: Per queue, the last key a limited claim looked at (see ``limits``, step 1).
+        self._after: dict[str, str] = {}
         #: A wait longer than this for the write lock counts as a stall (see StallTracker).
         self.stalls = StallTracker(threshold=0.5)
         _drivers.add(self)
@@ -758,12 +765,16 @@ class SqliteDriver:
             run_at,
             now_us,
             job.trace_context,
+            job.limit_key,
+            job.limit_max,
+            job.rate_max,
+            job.rate_period // MICROSECOND,
         )
 
     def job_claim(self, params: ClaimParams) -> list[Job]:
         if params.limit <= 0 or not params.queues:
             return []
-        return self._write(lambda conn: _claim(conn, params, started=False))
+        return self._write(lambda conn: _claim(conn, params, started=False, after=self._after)[0])
 
     def job_cycle(self, cycle: Cycle, *, now: datetime | None = None) -> CycleResult:
         now_us = _now_us(now)
@@ -774,14 +785,17 @@ class SqliteDriver:
         claim = cycle.claims
 
         def body(conn: sqlite3.Connection) -> CycleResult:
-            result = CycleResult()
+            completed: set[str] = set()
+            failed: set[str] = set()
             if done_rows:
-                result.completed.update(_apply_each(conn, _COMPLETE, done_rows, done_ids))
+                completed = _apply_each(conn, _COMPLETE, done_rows, done_ids)
             if fail_rows:
-                result.failed.update(_apply_each(conn, _Q["job_fail"], fail_rows, fail_ids))
+                failed = _apply_each(conn, _Q["job_fail"], fail_rows, fail_ids)
+            claimed: list[Job] = []
+            wake_at = None
             if claim is not None:
-                result.claimed.extend(_claim(conn, claim, started=True))
-            return result
+                claimed, wake_at = _claim(conn, claim, started=True, after=self._after)
+            return CycleResult(completed, failed, claimed, wake_at)
 
         if not (cycle.writes or claim is not None):
             return CycleResult()
@@ -805,6 +819,22 @@ class SqliteDriver:
         args = {"now": _now_us(now), "token": token}
         rows = self._write(lambda conn: conn.execute(_Q["job_release_claim"], args).fetchall())
         return sorted(row[0] for row in rows)
+
+    def job_flow(self, job_id: str, *, now: datetime | None = None) -> FlowState | None:
+        args = {"id": job_id, "now": _now_us(now)}
+        row = self._read(lambda conn: conn.execute(_Q["job_flow"], args).fetchone())
+        if row is None:
+            return None
+        key, most, running, rate_max, period, starts, oldest = row
+        return FlowState(
+            key,
+            most,
+            running,
+            rate_max,
+            period * MICROSECOND,
+            starts,
+            None if oldest is None else _dt(oldest),
+        )
 
     def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:
         args = {"queues": json.dumps(sorted(set(queues))), "now": _now_us(now)}
@@ -1165,7 +1195,7 @@ class SqliteDriver:
 def _insert(
     conn: sqlite3.Connection, jobs: Sequence[NewJob], rows: list[tuple[Any, ...]]
 ) -> list[InsertResult]:
-    if len(rows) > 1:
+    if len(rows) > 1 and not any(job.unique_key is not None for job in jobs):
         conn.execute(f"SAVEPOINT {_SAVEPOINT}_insert")
         try:
             if conn.executemany(_INSERT, rows).rowcount == len(rows):
@@ -1194,8 +1224,13 @@ def _count_inserted(conn: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]) -
 
 
 def _insert_one(conn: sqlite3.Connection, job: NewJob, row: tuple[Any, ...]) -> InsertResult:
+    unique = job.unique_key is not None
     try:
-        inserted = conn.execute(_INSERT, row).rowcount == 1
+        if unique:
+            row = (*row, job.unique_key, job.unique_states)
+            inserted = conn.execute(_Q["job_insert_unique"], row).rowcount == 1
+        else:
+            inserted = conn.execute(_INSERT, row).rowcount == 1
     except sqlite3.IntegrityError as exc:
         if "x_jobs.id" in str(exc):
             raise ValueError(f"job id {job.id} is already stored under another key") from exc
@@ -1203,6 +1238,12 @@ def _insert_one(conn: sqlite3.Connection, job: NewJob, row: tuple[Any, ...]) -> 
     if inserted:
         return InsertResult(job.id, False)
     found = conn.execute(_Q["job_id_by_key"], {"tenant_id": row[1], "key": row[5]}).fetchone()
+    if found is None and unique:
+        # The unique key is held (the write lock is ours: the holder cannot move meanwhile).
+        found = conn.execute(_Q["job_unique_holder"], {"key": job.unique_key}).fetchone()
+        if found is not None and job.unique_replace:
+            args = {"id": found[0], "input": row[4], "run_at": row[9], "priority": row[6]}
+            conn.execute(_Q["job_debounce"], {**args, "now": row[10]})
     return InsertResult(found[0], True)
 
 
@@ -1240,8 +1281,12 @@ def _apply_each(
     return changed
 
 
-def _claim(conn: sqlite3.Connection, params: ClaimParams, *, started: bool) -> list[Job]:
-    """Claim for ``params`` in the open transaction, marking the jobs ``started`` or not."""
+def _claim(
+    conn: sqlite3.Connection, params: ClaimParams, *, started: bool, after: dict[str, str]
+) -> tuple[list[Job], datetime | None]:
+    """Claim for ``params`` in the open transaction, marking the jobs ``started`` or not; and
+    when a job held back by a rate limit may be claimed. ``after`` holds the per-queue key
+    cursor of limited claims, and is advanced."""
     now_us = _now_us(params.now)
     args: dict[str, Any] = {
         "now": now_us,
@@ -1252,37 +1297,47 @@ def _claim(conn: sqlite3.Connection, params: ClaimParams, *, started: bool) -> l
         "started": int(started),
     }
     queues = sorted(set(params.queues))
-    if len(queues) == 1 and not params.isolated:
+    wake: list[int] = []
+    if len(queues) == 1 and not params.isolated and not params.limited:
         args["queue"] = queues[0]
         rows = conn.execute(_CLAIM_QUEUE, args).fetchall()
     else:
         args["isolated"] = int(params.isolated)
-        rows = _claim_queues(conn, queues, args)
+        rows = _claim_queues(conn, queues, args, after if params.limited else None, wake)
     jobs = [_job(row) for row in rows]
     jobs.sort(key=_claim_order)
-    return jobs
+    return jobs, (_dt(min(wake)) if wake else None)
 
 
-def _claim_queues(conn: sqlite3.Connection, queues: list[str], args: dict[str, Any]) -> list[Any]:
-    paused = {
-        row[0] for row in conn.execute(_Q["queue_paused_among"], {"queues": json.dumps(queues)})
-    }
-    candidates: list[tuple[int, int, str]] = []
-    for queue in queues:
-        if queue in paused:
-            continue
+def _claim_queues(
+    conn: sqlite3.Connection,
+    queues: list[str],
+    args: dict[str, Any],
+    after: dict[str, str] | None,
+    wake: list[int],
+) -> list[Any]:
+    """Claim the best of several queues (or of one, with limits: ``after`` is not None; the
+    times rate windows reopen go to ``wake``)."""
+    # (-priority, rank within its key, the key's turn, run_at, id): with limits, keys take
+    # turns within a priority (the unlimited jobs of a queue go first, as one key); without,
+    # rank and turn are 0 and this is claim order.
+    candidates: list[tuple[int, int, int, int, str]] = []
+    for queue in queues:  # a paused queue yields nothing (the queries say so)
         query_args = {
             "queue": queue,
             "now": args["now"],
             "limit": args["limit"],
             "isolated": args["isolated"],
         }
-        for id_, priority, run_at in conn.execute(_Q["job_claim_candidates"], query_args):
-            candidates.append((-priority, run_at, id_))
+        if after is None:
+            rows = conn.execute(_Q["job_claim_candidates"], query_args)
+            candidates.extend((-priority, 0, -1, run_at, id_) for id_, priority, run_at in rows)
+        else:  # the unlimited ones come with the limited ones, in one statement
+            candidates.extend(_limited_candidates(conn, query_args, after, wake))
     if not candidates:
         return []
     candidates.sort()
-    chosen = [id_ for _, _, id_ in candidates[: args["limit"]]]
+    chosen = [candidate[-1] for candidate in candidates[: args["limit"]]]
     return conn.execute(_Q["job_claim_ids"], {**args, "ids": json.dumps(chosen)}).fetchall()
 
 
@@ -1305,6 +1360,75 @@ def _oldest_ready(conn: sqlite3.Connection, now_us: int) -> list[tuple[str, int 
             priority = conn.execute(_Q["queue_next_priority"], args).fetchone()[0]
         found.append((queue, oldest))
         after = queue
+
+
+def _limited_candidates(
+    conn: sqlite3.Connection, args: dict[str, Any], after: dict[str, str], wake: list[int]
+) -> list[tuple[int, int, int, int, str]]:
+    """The unlimited due jobs of one queue (the claim's first ``limit``), and those that fit
+    their key's free slots (``limits``, steps 1 and 2):
+    key by key from the one after the queue's cursor (wrapping around once, at most
+    ``KEYS_PER_CLAIM`` keys), each key's first due jobs up to its free slots, until the claim's
+    ``limit`` is met (at most ``keys_to_look(limit)`` keys); the cursor moves to the last key
+    taken. The keys are read lazily, so the
+    walk stops where the claim is full. The claim holds the write lock: the counts are exact."""
+    queue = args["queue"]
+    need = args["limit"]
+    most_keys = keys_to_look(need)
+    start = after.get(queue, "")
+    taken: list[str] = []
+    looked: list[str] = []
+    found: list[tuple[int, int, int, int, str]] = []
+    passes = [(start, None)] + ([("", start)] if start else [])
+    for begin, upto in passes:
+        keys = conn.execute(
+            _Q["job_limit_keys"],
+            {
+                **args,
+                "after": begin,
+                "upto": upto,
+                "keys": most_keys - len(looked),
+                "plain": upto is None,  # the first pass also reads the unlimited jobs
+            },
+        )
+        for key, most, running, rate_max, rate_period, starts, oldest, due in keys:
+            if key is None:
+                found.extend(
+                    (-priority, rank, -1, run_at, id_)
+                    for rank, (id_, priority, run_at) in enumerate(_by_claim_order(due))
+                )
+                continue
+            looked.append(key)
+            free = most - running
+            if rate_max:
+                if starts >= rate_max and running < most:
+                    wake.append(oldest + rate_period)  # when the oldest start leaves the window
+                free = min(free, rate_max - starts)
+            if free <= 0 or due is None:
+                continue
+            rows = _by_claim_order(due)[: min(free, need)]
+            turn = len(taken)
+            found.extend(
+                (-priority, rank, turn, run_at, id_)
+                for rank, (id_, priority, run_at) in enumerate(rows)
+            )
+            taken.append(key)
+            need -= len(rows)
+            if need <= 0:
+                break
+        keys.close()  # ends the walk where it is
+        if need <= 0 or len(looked) >= most_keys:
+            break
+    if taken:
+        after[queue] = taken[-1]  # round-robin: the next claim starts after the last key taken
+    elif len(looked) >= most_keys:
+        after[queue] = looked[-1]  # past the full keys looked at
+    return found
+
+
+def _by_claim_order(rows: str) -> list[list[Any]]:
+    """A JSON array of [id, priority, run_at] (``job_limit_keys``), in claim order."""
+    return sorted(json.loads(rows), key=lambda r: (-r[1], r[2], r[0]))
 
 
 def _filter_args(where: JobFilter) -> dict[str, Any]:

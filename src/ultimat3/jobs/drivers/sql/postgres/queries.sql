@@ -31,7 +31,9 @@ SELECT current_database(),
 
 -- name: job_insert
 -- %(rows)s is a JSON array of rows, each [id, name, queue, input text, tenant, key, priority,
--- max_attempts, run_at, delay] (a delay counts from now, on the database's clock): decoding it as jsonb costs the server less than binding nine arrays
+-- max_attempts, run_at, delay, limit_key, limit_max, rate_max, rate_period] (a delay counts
+-- from now, on the database's clock): decoding it as jsonb costs the server less than binding
+-- nine arrays
 -- (and the client far less: psycopg dumps list parameters element by element in Python), and
 -- positional rows cost less than objects, whose keys json_to_recordset hashes row by row.
 WITH rows AS (
@@ -46,20 +48,25 @@ WITH rows AS (
            (e.v ->> 7)::int AS max_attempts,
            coalesce((e.v ->> 8)::timestamptz,
                     coalesce(%(now)s::timestamptz, now()) + (e.v ->> 9)::interval) AS run_at,
-           e.v ->> 10 AS trace_context
+           e.v ->> 10 AS trace_context,
+           e.v ->> 11 AS limit_key,
+           coalesce((e.v ->> 12)::int, 0) AS limit_max,
+           coalesce((e.v ->> 13)::int, 0) AS rate_max,
+           coalesce((e.v ->> 14)::bigint, 0) AS rate_period
     FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS e(v, ord)
 ),
 inserted AS (
     INSERT INTO {schema}.x_jobs AS j
         (id, name, queue, input, tenant_id, idempotency_key, priority, state,
-         max_attempts, run_at, created_at, trace_context)
+         max_attempts, run_at, created_at, trace_context, limit_key, limit_max, rate_max,
+         rate_period)
     SELECT r.id, r.name, r.queue, r.input::json, r.tenant_id, r.idempotency_key, r.priority,
            CASE WHEN r.run_at > coalesce(%(now)s::timestamptz, now())
                 THEN 'scheduled' ELSE 'available' END,
            r.max_attempts,
            coalesce(r.run_at, %(now)s::timestamptz, now()),
            coalesce(%(now)s::timestamptz, now()),
-           r.trace_context
+           r.trace_context, r.limit_key, r.limit_max, r.rate_max, r.rate_period
     FROM rows r
     ORDER BY r.ord
     ON CONFLICT ((coalesce('=' || tenant_id, '')), idempotency_key) DO NOTHING
@@ -79,7 +86,8 @@ SELECT i.id, (SELECT count(*) FROM woken) FROM inserted i
 WITH inserted AS (
     INSERT INTO {schema}.x_jobs AS j
         (id, name, queue, input, tenant_id, idempotency_key, priority, state,
-         max_attempts, run_at, created_at, trace_context)
+         max_attempts, run_at, created_at, trace_context, limit_key, limit_max, rate_max,
+         rate_period)
     VALUES (
         %(id)s, %(name)s, %(queue)s, %(input)s::json, %(tenant_id)s, %(key)s, %(priority)s,
         CASE WHEN coalesce(%(run_at)s::timestamptz,
@@ -91,20 +99,50 @@ WITH inserted AS (
                  coalesce(%(now)s::timestamptz, now()) + %(delay)s::interval,
                  %(now)s::timestamptz, now()),
         coalesce(%(now)s::timestamptz, now()),
-        %(trace_context)s
+        %(trace_context)s, %(limit_key)s, %(limit_max)s, %(rate_max)s, %(rate_period)s
     )
     ON CONFLICT ((coalesce('=' || tenant_id, '')), idempotency_key) DO NOTHING
     RETURNING j.id, j.queue, j.state
 )
 SELECT id, CASE WHEN state = 'available' THEN pg_notify(%(channel)s, queue) END FROM inserted
 
+-- name: job_unique_holder
+-- The job holding a unique key (limits.Unique): the predicate of x_jobs_unique_idx.
+SELECT id FROM {schema}.x_jobs
+WHERE unique_key = %(key)s
+  AND unique_key IS NOT NULL
+  AND (unique_states & CASE state WHEN 'scheduled' THEN 1 WHEN 'available' THEN 2
+                                  WHEN 'running' THEN 4 WHEN 'completed' THEN 8
+                                  WHEN 'dead' THEN 16 ELSE 32 END) <> 0
+
+-- name: job_debounce
+-- on_conflict="replace": the holder, if it still waits, takes the new input, run_at and
+-- priority (a conditional write: a holder claimed meanwhile is left as it is).
+WITH changed AS (
+    UPDATE {schema}.x_jobs j
+    SET input = %(input)s::json,
+        priority = %(priority)s,
+        run_at = coalesce(%(run_at)s::timestamptz,
+                          coalesce(%(now)s::timestamptz, now()) + %(delay)s::interval,
+                          %(now)s::timestamptz, now()),
+        state = CASE WHEN coalesce(%(run_at)s::timestamptz,
+                                   coalesce(%(now)s::timestamptz, now()) + %(delay)s::interval)
+                          > coalesce(%(now)s::timestamptz, now())
+                     THEN 'scheduled' ELSE 'available' END
+    WHERE j.id = %(id)s AND j.state IN ('scheduled', 'available')
+    RETURNING j.queue, j.state
+)
+SELECT count(*), count(CASE WHEN state = 'available' THEN pg_notify(%(channel)s, queue) END)
+FROM changed
+
 -- name: clock
 SELECT coalesce(%(now)s::timestamptz, now())
 
 -- name: job_copy
 -- The bulk fast path: plain COPY, so the unique index refuses any duplicate key (the driver
--- then falls back to job_insert); every value, times and states included, comes from the
--- driver, which read the clock in the same transaction.
+-- then falls back to job_insert; so does a batch with limits or unique keys); every value,
+-- times and states included, comes from the driver, which read the clock in the same
+-- transaction.
 COPY {schema}.x_jobs
     (id, name, queue, input, tenant_id, idempotency_key, priority, state,
      max_attempts, run_at, created_at)
@@ -138,6 +176,7 @@ WITH due AS (
           AND j.state IN ('scheduled', 'available')
           AND j.run_at <= coalesce(%(now)s::timestamptz, now())
           AND NOT j.isolated  -- the driver derives job_claim_isolated: "AND j.isolated"
+          AND j.limit_key IS NULL  -- limited jobs: job_limit_lock, job_claim_limited
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -178,6 +217,7 @@ WITH due AS (
       AND j.state IN ('scheduled', 'available')
       AND j.run_at <= coalesce(%(now)s::timestamptz, now())
       AND NOT j.isolated
+      AND j.limit_key IS NULL
       AND NOT EXISTS (
           SELECT 1 FROM {schema}.x_queues p WHERE p.name = %(queue)s AND p.paused
       )
@@ -272,7 +312,9 @@ SET state = 'completed',
 WHERE j.id = ANY(%(ids)s::text[])
   AND j.lease_token = ANY(%(tokens)s::text[])
   AND j.state = 'running'
-RETURNING j.id
+-- A limited job frees a slot: wake the workers waiting on a full limit (the server sends one
+-- per queue and transaction). Unlimited jobs send nothing.
+RETURNING j.id, CASE WHEN j.limit_key IS NOT NULL THEN pg_notify(%(channel)s, j.queue) END
 
 -- name: job_fail
 UPDATE {schema}.x_jobs j
@@ -291,7 +333,7 @@ FROM json_to_recordset(%(failures)s::json)
        AS f(id text, token text, error jsonb, retry_at timestamptz, isolate boolean)
 WHERE j.id = ANY(%(ids)s::text[])
   AND j.id = f.id AND j.lease_token = f.token AND j.state = 'running'
-RETURNING j.id
+RETURNING j.id, CASE WHEN j.limit_key IS NOT NULL THEN pg_notify(%(channel)s, j.queue) END
 
 -- name: job_snooze
 WITH snoozed AS (
@@ -568,3 +610,296 @@ RETURNING id
 -- name: worker_list
 SELECT id, host, pid, queues, concurrency, started_at, heartbeat_at, version
 FROM {schema}.x_workers ORDER BY id
+
+-- name: job_flow
+-- Where a job's partition stands (Driver.job_flow): the counts a limited claim makes.
+SELECT j.limit_key, j.limit_max,
+       (SELECT count(*) FROM {schema}.x_jobs r
+        WHERE r.limit_key = j.limit_key AND r.state = 'running'
+          AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now())),
+       j.rate_max, j.rate_period,
+       (SELECT count(*) FROM {schema}.x_jobs r
+        WHERE j.rate_max > 0 AND r.limit_key = j.limit_key
+          AND r.attempted_at IS NOT NULL AND r.rate_max > 0
+          AND r.attempted_at > coalesce(%(now)s::timestamptz, now())
+                               - j.rate_period * interval '1 microsecond'),
+       (SELECT min(r.attempted_at) FROM {schema}.x_jobs r
+        WHERE j.rate_max > 0 AND r.limit_key = j.limit_key
+          AND r.attempted_at IS NOT NULL AND r.rate_max > 0
+          AND r.attempted_at > coalesce(%(now)s::timestamptz, now())
+                               - j.rate_period * interval '1 microsecond')
+FROM {schema}.x_jobs j
+WHERE j.id = %(id)s AND j.limit_key IS NOT NULL
+
+-- name: job_claim_limited_setup
+-- Before a claim with limits, for the rest of its transaction. Its two statements are planned
+-- with rough row counts (lateral LIMITs): planning them afresh each time cost more than running
+-- them (milliseconds), and their estimated cost made the server JIT-compile them (over a
+-- second for statements that run in a millisecond). Their generic plans are index walks
+-- whatever the parameters.
+SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
+       set_config('jit', 'off', true)
+
+-- name: job_limit_lock
+-- Step 1 of a claim with limits (ultimat3/jobs/limits.py). Per queue, up to %(keys)s keys with
+-- due jobs, from the one after %(after)s (a skip scan: one seek of x_jobs_claim_limited_idx per
+-- key), then from the start up to %(after)s. Of those whose slots look free in this
+-- statement's snapshot, up to %(limit)s are locked without waiting (pg_try_advisory_xact_lock,
+-- held to the end of the transaction; a key another claim holds is skipped) and recorded in a
+-- transaction-local setting for job_claim_limited. That statement runs next in the same
+-- transaction, so with a snapshot taken after the locks: its count of running jobs is exact.
+-- Also returns where the next claim goes on (the cursor), and when a full rate window reopens.
+WITH RECURSIVE fwd(queue, k, n) AS (
+    SELECT q.name,
+           (SELECT j.limit_key FROM {schema}.x_jobs j
+            WHERE j.queue = q.name AND j.state IN ('scheduled', 'available')
+              AND j.limit_key IS NOT NULL AND j.limit_key > %(after)s
+              AND j.run_at <= coalesce(%(now)s::timestamptz, now())
+              AND j.isolated = %(isolated)s
+            ORDER BY j.limit_key LIMIT 1),
+           1
+    FROM unnest(%(queues)s::text[]) AS q(name)
+    UNION ALL
+    SELECT f.queue,
+           (SELECT j.limit_key FROM {schema}.x_jobs j
+            WHERE j.queue = f.queue AND j.state IN ('scheduled', 'available')
+              AND j.limit_key IS NOT NULL AND j.limit_key > f.k
+              AND j.run_at <= coalesce(%(now)s::timestamptz, now())
+              AND j.isolated = %(isolated)s
+            ORDER BY j.limit_key LIMIT 1),
+           f.n + 1
+    FROM fwd f
+    WHERE f.k IS NOT NULL AND f.n < %(keys)s
+),
+back(queue, k, n) AS (
+    SELECT q.name,
+           (SELECT j.limit_key FROM {schema}.x_jobs j
+            WHERE j.queue = q.name AND j.state IN ('scheduled', 'available')
+              AND j.limit_key IS NOT NULL
+              AND j.run_at <= coalesce(%(now)s::timestamptz, now())
+              AND j.isolated = %(isolated)s
+            ORDER BY j.limit_key LIMIT 1),
+           1
+    FROM unnest(%(queues)s::text[]) AS q(name)
+    WHERE %(after)s <> ''
+    UNION ALL
+    SELECT b.queue,
+           (SELECT j.limit_key FROM {schema}.x_jobs j
+            WHERE j.queue = b.queue AND j.state IN ('scheduled', 'available')
+              AND j.limit_key IS NOT NULL AND j.limit_key > b.k
+              AND j.run_at <= coalesce(%(now)s::timestamptz, now())
+              AND j.isolated = %(isolated)s
+            ORDER BY j.limit_key LIMIT 1),
+           b.n + 1
+    FROM back b
+    WHERE b.k IS NOT NULL AND b.k <= %(after)s
+      AND b.n < %(keys)s - (SELECT count(*) FROM fwd WHERE k IS NOT NULL)  -- keys in all
+),
+looked AS (
+    SELECT k, 0 AS pass, n FROM fwd WHERE k IS NOT NULL
+    UNION ALL
+    SELECT k, 1, n FROM back WHERE k IS NOT NULL AND k <= %(after)s
+),
+flows AS (
+    -- Each key once, in pass order, with the limits of one of its waiting jobs, how many of
+    -- its jobs run, and (under a rate limit) its starts within the window and the oldest one.
+    SELECT h.k, h.pos, f.limit_max, f.rate_max, f.rate_period, u.running, u.starts, u.oldest,
+           u.due
+    FROM (SELECT k, min(pass * %(keys)s + n) AS pos FROM looked GROUP BY k) h
+    CROSS JOIN LATERAL (
+        -- Per queue, so that (queue, limit_key) is an index prefix of x_jobs_claim_limited_idx.
+        SELECT j.limit_max, j.rate_max, j.rate_period
+        FROM unnest(%(queues)s::text[]) AS fq(name)
+        CROSS JOIN LATERAL (
+            SELECT j.limit_max, j.rate_max, j.rate_period FROM {schema}.x_jobs j
+            WHERE j.queue = fq.name AND j.limit_key = h.k
+              AND j.state IN ('scheduled', 'available')
+            ORDER BY j.priority DESC, j.run_at, j.id  -- the head job, by index
+            LIMIT 1
+        ) j
+        LIMIT 1
+    ) f
+    CROSS JOIN LATERAL (
+        SELECT (SELECT count(*) FROM {schema}.x_jobs r
+                WHERE r.limit_key = h.k AND r.state = 'running'
+                  AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now())) AS running,
+               (SELECT count(*) FROM {schema}.x_jobs r
+                WHERE f.rate_max > 0 AND r.limit_key = h.k
+                  AND r.attempted_at IS NOT NULL AND r.rate_max > 0
+                  AND r.attempted_at > coalesce(%(now)s::timestamptz, now())
+                                       - f.rate_period * interval '1 microsecond') AS starts,
+               (SELECT min(r.attempted_at) FROM {schema}.x_jobs r
+                WHERE f.rate_max > 0 AND r.limit_key = h.k
+                  AND r.attempted_at IS NOT NULL AND r.rate_max > 0
+                  AND r.attempted_at > coalesce(%(now)s::timestamptz, now())
+                                       - f.rate_period * interval '1 microsecond') AS oldest,
+               (SELECT count(*) FROM unnest(%(queues)s::text[]) AS dq(name)
+                CROSS JOIN LATERAL (
+                    SELECT 1 FROM {schema}.x_jobs j
+                    WHERE j.queue = dq.name AND j.limit_key = h.k
+                      AND j.state IN ('scheduled', 'available')
+                      AND j.run_at <= coalesce(%(now)s::timestamptz, now())
+                      AND j.isolated = %(isolated)s
+                    LIMIT %(limit)s
+                ) d) AS due
+    ) u
+),
+open AS (
+    -- How many each key could give: its free slots (by running jobs, by starts in a rate
+    -- window) and its due jobs. A key that looks full now is left alone; one that looks free
+    -- is counted again, exactly, by the claim once its lock is held.
+    SELECT k, pos, limit_max, rate_max, rate_period,
+           least(limit_max - running,
+                 CASE WHEN rate_max > 0 THEN rate_max - starts ELSE limit_max END,
+                 due) AS avail
+    FROM flows
+),
+walk(k, pos, need, n, locked, limit_max, rate_max, rate_period) AS (
+    -- The open keys in order, one lock tried at a time (without waiting: a key another claim
+    -- holds is skipped), until the keys got can fill the claim; n: how many the claim takes
+    -- from the key at most (what it gives, and what the claim still needs).
+    SELECT NULL::text COLLATE "C", -1::bigint, %(limit)s::bigint, 0::bigint, false,
+           0, 0, 0::bigint
+    UNION ALL
+    SELECT o.k, o.pos,
+           w.need - CASE WHEN l.locked THEN least(o.avail, w.need) ELSE 0 END,
+           least(o.avail, w.need), l.locked, o.limit_max, o.rate_max, o.rate_period
+    FROM walk w
+    CROSS JOIN LATERAL (
+        SELECT k, pos, avail, limit_max, rate_max, rate_period FROM open
+        WHERE pos > w.pos AND avail > 0 ORDER BY pos LIMIT 1
+    ) o
+    CROSS JOIN LATERAL (
+        SELECT pg_try_advisory_xact_lock(%(lock_class)s, hashtext(o.k)) AS locked
+    ) l
+    WHERE w.need > 0
+),
+got AS (
+    SELECT k, pos, n, limit_max, rate_max, rate_period FROM walk WHERE locked
+)
+SELECT set_config('ultimat3_jobs.limit_keys',
+                  -- [[key, at most, limit_max, rate_max, rate_period], ...] in turn order
+                  coalesce((SELECT json_agg(json_build_array(k, n, limit_max, rate_max,
+                                                             rate_period) ORDER BY pos)
+                            FROM got)::text, '[]'),
+                  true),
+       -- Round-robin: the next claim starts after the last key got; with none, past the
+       -- full keys looked at.
+       coalesce((SELECT k FROM got ORDER BY pos DESC LIMIT 1),
+                (SELECT max(k) FROM back WHERE n = %(keys)s AND k <= %(after)s),
+                (SELECT max(k) FROM fwd WHERE n = %(keys)s)),
+       -- When the first full rate window reopens: its oldest start leaves it.
+       (SELECT min(oldest + rate_period * interval '1 microsecond') FROM flows
+        WHERE rate_max > 0 AND starts >= rate_max AND running < limit_max)
+
+-- name: job_claim_limited
+-- Steps 2 and 3: the unlimited due jobs (as job_claim) and, for each key job_limit_lock got,
+-- its first `free` due jobs (free slots by running jobs, and by starts within a rate window);
+-- then the best %(limit)s of both, keys taking turns within a priority. The
+-- limited rows need no row lock (every claim of them holds their key's lock); the UPDATE checks
+-- their state again in case a cancel got there first.
+WITH free AS (
+    -- The unlimited jobs take turns as one key, first (turn -1).
+    SELECT c.id, c.priority, c.run_at,
+           row_number() OVER (PARTITION BY q.name ORDER BY c.priority DESC, c.run_at, c.id) AS rank,
+           -1::bigint AS turn
+    FROM unnest(%(queues)s::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.run_at
+        FROM {schema}.x_jobs j
+        WHERE j.queue = q.name
+          AND j.state IN ('scheduled', 'available')
+          AND j.run_at <= coalesce(%(now)s::timestamptz, now())
+          AND j.isolated = %(isolated)s
+          AND j.limit_key IS NULL
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) c
+    WHERE NOT EXISTS (
+        SELECT 1 FROM {schema}.x_queues p WHERE p.name = q.name AND p.paused
+    )
+),
+held AS (
+    SELECT e.value ->> 0 AS k, (e.value ->> 1)::bigint AS n, (e.value ->> 2)::int AS limit_max,
+           (e.value ->> 3)::int AS rate_max, (e.value ->> 4)::bigint AS rate_period, e.turn
+    FROM json_array_elements(
+        coalesce(nullif(current_setting('ultimat3_jobs.limit_keys', true), ''), '[]')::json
+    ) WITH ORDINALITY AS e(value, turn)
+),
+lim_keys AS (
+    SELECT h.k, h.turn, least(s.free, h.n) AS free
+    FROM held h
+    CROSS JOIN LATERAL (
+        -- The key's free slots (its head job's limits come from job_limit_lock), counted again
+        -- under this statement's snapshot: by its running jobs, and its starts in the window.
+        SELECT least(
+            h.limit_max - (
+                SELECT count(*) FROM {schema}.x_jobs r
+                WHERE r.limit_key = h.k AND r.state = 'running'
+                  AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now())
+            ),
+            CASE WHEN h.rate_max = 0 THEN h.limit_max ELSE h.rate_max - (
+                SELECT count(*) FROM {schema}.x_jobs r
+                WHERE r.limit_key = h.k AND r.attempted_at IS NOT NULL AND r.rate_max > 0
+                  AND r.attempted_at > coalesce(%(now)s::timestamptz, now())
+                                       - h.rate_period * interval '1 microsecond'
+            ) END
+        ) AS free
+    ) s
+),
+lim_rows AS (
+    -- Each key's first `free` due jobs, per queue (an index walk in claim order each)...
+    SELECT k.k, k.turn, k.free, c.id, c.priority, c.run_at
+    FROM lim_keys k
+    CROSS JOIN unnest(%(queues)s::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.run_at
+        FROM {schema}.x_jobs j
+        WHERE j.queue = q.name
+          AND j.limit_key = k.k
+          AND j.state IN ('scheduled', 'available')
+          AND j.run_at <= coalesce(%(now)s::timestamptz, now())
+          AND j.isolated = %(isolated)s
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT least(%(limit)s, greatest(k.free, 0))
+    ) c
+    WHERE NOT EXISTS (
+        SELECT 1 FROM {schema}.x_queues p WHERE p.name = q.name AND p.paused
+    )
+),
+lim AS (
+    -- ... and across its queues, its first `free` of them.
+    SELECT r.id, r.priority, r.run_at, r.rank, r.turn
+    FROM (
+        SELECT lr.*, row_number() OVER (
+            PARTITION BY lr.k ORDER BY lr.priority DESC, lr.run_at, lr.id
+        ) AS rank
+        FROM lim_rows lr
+    ) r
+    WHERE r.rank <= r.free
+),
+due AS (
+    -- Within a priority, keys take turns (round-robin): every key's first job, in the order
+    -- of the keys after the cursor, then every key's second, and so on.
+    SELECT a.id FROM (SELECT * FROM free UNION ALL SELECT * FROM lim) a
+    ORDER BY a.priority DESC, a.rank, a.turn, a.run_at, a.id
+    LIMIT %(limit)s
+),
+claimed AS (
+    UPDATE {schema}.x_jobs j
+    SET state = 'running',
+        attempt = j.attempt + 1,
+        attempted_at = coalesce(%(now)s::timestamptz, now()),
+        lease_token = %(token)s || '.' || j.id,
+        lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease_for)s::interval,
+        worker_id = %(worker_id)s,
+        started = %(started)s
+    WHERE j.id = ANY(ARRAY(SELECT id FROM due))
+      AND j.state IN ('scheduled', 'available')
+    RETURNING j.id, j.name, j.queue, j.input::text, j.tenant_id, j.idempotency_key,
+              j.priority, j.state, j.attempt, j.max_attempts, j.run_at, j.created_at,
+              j.attempted_at, j.finished_at, j.lease_token, j.lease_expires_at, j.worker_id,
+              j.errors::text, j.cancel_reason, j.trace_context
+)
+SELECT * FROM claimed ORDER BY priority DESC, run_at, id

@@ -18,9 +18,44 @@ VALUES (:version, CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER))
 -- name: job_insert
 -- Positional, in this order, because executemany binds tuples fastest.
 INSERT INTO x_jobs (id, tenant_id, name, queue, input, idempotency_key, priority, state,
-                    max_attempts, run_at, created_at, trace_context)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    max_attempts, run_at, created_at, trace_context, limit_key, limit_max,
+                    rate_max, rate_period)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (idempotency_key, tenant_id IS NULL, ifnull(tenant_id, '')) DO NOTHING;
+
+-- name: job_insert_unique
+-- job_insert for a job with a uniqueness window (limits.Unique): a second conflict target, the
+-- partial index x_jobs_unique, whose predicate is repeated here word for word.
+INSERT INTO x_jobs (id, tenant_id, name, queue, input, idempotency_key, priority, state,
+                    max_attempts, run_at, created_at, trace_context, limit_key, limit_max,
+                    rate_max, rate_period, unique_key, unique_states)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (idempotency_key, tenant_id IS NULL, ifnull(tenant_id, '')) DO NOTHING
+ON CONFLICT (unique_key)
+    WHERE unique_key IS NOT NULL
+      AND (unique_states & CASE state WHEN 'scheduled' THEN 1 WHEN 'available' THEN 2
+                                      WHEN 'running' THEN 4 WHEN 'completed' THEN 8
+                                      WHEN 'dead' THEN 16 ELSE 32 END) <> 0
+DO NOTHING;
+
+-- name: job_unique_holder
+-- The job holding a unique key: read in the insert's write transaction, so nothing moves
+-- between the refused insert and this read.
+SELECT id FROM x_jobs
+WHERE unique_key = :key
+  AND unique_key IS NOT NULL
+  AND (unique_states & CASE state WHEN 'scheduled' THEN 1 WHEN 'available' THEN 2
+                                  WHEN 'running' THEN 4 WHEN 'completed' THEN 8
+                                  WHEN 'dead' THEN 16 ELSE 32 END) <> 0;
+
+-- name: job_debounce
+-- on_conflict="replace": the waiting holder takes the new input, run_at and priority.
+UPDATE x_jobs
+SET input = :input,
+    run_at = :run_at,
+    priority = :priority,
+    state = CASE WHEN :run_at > :now THEN 'scheduled' ELSE 'available' END
+WHERE id = :id AND state IN ('scheduled', 'available');
 
 -- name: job_counts_add
 -- The driver counts what it inserted (see migration 5): one row per (queue, state).
@@ -48,6 +83,7 @@ WHERE id IN (
       AND state IN ('scheduled', 'available')
       AND run_at <= :now
       AND isolated = 0
+      AND limit_key IS NULL  -- jobs with a concurrency limit: job_limit_next below
       AND NOT EXISTS (SELECT 1 FROM x_queues WHERE name = :queue AND paused = 1)
     ORDER BY priority DESC, run_at, id
     LIMIT :limit
@@ -68,8 +104,99 @@ WHERE queue = :queue
   AND state IN ('scheduled', 'available')
   AND run_at <= :now
   AND isolated = :isolated
+  AND limit_key IS NULL
+  AND NOT EXISTS (SELECT 1 FROM x_queues WHERE name = :queue AND paused = 1)
 ORDER BY priority DESC, run_at, id
 LIMIT :limit;
+
+-- name: job_limit_keys
+-- A claim with limits (ultimat3/jobs/limits.py): the keys with a due job in the queue, from
+-- the one after :after (up to :upto when not NULL: the second pass of a wrap), one seek of
+-- x_jobs_claim_limited per key, at most :keys of them; each with its head job's limits, how
+-- many of its jobs hold a slot (running, lease not expired), and under a rate limit its starts
+-- within the window and the oldest one. A co-routine: the driver stops reading once it has
+-- enough keys with a free slot, and the recursion stops with it. Exact: the claim holds the
+-- write lock.
+WITH RECURSIVE keys(k, n) AS (
+    SELECT (SELECT limit_key FROM x_jobs
+            WHERE queue = :queue AND state IN ('scheduled', 'available')
+              AND limit_key IS NOT NULL AND limit_key > :after
+              AND run_at <= :now AND isolated = :isolated
+            ORDER BY limit_key LIMIT 1),
+           1
+    WHERE NOT EXISTS (SELECT 1 FROM x_queues WHERE name = :queue AND paused = 1)
+    UNION ALL
+    SELECT (SELECT j.limit_key FROM x_jobs j
+            WHERE j.queue = :queue AND j.state IN ('scheduled', 'available')
+              AND j.limit_key IS NOT NULL AND j.limit_key > keys.k
+              AND j.run_at <= :now AND j.isolated = :isolated
+            ORDER BY j.limit_key LIMIT 1),
+           keys.n + 1
+    FROM keys
+    WHERE keys.k IS NOT NULL AND keys.n < :keys AND (:upto IS NULL OR keys.k <= :upto)
+)
+-- With :plain, a first row (no key) holds the queue's first :limit unlimited due jobs, so that
+-- the claim needs no statement of its own for them.
+SELECT NULL, 0, 0, 0, 0, 0, NULL,
+       (SELECT json_group_array(json_array(c.id, c.priority, c.run_at)) FROM (
+            SELECT id, priority, run_at FROM x_jobs
+            WHERE queue = :queue AND state IN ('scheduled', 'available')
+              AND run_at <= :now AND isolated = :isolated AND limit_key IS NULL
+            ORDER BY priority DESC, run_at, id
+            LIMIT :limit) c)
+WHERE :plain AND NOT EXISTS (SELECT 1 FROM x_queues WHERE name = :queue AND paused = 1)
+UNION ALL
+SELECT keys.k, h.limit_max,
+       (SELECT count(*) FROM x_jobs r
+        WHERE r.limit_key = keys.k AND r.state = 'running' AND r.lease_expires_at > :now),
+       h.rate_max, h.rate_period,
+       CASE WHEN h.rate_max > 0 THEN
+           (SELECT count(*) FROM x_jobs r
+            WHERE r.limit_key = keys.k AND r.attempted_at IS NOT NULL AND r.rate_max > 0
+              AND r.attempted_at > :now - h.rate_period)
+       ELSE 0 END,
+       CASE WHEN h.rate_max > 0 THEN
+           (SELECT min(r.attempted_at) FROM x_jobs r
+            WHERE r.limit_key = keys.k AND r.attempted_at IS NOT NULL AND r.rate_max > 0
+              AND r.attempted_at > :now - h.rate_period)
+       END,
+       -- Its first :limit due jobs in claim order, as [[id, priority, run_at], ...], unless its
+       -- slots are all held (the driver takes as many as are free and still needed).
+       CASE WHEN (SELECT count(*) FROM x_jobs r
+                  WHERE r.limit_key = keys.k AND r.state = 'running'
+                    AND r.lease_expires_at > :now) < h.limit_max THEN
+           (SELECT json_group_array(json_array(c.id, c.priority, c.run_at)) FROM (
+                SELECT id, priority, run_at FROM x_jobs
+                WHERE queue = :queue AND limit_key = keys.k
+                  AND state IN ('scheduled', 'available')
+                  AND run_at <= :now AND isolated = :isolated
+                ORDER BY priority DESC, run_at, id
+                LIMIT :limit) c)
+       END
+FROM keys
+CROSS JOIN x_jobs h ON h.id = (  -- the key's head job (CROSS: keys stays outer, lazy)
+    SELECT x.id FROM x_jobs x
+    WHERE x.queue = :queue AND x.limit_key = keys.k AND x.state IN ('scheduled', 'available')
+    ORDER BY x.priority DESC, x.run_at, x.id LIMIT 1
+)
+WHERE keys.k IS NOT NULL AND (:upto IS NULL OR keys.k <= :upto);
+
+-- name: job_flow
+-- Where a job's partition stands (Driver.job_flow): job_limit_keys's counts, for one job.
+SELECT j.limit_key, j.limit_max,
+       (SELECT count(*) FROM x_jobs r
+        WHERE r.limit_key = j.limit_key AND r.state = 'running' AND r.lease_expires_at > :now),
+       j.rate_max, j.rate_period,
+       (SELECT count(*) FROM x_jobs r
+        WHERE j.rate_max > 0 AND r.limit_key = j.limit_key
+          AND r.attempted_at IS NOT NULL AND r.rate_max > 0
+          AND r.attempted_at > :now - j.rate_period),
+       (SELECT min(r.attempted_at) FROM x_jobs r
+        WHERE j.rate_max > 0 AND r.limit_key = j.limit_key
+          AND r.attempted_at IS NOT NULL AND r.rate_max > 0
+          AND r.attempted_at > :now - j.rate_period)
+FROM x_jobs j
+WHERE j.id = :id AND j.limit_key IS NOT NULL;
 
 -- name: job_peek_isolated
 SELECT 1 FROM x_jobs

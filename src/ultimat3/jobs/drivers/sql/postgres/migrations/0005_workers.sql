@@ -65,5 +65,15 @@ CREATE TRIGGER x_jobs_count_update AFTER UPDATE ON {schema}.x_jobs
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION {schema}.x_jobs_count_update();
 
+-- TRUNCATE fires no row or DELETE trigger: an emptied table has no counts either.
+CREATE FUNCTION {schema}.x_jobs_count_truncate() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM {schema}.x_job_counts;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER x_jobs_count_truncate AFTER TRUNCATE ON {schema}.x_jobs
+    FOR EACH STATEMENT EXECUTE FUNCTION {schema}.x_jobs_count_truncate();
+
 -- The W3C trace context of the enqueue, when a tracing integration is on (NULL otherwise).
 ALTER TABLE {schema}.x_jobs ADD COLUMN trace_context text;

@@ -94,3 +94,27 @@ def test_running_lists_every_running_job_by_lease_expiry(driver: Driver) -> None
     assert [j.id for j in driver.job_list_running(limit=1)] == [second[0].id]
     assert driver.job_list_running(limit=0) == []
     assert len(set(ids)) == 4
+
+
+def test_oldest_ready_counts_limited_jobs_too(driver: Driver) -> None:
+    # Limited jobs (migration 6) live in their own claim index; the dashboard's "oldest ready"
+    # must see them, alone in a queue or older than the unlimited ones of theirs.
+    from dataclasses import replace
+
+    def limited(**options: object) -> object:
+        return replace(new_job(**options), limit_key="k", limit_max=1)  # type: ignore[arg-type]
+
+    insert(
+        driver,
+        limited(queue="only", run_at=at(10)),  # type: ignore[arg-type]
+        new_job(queue="mixed", run_at=at(30)),
+        limited(queue="mixed", run_at=at(20)),  # type: ignore[arg-type]
+        limited(queue="mixed", run_at=at(900)),  # type: ignore[arg-type]
+        now=T0,
+    )
+    found = {q.name: q.oldest_ready_at for q in driver.queue_list(now=at(100))}
+    assert found == {"only": at(10), "mixed": at(20)}
+    early = {q.name: q.oldest_ready_at for q in driver.queue_list(now=at(25))}
+    assert early == {"only": at(10), "mixed": at(20)}
+    none_due = {q.name: q.oldest_ready_at for q in driver.queue_list(now=at(5))}
+    assert none_due == {"only": None, "mixed": None}

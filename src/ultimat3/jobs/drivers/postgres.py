@@ -866,7 +866,10 @@ class PostgresDriver:
             per_state = counts.setdefault(queue, {})
             if state is not None:
                 per_state[_STATES[state]] = count
-        oldest = {queue: _utc(at) for queue, at in oldest_rows if at is not None}
+        oldest: dict[str, datetime] = {}
+        for queue, at in oldest_rows:  # unlimited and limited jobs: a queue may have both
+            if at is not None and (queue not in oldest or _utc(at) < oldest[queue]):
+                oldest[queue] = _utc(at)
         for queue in oldest:  # a queue whose counts have not been read yet (a race)
             paused.setdefault(queue, False)
             counts.setdefault(queue, {})

@@ -1028,7 +1028,10 @@ class SqliteDriver:
             return counts, settings, oldest
 
         counts, settings, oldest_rows = self._read(body)
-        oldest = {queue: _dt(run_at) for queue, run_at in oldest_rows if run_at is not None}
+        oldest: dict[str, datetime] = {}
+        for queue, run_at in oldest_rows:  # unlimited and limited jobs: a queue may have both
+            if run_at is not None and (queue not in oldest or _dt(run_at) < oldest[queue]):
+                oldest[queue] = _dt(run_at)
         paused = {name: bool(flag) for name, flag in settings}
         per_queue: dict[str, dict[JobState, int]] = {name: {} for name in paused}
         for queue, state, count in counts:
@@ -1343,8 +1346,11 @@ def _claim_queues(
 
 def _oldest_ready(conn: sqlite3.Connection, now_us: int) -> list[tuple[str, int | None]]:
     """Per queue with a waiting job, the run_at of its oldest job due by ``now_us`` (None:
-    none is due): a walk of the claim index's (queue, priority) groups, a seek a step."""
-    found: list[tuple[str, int | None]] = []
+    none is due): a walk of the claim index's (queue, priority) groups, a seek a step, and the
+    due limited jobs (rows of both kinds for a queue that has both)."""
+    found: list[tuple[str, int | None]] = list(
+        conn.execute(_Q["queue_oldest_limited"], {"now": now_us}).fetchall()
+    )
     after = ""
     while True:
         row = conn.execute(_Q["queue_first"], {"after": after}).fetchone()

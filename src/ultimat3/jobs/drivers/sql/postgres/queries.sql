@@ -523,19 +523,20 @@ SELECT queue, state, sum(n) FROM gone GROUP BY queue, state HAVING sum(n) <> 0
 -- priority, else the next queue), then the first row of each group, its smallest run_at.
 WITH RECURSIVE g AS (
     (SELECT queue, priority FROM {schema}.x_jobs
-     WHERE state IN ('scheduled', 'available')
+     WHERE state IN ('scheduled', 'available') AND limit_key IS NULL
      ORDER BY queue, priority DESC LIMIT 1)
     UNION ALL
     SELECT n.queue, n.priority
     FROM g, LATERAL (
         SELECT * FROM (
             (SELECT j.queue, j.priority FROM {schema}.x_jobs j
-             WHERE j.state IN ('scheduled', 'available') AND j.queue = g.queue
-               AND j.priority < g.priority
+             WHERE j.state IN ('scheduled', 'available') AND j.limit_key IS NULL
+               AND j.queue = g.queue AND j.priority < g.priority
              ORDER BY j.priority DESC LIMIT 1)
             UNION ALL
             (SELECT j.queue, j.priority FROM {schema}.x_jobs j
-             WHERE j.state IN ('scheduled', 'available') AND j.queue > g.queue
+             WHERE j.state IN ('scheduled', 'available') AND j.limit_key IS NULL
+               AND j.queue > g.queue
              ORDER BY j.queue, j.priority DESC LIMIT 1)
         ) step
         LIMIT 1
@@ -545,11 +546,18 @@ SELECT g.queue,
        min(f.run_at) FILTER (WHERE f.run_at <= coalesce(%(now)s::timestamptz, now()))
 FROM g, LATERAL (
     SELECT j.run_at FROM {schema}.x_jobs j
-    WHERE j.state IN ('scheduled', 'available') AND j.queue = g.queue
-      AND j.priority = g.priority
+    WHERE j.state IN ('scheduled', 'available') AND j.limit_key IS NULL
+      AND j.queue = g.queue AND j.priority = g.priority
     ORDER BY j.priority DESC, j.run_at LIMIT 1
 ) f
 GROUP BY g.queue
+UNION ALL
+-- Limited jobs (not in the claim index, which holds limit_key IS NULL only, migration 6): a
+-- walk of x_jobs_claim_limited's waiting rows, not of the table.
+SELECT queue, min(run_at) FROM {schema}.x_jobs
+WHERE state IN ('scheduled', 'available') AND limit_key IS NOT NULL
+  AND run_at <= coalesce(%(now)s::timestamptz, now())
+GROUP BY queue
 
 -- name: schedule_register
 INSERT INTO {schema}.x_schedules (task, first_seen_at)

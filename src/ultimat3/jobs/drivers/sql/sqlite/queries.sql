@@ -439,19 +439,31 @@ WHERE n <> 0
 -- The oldest ready job of each queue is found on the claim index x_jobs_claim (queue,
 -- priority DESC, run_at, id), no index of its own (one that led with run_at would tempt the
 -- planner away from it for claims): the driver walks the (queue, priority) groups with
--- these probes, each a seek, and the first row of a group has its smallest run_at.
+-- these probes, each a seek, and the first row of a group has its smallest run_at. The claim
+-- index holds unlimited jobs only (limit_key IS NULL, migration 6): without that term the
+-- probes match no index and walk the table. Limited jobs: queue_oldest_limited.
 SELECT queue, max(priority) FROM x_jobs
-WHERE state IN ('scheduled', 'available')
+WHERE state IN ('scheduled', 'available') AND limit_key IS NULL
   AND queue = (SELECT min(queue) FROM x_jobs
-               WHERE state IN ('scheduled', 'available') AND queue > :after);
+               WHERE state IN ('scheduled', 'available') AND limit_key IS NULL
+                 AND queue > :after);
 
 -- name: queue_next_priority
 SELECT max(priority) FROM x_jobs
-WHERE queue = :queue AND state IN ('scheduled', 'available') AND priority < :priority;
+WHERE queue = :queue AND state IN ('scheduled', 'available') AND limit_key IS NULL
+  AND priority < :priority;
 
 -- name: queue_group_first_run_at
 SELECT min(run_at) FROM x_jobs
-WHERE queue = :queue AND state IN ('scheduled', 'available') AND priority = :priority;
+WHERE queue = :queue AND state IN ('scheduled', 'available') AND limit_key IS NULL
+  AND priority = :priority;
+
+-- name: queue_oldest_limited
+-- The oldest due limited job per queue, on x_jobs_claim_limited: a walk of the waiting
+-- limited jobs (those held back by their limits among them), not of the table.
+SELECT queue, min(run_at) FROM x_jobs
+WHERE state IN ('scheduled', 'available') AND limit_key IS NOT NULL AND run_at <= :now
+GROUP BY queue;
 
 -- name: queue_settings
 SELECT name, paused FROM x_queues;

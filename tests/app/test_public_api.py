@@ -22,8 +22,8 @@ def test_all_is_sorted_and_complete() -> None:
 def test_import_pulls_in_no_optional_dependency() -> None:
     code = (
         "import sys, ultimat3.jobs, ultimat3.jobs.cli, ultimat3.jobs.worker; "
-        "bad = [m for m in ('psycopg', 'psycopg_pool', 'pydantic', 'starlette', 'sqlalchemy', "
-        "'prometheus_client', 'opentelemetry') if m in sys.modules]; "
+        "bad = [m for m in ('psycopg', 'psycopg_pool', 'pydantic', 'starlette', 'jinja2', "
+        "'uvicorn', 'sqlalchemy', 'prometheus_client', 'opentelemetry') if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)

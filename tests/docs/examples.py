@@ -8,7 +8,7 @@ rendered page) that says otherwise:
 - ``<!-- test: fragment, REASON -->``: the block cannot run on its own (REASON says why); it is
   compiled (Python), split into words (shell) or parsed (TOML), so it is at least well formed.
 - ``<!-- test: background -->``: a shell block of one long-running command (``worker``,
-  ``scheduler``, ``run``, ``relay``), started and left running while the page goes on; at the
+  ``scheduler``, ``run``, ``relay``, ``dashboard``), started and left running while the page goes on; at the
   page's end it gets SIGTERM and must exit 0.
 - ``<!-- test: retry 30s -->``: the block is run again until it passes or the time is up (a
   check that waits for a background worker).
@@ -35,7 +35,7 @@ FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<lang>[\w+-]*)[
 MARK = re.compile(r"^\s*<!--\s*test:\s*(?P<marks>.*?)\s*-->\s*$")
 CODE_LANGUAGES = {"python", "sh", "toml"}
 PROSE_LANGUAGES = {"text"}
-LONG_RUNNING = {"worker", "scheduler", "run", "relay"}
+LONG_RUNNING = {"worker", "scheduler", "run", "relay", "dashboard"}
 
 
 @dataclass

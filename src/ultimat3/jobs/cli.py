@@ -1218,6 +1218,54 @@ def migrate(ctx: Context, print_sql: bool) -> None:
 
 @cli.command()
 @click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on. Anything but loopback needs basic auth: "
+    "$ULTIMAT3_JOBS_DASHBOARD_USER and $ULTIMAT3_JOBS_DASHBOARD_PASSWORD.",
+)
+@click.option(
+    "--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Port."
+)
+@click.option("--read-only", is_flag=True, help="Show everything, change nothing.")
+@click.option("--tenant", help="Show only this tenant's jobs (another's answer 404).")
+@click.option(
+    "--refresh",
+    default="3s",
+    show_default=True,
+    type=DURATION,
+    help="How often pages refresh their live part (0s: never).",
+)
+@pass_ctx
+def dashboard(
+    ctx: Context,
+    host: str,
+    port: int,
+    read_only: bool,
+    tenant: str | None,
+    refresh: timedelta,
+) -> None:
+    """The web dashboard (extra [dashboard]): queues, jobs, dead letters, cron, workers."""
+    with explained():
+        try:
+            from ultimat3.jobs.dashboard.serve import serve
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"the dashboard needs the [dashboard] extra ({exc.name} is not installed)",
+                fix="pip install 'ultimat3-jobs[dashboard]'",
+            ) from exc
+        serve(
+            ctx.existing_app,
+            host=host,
+            port=port,
+            read_only=read_only,
+            tenant=tenant,
+            refresh=refresh.total_seconds(),
+        )
+
+
+@cli.command()
+@click.option(
     "--dir",
     "directory",
     type=click.Path(file_okay=False),

@@ -49,6 +49,7 @@ from ultimat3.jobs.records import (
     Cycle,
     CycleResult,
     Failure,
+    FinishedCount,
     FlowState,
     InsertResult,
     Job,
@@ -267,6 +268,11 @@ class Driver(Protocol):
         fails them through their (expired) lease, so a worker that comes back races fairly."""
         ...
 
+    def job_list_running(self, *, limit: int) -> list[Job]:
+        """Up to ``limit`` running jobs, earliest lease expiry first (then id), started or not:
+        what the workers page shows each worker running. A read of the lease index."""
+        ...
+
     def job_get(self, job_id: str, *, tenant_id: str | None = None) -> Job | None:
         """One job; with ``tenant_id``, only that tenant's."""
         ...
@@ -281,6 +287,12 @@ class Driver(Protocol):
         self, where: JobFilter, *, limit: int = 100, before_id: str | None = None
     ) -> list[Job]:
         """Jobs matching ``where``, newest id first; ``before_id`` pages (keyset)."""
+        ...
+
+    def job_id_below(self, before_id: str | None, offset: int) -> str | None:
+        """The id ``offset`` places below ``before_id`` (None: the newest) in newest-first id
+        order, or None when there are not that many: the far end of a window for
+        ``JobFilter.min_id``. A walk along the primary key, costing ``offset`` entries."""
         ...
 
     def job_count(self, where: JobFilter) -> dict[tuple[str, JobState], int]:
@@ -304,6 +316,14 @@ class Driver(Protocol):
         """Delete up to ``limit`` jobs in final ``states`` that finished before the given time."""
         ...
 
+    def job_finished_counts(
+        self, since: datetime, bucket: timedelta, *, tenant_id: str | None = None
+    ) -> list[FinishedCount]:
+        """How many jobs ended (completed, dead, cancelled) per queue, state and time bucket
+        since ``since``: bucket ``k`` starts at ``since + k * bucket``. A range read of the
+        finished-time index: it costs what ended since then, not the whole table."""
+        ...
+
     # -- queues ------------------------------------------------------------------------------
 
     def queue_set_paused(self, queue: str, paused: bool) -> None:
@@ -317,6 +337,11 @@ class Driver(Protocol):
         ...
 
     # -- cron schedules and leadership -----------------------------------------------------
+
+    def schedule_read(self, tasks: Sequence[str]) -> dict[str, ScheduleState]:
+        """The stored state of those ``tasks`` the database knows (absent ones are left out).
+        A read: unlike ``schedule_state`` it creates nothing."""
+        ...
 
     def schedule_state(
         self, tasks: Sequence[str], *, now: datetime | None = None

@@ -239,6 +239,9 @@ class JobFilter:
     name: str | None = None
     tenant_id: str | None = None
     ids: tuple[str, ...] | None = None
+    #: Only ids at or above this one: with ``job_list``'s ``before_id``, a window of the id
+    #: order, so a selective filter reads that window, not the whole table.
+    min_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +271,17 @@ class QueueInfo:
     #: The ``run_at`` of the oldest job due now (scheduled or available), None when none is
     #: due: how long the queue's next job has waited.
     oldest_ready_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedCount:
+    """How many jobs of ``queue`` ended in ``state`` during the time bucket that starts at
+    ``start`` (the dashboard's throughput chart)."""
+
+    queue: str
+    state: JobState
+    start: datetime
+    count: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,6 +73,7 @@ from ultimat3.jobs.records import (
     Cycle,
     CycleResult,
     Failure,
+    FinishedCount,
     FlowState,
     InsertResult,
     Job,
@@ -644,6 +645,15 @@ class MemoryDriver:
             )
             return True
 
+    def job_list_running(self, *, limit: int) -> list[Job]:
+        with self._lock:
+            running = [job for job in self._jobs.values() if job.state is JobState.RUNNING]
+        # A running job always holds a lease (the records' invariant).
+        running.sort(
+            key=lambda job: (job.lease_expires_at or datetime.min.replace(tzinfo=UTC), job.id)
+        )
+        return running[: max(0, limit)]
+
     def job_list_expired(self, *, limit: int, now: datetime | None = None) -> list[Job]:
         at = _now(now)
         with self._lock:
@@ -689,12 +699,37 @@ class MemoryDriver:
         found.sort(key=lambda job: job.id, reverse=True)
         return found[: max(0, limit)]
 
+    def job_id_below(self, before_id: str | None, offset: int) -> str | None:
+        with self._lock:
+            ids = sorted(
+                (i for i in self._jobs if before_id is None or i < before_id), reverse=True
+            )
+        return ids[offset] if 0 <= offset < len(ids) else None
+
     def job_count(self, where: JobFilter) -> dict[tuple[str, JobState], int]:
         with self._lock:
             counts = Counter(
                 (job.queue, job.state) for job in self._jobs.values() if _matches(job, where)
             )
         return dict(counts)
+
+    def job_finished_counts(
+        self, since: datetime, bucket: timedelta, *, tenant_id: str | None = None
+    ) -> list[FinishedCount]:
+        since = _utc(since)
+        with self._lock:
+            counts = Counter(
+                (job.queue, job.state, (job.finished_at - since) // bucket)
+                for job in self._jobs.values()
+                if job.finished_at is not None
+                and job.finished_at >= since
+                and job.state in FINAL_STATES
+                and (tenant_id is None or job.tenant_id == tenant_id)
+            )
+        return [
+            FinishedCount(queue, state, since + k * bucket, n)
+            for (queue, state, k), n in sorted(counts.items())
+        ]
 
     def job_retry(
         self, ids: Sequence[str], *, tenant_id: str | None = None, now: datetime | None = None
@@ -775,6 +810,10 @@ class MemoryDriver:
     # -- wake-ups ----------------------------------------------------------------------------
 
     # -- cron schedules and leadership -----------------------------------------------------
+
+    def schedule_read(self, tasks: Sequence[str]) -> dict[str, ScheduleState]:
+        with self._lock:
+            return {task: self._schedules[task] for task in tasks if task in self._schedules}
 
     def schedule_state(
         self, tasks: Sequence[str], *, now: datetime | None = None
@@ -957,6 +996,7 @@ def _matches(job: Job, where: JobFilter) -> bool:
         and (where.name is None or job.name == where.name)
         and (where.tenant_id is None or job.tenant_id == where.tenant_id)
         and (where.ids is None or job.id in where.ids)
+        and (where.min_id is None or job.id >= where.min_id)
     )
 
 

@@ -130,6 +130,7 @@ from ultimat3.jobs.records import (
     Cycle,
     CycleResult,
     Failure,
+    FinishedCount,
     FlowState,
     InsertResult,
     Job,
@@ -799,6 +800,11 @@ class PostgresDriver:
         rows = self._fetch("job_list_expired", {"limit": limit, "now": now})
         return [_job(row) for row in rows]
 
+    def job_list_running(self, *, limit: int) -> list[Job]:
+        if limit <= 0:
+            return []
+        return [_job(row) for row in self._fetch("job_list_running", {"limit": limit})]
+
     def job_get(self, job_id: str, *, tenant_id: str | None = None) -> Job | None:
         rows = self._fetch("job_get", {"id": job_id, "tenant_id": tenant_id})
         return _job(rows[0]) if rows else None
@@ -832,9 +838,21 @@ class PostgresDriver:
         params = {**_filter_params(where), "limit": limit, "before_id": before_id}
         return [_job(row) for row in self._fetch("job_list", params, prepare=False)]
 
+    def job_id_below(self, before_id: str | None, offset: int) -> str | None:
+        if offset < 0:
+            return None
+        params = {"before_id": before_id, "offset": offset}
+        rows = self._fetch("job_id_below", params, prepare=False)
+        return str(rows[0][0]) if rows else None
+
     def job_count(self, where: JobFilter) -> dict[tuple[str, JobState], int]:
         params = _filter_params(where)
-        if where.name is None and where.tenant_id is None and where.ids is None:
+        if (
+            where.name is None
+            and where.tenant_id is None
+            and where.ids is None
+            and where.min_id is None
+        ):
             kept = {"states": params["states"], "queue": params["queue"]}
             rows = self._fetch("job_count_kept", kept, prepare=False)
         else:
@@ -859,6 +877,17 @@ class PostgresDriver:
         rows = self._fetch("job_discard", {"ids": _text_array(ids), "tenant_id": tenant_id})
         deleted = {row[0] for row in rows}
         return [job_id for job_id in dict.fromkeys(ids) if job_id in deleted]
+
+    def job_finished_counts(
+        self, since: datetime, bucket: timedelta, *, tenant_id: str | None = None
+    ) -> list[FinishedCount]:
+        step = bucket.total_seconds()
+        params = {"since": since, "bucket": step, "tenant_id": tenant_id}
+        rows = self._fetch("job_finished_counts", params, prepare=False)
+        return [
+            FinishedCount(queue, _STATES[state], _utc(since) + k * bucket, n)
+            for queue, state, k, n in sorted(rows)
+        ]
 
     def job_prune(
         self, *, states: frozenset[JobState], finished_before: datetime, limit: int
@@ -890,7 +919,10 @@ class PostgresDriver:
             per_state = counts.setdefault(queue, {})
             if state is not None:
                 per_state[_STATES[state]] = count
-        oldest = {queue: _utc(at) for queue, at in oldest_rows if at is not None}
+        oldest: dict[str, datetime] = {}
+        for queue, at in oldest_rows:  # unlimited and limited jobs: a queue may have both
+            if at is not None and (queue not in oldest or _utc(at) < oldest[queue]):
+                oldest[queue] = _utc(at)
         for queue in oldest:  # a queue whose counts have not been read yet (a race)
             paused.setdefault(queue, False)
             counts.setdefault(queue, {})
@@ -907,6 +939,15 @@ class PostgresDriver:
             self._exec(conn, self._q["job_counts_fold"], {}, bounded=True)
 
     # -- cron schedules and leadership -----------------------------------------------------
+
+    def schedule_read(self, tasks: Sequence[str]) -> dict[str, ScheduleState]:
+        if not tasks:
+            return {}
+        rows = self._fetch("schedule_read", {"tasks": _text_array(sorted(set(tasks)))})
+        return {
+            task: ScheduleState(task, _utc(first), _utc(last) if last is not None else None)
+            for task, first, last in rows
+        }
 
     def schedule_state(
         self, tasks: Sequence[str], *, now: datetime | None = None
@@ -1811,6 +1852,7 @@ def _filter_params(where: JobFilter) -> dict[str, Any]:
         "name": where.name,
         "tenant_id": where.tenant_id,
         "ids": _text_array(where.ids) if where.ids is not None else None,
+        "min_id": where.min_id,
     }
 
 

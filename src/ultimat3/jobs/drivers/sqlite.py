@@ -106,6 +106,7 @@ from ultimat3.jobs.records import (
     Cycle,
     CycleResult,
     Failure,
+    FinishedCount,
     FlowState,
     InsertResult,
     Job,
@@ -945,6 +946,11 @@ class SqliteDriver:
         rows = self._read(lambda conn: conn.execute(_Q["job_list_expired"], args).fetchall())
         return [_job(row) for row in rows]
 
+    def job_list_running(self, *, limit: int) -> list[Job]:
+        args = {"limit": max(0, limit)}
+        rows = self._read(lambda conn: conn.execute(_Q["job_list_running"], args).fetchall())
+        return [_job(row) for row in rows]
+
     def job_get(self, job_id: str, *, tenant_id: str | None = None) -> Job | None:
         args = {"id": job_id, "tenant_id": tenant_id}
         row = self._read(lambda conn: conn.execute(_Q["job_get"], args).fetchone())
@@ -975,12 +981,29 @@ class SqliteDriver:
         rows = self._read(lambda conn: conn.execute(_Q["job_list"], args).fetchall())
         return [_job(row) for row in rows]
 
+    def job_id_below(self, before_id: str | None, offset: int) -> str | None:
+        if offset < 0:
+            return None
+        args = {"before_id": before_id, "offset": offset}
+        row = self._read(lambda conn: conn.execute(_Q["job_id_below"], args).fetchone())
+        return None if row is None else str(row[0])
+
     def job_count(self, where: JobFilter) -> dict[tuple[str, JobState], int]:
         args = _filter_args(where)
-        kept = where.name is None and where.tenant_id is None and where.ids is None
-        query = _Q["job_count_kept" if kept else "job_count"]
-        if kept:
+        tenant_only = where.tenant_id is not None and where == JobFilter(tenant_id=where.tenant_id)
+        kept = (
+            where.name is None
+            and where.tenant_id is None
+            and where.ids is None
+            and where.min_id is None
+        )
+        if tenant_only:
+            query = _Q["job_count_tenant"]
+        elif kept:
+            query = _Q["job_count_kept"]
             args = {"states": args["states"], "queue": args["queue"]}
+        else:
+            query = _Q["job_count"]
         rows = self._read(lambda conn: conn.execute(query, args).fetchall())
         return {(queue, _STATES[state]): count for queue, state, count in rows}
 
@@ -999,6 +1022,17 @@ class SqliteDriver:
         args = {"ids": json.dumps(list(ids)), "tenant_id": tenant_id}
         rows = self._write(lambda conn: conn.execute(_Q["job_discard"], args).fetchall())
         return _in_order(ids, {row[0] for row in rows})
+
+    def job_finished_counts(
+        self, since: datetime, bucket: timedelta, *, tenant_id: str | None = None
+    ) -> list[FinishedCount]:
+        step = max(1, bucket // timedelta(microseconds=1))
+        args = {"since": _us(since), "bucket": step, "tenant_id": tenant_id}
+        rows = self._read(lambda conn: conn.execute(_Q["job_finished_counts"], args).fetchall())
+        return [
+            FinishedCount(queue, _STATES[state], _dt(args["since"] + k * step), n)
+            for queue, state, k, n in sorted(rows)
+        ]
 
     def job_prune(
         self, *, states: frozenset[JobState], finished_before: datetime, limit: int
@@ -1036,7 +1070,10 @@ class SqliteDriver:
             return counts, settings, oldest
 
         counts, settings, oldest_rows = self._read(body)
-        oldest = {queue: _dt(run_at) for queue, run_at in oldest_rows if run_at is not None}
+        oldest: dict[str, datetime] = {}
+        for queue, run_at in oldest_rows:  # unlimited and limited jobs: a queue may have both
+            if run_at is not None and (queue not in oldest or _dt(run_at) < oldest[queue]):
+                oldest[queue] = _dt(run_at)
         paused = {name: bool(flag) for name, flag in settings}
         per_queue: dict[str, dict[JobState, int]] = {name: {} for name in paused}
         for queue, state, count in counts:
@@ -1049,6 +1086,16 @@ class SqliteDriver:
     # -- wake-ups ----------------------------------------------------------------------------
 
     # -- cron schedules and leadership -----------------------------------------------------
+
+    def schedule_read(self, tasks: Sequence[str]) -> dict[str, ScheduleState]:
+        if not tasks:
+            return {}
+        args = {"tasks": json.dumps(list(tasks))}
+        rows = self._read(lambda conn: conn.execute(_Q["schedule_get"], args).fetchall())
+        return {
+            task: ScheduleState(task, _dt(first), None if last is None else _dt(last))
+            for task, first, last in rows
+        }
 
     def schedule_state(
         self, tasks: Sequence[str], *, now: datetime | None = None
@@ -1378,8 +1425,11 @@ def _claim_queues(
 
 def _oldest_ready(conn: sqlite3.Connection, now_us: int) -> list[tuple[str, int | None]]:
     """Per queue with a waiting job, the run_at of its oldest job due by ``now_us`` (None:
-    none is due): a walk of the claim index's (queue, priority) groups, a seek a step."""
-    found: list[tuple[str, int | None]] = []
+    none is due): a walk of the claim index's (queue, priority) groups, a seek a step, and the
+    due limited jobs (rows of both kinds for a queue that has both)."""
+    found: list[tuple[str, int | None]] = list(
+        conn.execute(_Q["queue_oldest_limited"], {"now": now_us}).fetchall()
+    )
     after = ""
     while True:
         row = conn.execute(_Q["queue_first"], {"after": after}).fetchone()
@@ -1473,6 +1523,7 @@ def _filter_args(where: JobFilter) -> dict[str, Any]:
         "name": where.name,
         "tenant_id": where.tenant_id,
         "ids": None if where.ids is None else json.dumps(list(where.ids)),
+        "min_id": where.min_id,
     }
 
 

@@ -416,6 +416,16 @@ WHERE state = 'running' AND lease_expires_at < coalesce(%(now)s::timestamptz, no
 ORDER BY lease_expires_at, id
 LIMIT %(limit)s
 
+-- name: job_list_running
+-- Every running job, on the lease index (which holds running rows only).
+SELECT id, name, queue, input::text, tenant_id, idempotency_key, priority, state, attempt,
+       max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
+       lease_expires_at, worker_id, errors::text, cancel_reason, trace_context, result::text
+FROM {schema}.x_jobs
+WHERE state = 'running'
+ORDER BY lease_expires_at, id
+LIMIT %(limit)s
+
 -- name: job_get
 SELECT id, name, queue, input::text, tenant_id, idempotency_key, priority, state, attempt,
        max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
@@ -436,8 +446,16 @@ WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s::text)
   AND (%(ids)s::text[] IS NULL OR id = ANY(%(ids)s::text[]))
   AND (%(before_id)s::text IS NULL OR id < %(before_id)s::text)
+  AND (%(min_id)s::text IS NULL OR id >= %(min_id)s::text)
 ORDER BY id DESC
 LIMIT %(limit)s
+
+-- name: job_id_below
+-- The id %(offset)s places below %(before_id)s, newest first (unprepared, like job_list).
+SELECT id FROM {schema}.x_jobs
+WHERE (%(before_id)s::text IS NULL OR id < %(before_id)s::text)
+ORDER BY id DESC
+LIMIT 1 OFFSET %(offset)s
 
 -- name: job_count
 SELECT queue, state, count(*)
@@ -447,6 +465,7 @@ WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(name)s::text IS NULL OR name = %(name)s::text)
   AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s::text)
   AND (%(ids)s::text[] IS NULL OR id = ANY(%(ids)s::text[]))
+  AND (%(min_id)s::text IS NULL OR id >= %(min_id)s::text)
 GROUP BY queue, state
 
 -- name: job_retry
@@ -509,6 +528,17 @@ FROM (
 ) c
 FULL JOIN {schema}.x_queues p ON p.name = c.queue
 
+-- name: job_finished_counts
+-- A range of the finished index; k is the bucket index from %(since)s (bucket in seconds).
+SELECT queue, state,
+       floor(extract(epoch FROM finished_at - %(since)s::timestamptz) / %(bucket)s)::bigint AS k,
+       count(*)
+FROM {schema}.x_jobs
+WHERE finished_at IS NOT NULL AND finished_at >= %(since)s::timestamptz
+  AND state IN ('completed', 'dead', 'cancelled')
+  AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s::text)
+GROUP BY 1, 2, 3
+
 -- name: job_count_kept
 -- job_count for a filter of states and queue only, from the kept counts.
 SELECT queue, state, sum(n) FROM {schema}.x_job_counts
@@ -531,19 +561,20 @@ SELECT queue, state, sum(n) FROM gone GROUP BY queue, state HAVING sum(n) <> 0
 -- priority, else the next queue), then the first row of each group, its smallest run_at.
 WITH RECURSIVE g AS (
     (SELECT queue, priority FROM {schema}.x_jobs
-     WHERE state IN ('scheduled', 'available')
+     WHERE state IN ('scheduled', 'available') AND limit_key IS NULL
      ORDER BY queue, priority DESC LIMIT 1)
     UNION ALL
     SELECT n.queue, n.priority
     FROM g, LATERAL (
         SELECT * FROM (
             (SELECT j.queue, j.priority FROM {schema}.x_jobs j
-             WHERE j.state IN ('scheduled', 'available') AND j.queue = g.queue
-               AND j.priority < g.priority
+             WHERE j.state IN ('scheduled', 'available') AND j.limit_key IS NULL
+               AND j.queue = g.queue AND j.priority < g.priority
              ORDER BY j.priority DESC LIMIT 1)
             UNION ALL
             (SELECT j.queue, j.priority FROM {schema}.x_jobs j
-             WHERE j.state IN ('scheduled', 'available') AND j.queue > g.queue
+             WHERE j.state IN ('scheduled', 'available') AND j.limit_key IS NULL
+               AND j.queue > g.queue
              ORDER BY j.queue, j.priority DESC LIMIT 1)
         ) step
         LIMIT 1
@@ -553,11 +584,18 @@ SELECT g.queue,
        min(f.run_at) FILTER (WHERE f.run_at <= coalesce(%(now)s::timestamptz, now()))
 FROM g, LATERAL (
     SELECT j.run_at FROM {schema}.x_jobs j
-    WHERE j.state IN ('scheduled', 'available') AND j.queue = g.queue
-      AND j.priority = g.priority
+    WHERE j.state IN ('scheduled', 'available') AND j.limit_key IS NULL
+      AND j.queue = g.queue AND j.priority = g.priority
     ORDER BY j.priority DESC, j.run_at LIMIT 1
 ) f
 GROUP BY g.queue
+UNION ALL
+-- Limited jobs (not in the claim index, which holds limit_key IS NULL only, migration 6): a
+-- walk of x_jobs_claim_limited's waiting rows, not of the table.
+SELECT queue, min(run_at) FROM {schema}.x_jobs
+WHERE state IN ('scheduled', 'available') AND limit_key IS NOT NULL
+  AND run_at <= coalesce(%(now)s::timestamptz, now())
+GROUP BY queue
 
 -- name: schedule_register
 INSERT INTO {schema}.x_schedules (task, first_seen_at)
@@ -908,6 +946,6 @@ claimed AS (
     RETURNING j.id, j.name, j.queue, j.input::text, j.tenant_id, j.idempotency_key,
               j.priority, j.state, j.attempt, j.max_attempts, j.run_at, j.created_at,
               j.attempted_at, j.finished_at, j.lease_token, j.lease_expires_at, j.worker_id,
-              j.errors::text, j.cancel_reason, j.trace_context
+              j.errors::text, j.cancel_reason, j.trace_context, j.result::text
 )
 SELECT * FROM claimed ORDER BY priority DESC, run_at, id

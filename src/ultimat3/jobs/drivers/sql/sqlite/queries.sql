@@ -322,6 +322,16 @@ WHERE state = 'running' AND lease_expires_at < :now AND started = 1
 ORDER BY lease_expires_at, id
 LIMIT :limit;
 
+-- name: job_list_running
+-- Every running job, on the lease index (which holds running rows only).
+SELECT id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
+       max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
+       lease_expires_at, worker_id, errors, cancel_reason, trace_context, result
+FROM x_jobs
+WHERE state = 'running'
+ORDER BY lease_expires_at, id
+LIMIT :limit;
+
 -- name: job_get
 SELECT id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
        max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
@@ -330,7 +340,9 @@ FROM x_jobs
 WHERE id = :id AND (:tenant_id IS NULL OR tenant_id = :tenant_id);
 
 -- name: job_list
--- Each filter is NULL for "any"; :states and :ids are JSON arrays.
+-- Each filter is NULL for "any"; :states and :ids are JSON arrays. The id bounds are written
+-- so the planner seeks the primary key (any text sorts below any blob, above ''), where an
+-- "IS NULL OR" form would walk it from the top on every page.
 SELECT id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
        max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
        lease_expires_at, worker_id, errors, cancel_reason, trace_context, result
@@ -340,9 +352,17 @@ WHERE (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
   AND (:name IS NULL OR name = :name)
   AND (:tenant_id IS NULL OR tenant_id = :tenant_id)
   AND (:ids IS NULL OR id IN (SELECT value FROM json_each(:ids)))
-  AND (:before_id IS NULL OR id < :before_id)
+  AND id < coalesce(:before_id, x'')
+  AND id >= coalesce(:min_id, '')
 ORDER BY id DESC
 LIMIT :limit;
+
+-- name: job_id_below
+-- The id :offset places below :before_id, newest first: a count along the primary key index.
+SELECT id FROM x_jobs
+WHERE id < coalesce(:before_id, x'')
+ORDER BY id DESC
+LIMIT 1 OFFSET :offset;
 
 -- name: job_count
 SELECT queue, state, count(*)
@@ -352,6 +372,14 @@ WHERE (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
   AND (:name IS NULL OR name = :name)
   AND (:tenant_id IS NULL OR tenant_id = :tenant_id)
   AND (:ids IS NULL OR id IN (SELECT value FROM json_each(:ids)))
+  AND id >= coalesce(:min_id, '')
+GROUP BY queue, state;
+
+-- name: job_count_tenant
+-- One tenant's counts, from x_jobs_tenant (covering while the other filters are unset).
+SELECT queue, state, count(*)
+FROM x_jobs
+WHERE tenant_id = :tenant_id
 GROUP BY queue, state;
 
 -- name: job_retry
@@ -384,6 +412,15 @@ WHERE id IN (
     LIMIT :limit
 );
 
+-- name: job_finished_counts
+-- A range of the finished index per final state; k is the bucket index from :since.
+SELECT queue, state, (finished_at - :since) / :bucket AS k, count(*)
+FROM x_jobs
+WHERE state IN ('completed', 'dead', 'cancelled')
+  AND finished_at IS NOT NULL AND finished_at >= :since
+  AND (:tenant_id IS NULL OR tenant_id = :tenant_id)
+GROUP BY queue, state, k;
+
 -- name: queue_set_paused
 INSERT INTO x_queues (name, paused, updated_at)
 VALUES (:name, :paused, :now)
@@ -404,19 +441,31 @@ WHERE n <> 0
 -- The oldest ready job of each queue is found on the claim index x_jobs_claim (queue,
 -- priority DESC, run_at, id), no index of its own (one that led with run_at would tempt the
 -- planner away from it for claims): the driver walks the (queue, priority) groups with
--- these probes, each a seek, and the first row of a group has its smallest run_at.
+-- these probes, each a seek, and the first row of a group has its smallest run_at. The claim
+-- index holds unlimited jobs only (limit_key IS NULL, migration 6): without that term the
+-- probes match no index and walk the table. Limited jobs: queue_oldest_limited.
 SELECT queue, max(priority) FROM x_jobs
-WHERE state IN ('scheduled', 'available')
+WHERE state IN ('scheduled', 'available') AND limit_key IS NULL
   AND queue = (SELECT min(queue) FROM x_jobs
-               WHERE state IN ('scheduled', 'available') AND queue > :after);
+               WHERE state IN ('scheduled', 'available') AND limit_key IS NULL
+                 AND queue > :after);
 
 -- name: queue_next_priority
 SELECT max(priority) FROM x_jobs
-WHERE queue = :queue AND state IN ('scheduled', 'available') AND priority < :priority;
+WHERE queue = :queue AND state IN ('scheduled', 'available') AND limit_key IS NULL
+  AND priority < :priority;
 
 -- name: queue_group_first_run_at
 SELECT min(run_at) FROM x_jobs
-WHERE queue = :queue AND state IN ('scheduled', 'available') AND priority = :priority;
+WHERE queue = :queue AND state IN ('scheduled', 'available') AND limit_key IS NULL
+  AND priority = :priority;
+
+-- name: queue_oldest_limited
+-- The oldest due limited job per queue, on x_jobs_claim_limited: a walk of the waiting
+-- limited jobs (those held back by their limits among them), not of the table.
+SELECT queue, min(run_at) FROM x_jobs
+WHERE state IN ('scheduled', 'available') AND limit_key IS NOT NULL AND run_at <= :now
+GROUP BY queue;
 
 -- name: queue_settings
 SELECT name, paused FROM x_queues;

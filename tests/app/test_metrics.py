@@ -13,13 +13,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from ultimat3.jobs import App
 
 from .processes import HERE, wait_until
-
-prometheus_client = pytest.importorskip("prometheus_client")
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 WORKER = (sys.executable, "-m", "ultimat3.jobs", "--app", "faultjobs:app", "worker")
 FAST = ("--concurrency", "4", "--poll-interval", "50ms", "--lease", "2s")

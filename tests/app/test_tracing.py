@@ -8,15 +8,11 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-import pytest
-
-from ultimat3.jobs import App, job
-
-pytest.importorskip("opentelemetry.sdk")
-
+import opentelemetry.sdk  # noqa: F401  (a dev dependency: a missing one fails, it is not skipped)
 from opentelemetry import trace
 
 from tracing import check_link, traced
+from ultimat3.jobs import App, job
 
 INSIDE: list[Any] = []
 

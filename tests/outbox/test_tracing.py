@@ -3,16 +3,13 @@ database reaches the job row, and the worker's span links to the request that en
 
 from __future__ import annotations
 
-import pytest
+import opentelemetry.sdk  # noqa: F401  (a dev dependency: a missing one fails, it is not skipped)
 
+from tracing import check_link, traced
 from ultimat3.jobs import App
 from ultimat3.jobs.testing import drain
 
 from .conftest import StoreSpec, job_a
-
-pytest.importorskip("opentelemetry.sdk")
-
-from tracing import check_link, traced
 
 
 def test_the_consumer_span_links_to_the_request_through_the_relay(

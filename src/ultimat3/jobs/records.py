@@ -243,12 +243,11 @@ class JobFilter:
     #: order, so a selective filter reads that window, not the whole table.
     min_id: str | None = None
 
-
-@dataclass(frozen=True, slots=True)
-class Completion:
-    """One completed job, fenced by its lease."""
-
-    lease: Lease
+    @property
+    def by_queue_and_state(self) -> bool:
+        """Whether only states and a queue narrow it: the counts kept per (queue, state)
+        answer it then (``job_count``). A field added later narrows too, so it is not."""
+        return self == JobFilter(states=self.states, queue=self.queue)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,9 +2,10 @@
 first wait for a result, on a channel of its own (``<schema>:finished``), so the workers'
 LISTEN for new jobs never hears about completions.
 
-Completions, dead ends and cancels ``pg_notify`` that channel in their own transaction, with
-the finished ids as payload (comma-separated; ``''`` when they would not fit, meaning "any
-job may have finished"). One thread listens at a time; every waiting thread checks the
+Completions, dead ends and cancels of jobs a reader marked awaited (``job_await``)
+``pg_notify`` that channel in their own transaction, with the finished ids as payload
+(comma-separated; ``''`` when they would not fit, meaning "any job may have finished"). One
+thread listens at a time; every waiting thread checks the
 notifications since its mark, so none is lost between reading a job and waiting for it. A new
 or lost LISTEN connection makes every waiter read its job again (a notification sent before
 the LISTEN reached nobody). Not used behind a transaction-mode pooler: the driver polls then.

@@ -30,8 +30,8 @@ Guarantees (beyond the ``Driver`` protocol's rules, which this driver keeps):
   transaction: a rollback sends nothing. ``wait_for_jobs`` LISTENs on one dedicated
   connection outside the pool, shared by every waiting thread; after any error on it, it
   returns early (so the caller polls), then reconnects with backoff (capped at 5 s) and
-  re-LISTENs, returning early once more. Completions, dead ends and cancels notify another
-  channel, ``<schema>:finished``, with the finished ids: ``job_wait`` (a reader waiting for a
+  re-LISTENs, returning early once more. Completions, dead ends and cancels of awaited jobs
+  (``job_await``) notify another channel, ``<schema>:finished``, with the finished ids: ``job_wait`` (a reader waiting for a
   result) LISTENs there on a connection of its own (``pg_finished``), so workers never wake
   for them.
 - **Behind a transaction-mode pooler** (``pooler="transaction"``: PgBouncer's
@@ -847,12 +847,7 @@ class PostgresDriver:
 
     def job_count(self, where: JobFilter) -> dict[tuple[str, JobState], int]:
         params = _filter_params(where)
-        if (
-            where.name is None
-            and where.tenant_id is None
-            and where.ids is None
-            and where.min_id is None
-        ):
+        if where.by_queue_and_state:
             kept = {"states": params["states"], "queue": params["queue"]}
             rows = self._fetch("job_count_kept", kept, prepare=False)
         else:

@@ -991,12 +991,7 @@ class SqliteDriver:
     def job_count(self, where: JobFilter) -> dict[tuple[str, JobState], int]:
         args = _filter_args(where)
         tenant_only = where.tenant_id is not None and where == JobFilter(tenant_id=where.tenant_id)
-        kept = (
-            where.name is None
-            and where.tenant_id is None
-            and where.ids is None
-            and where.min_id is None
-        )
+        kept = where.by_queue_and_state
         if tenant_only:
             query = _Q["job_count_tenant"]
         elif kept:

@@ -26,6 +26,12 @@ COLUMNS = (
 )
 
 
+def _pcts(values: list[float]) -> str:
+    ordered = sorted(values)
+    at = [ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))] for p in (50, 95, 99)]
+    return "/".join(f"{v:.2f}" for v in at)
+
+
 def _url(dsn: str) -> str:
     p = conninfo_to_dict(dsn)
     return f"postgresql://{p['user']}@{p['host']}:{p['port']}/{p['dbname']}"
@@ -121,6 +127,65 @@ def bare_notify_latency(dsn: str, samples: int) -> list[float]:
     return seen
 
 
+BARE_CONSUMER = """
+import sys, time, psycopg
+dsn, table, out = sys.argv[1:4]
+claim = (
+    f"WITH c AS (SELECT id FROM {table} WHERE state = 'available' AND queue = 'barelat' "
+    "AND limit_key IS NULL ORDER BY priority DESC, run_at, id LIMIT 10 FOR UPDATE SKIP LOCKED) "
+    f"UPDATE {table} j SET state = 'running', lease_token = 't', attempt = attempt + 1, "
+    "lease_expires_at = now() + interval '30 seconds' FROM c WHERE j.id = c.id "
+    "RETURNING (j.input->>'t')::float8"
+)
+listener = psycopg.connect(dsn, autocommit=True)
+worker = psycopg.connect(dsn, autocommit=True)
+worker.execute("SET synchronous_commit = off")  # as the library's claim-only turn
+listener.execute("LISTEN bare_latency")
+print("ready", flush=True)
+with open(out, "a") as f:
+    while True:
+        for n in listener.notifies(timeout=1.0, stop_after=1):
+            if n.payload == "stop":
+                sys.exit(0)
+        for (sent,) in worker.execute(claim).fetchall():
+            f.write(f"{time.time() - sent:.6f}\\n")
+        f.flush()
+"""
+
+
+def bare_latency(dsn: str, table: str, tmp: Path, samples: int) -> list[float]:
+    """Enqueue-to-start of the bare loop, seconds: one-row INSERT whose statement NOTIFYs,
+    autocommit, at 50 a second; a consumer in its own process LISTENs and claims with the
+    bare claim statement (its commit not flushed, as the library's claim-only turn), and
+    records when each row came back to it. The library's figure is measured the same way."""
+    import subprocess
+    import sys
+
+    out = tmp / "bare-latency.txt"
+    consumer = subprocess.Popen(
+        [sys.executable, "-c", BARE_CONSUMER, dsn, table, str(out)], stdout=subprocess.PIPE
+    )
+    try:
+        assert consumer.stdout is not None
+        consumer.stdout.readline()  # ready: it listens
+        insert = (
+            f"WITH i AS (INSERT INTO {table} ({COLUMNS}) "
+            "VALUES (%s,'bench.bare','barelat',%s,%s,0,'available',3,now(),now()) RETURNING queue) "
+            "SELECT pg_notify('bare_latency', queue) FROM i"
+        )
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for _ in range(samples):
+                i = uuid7()
+                conn.execute(insert, (i, f'{{"t": {time.time()!r}}}', i))
+                time.sleep(1 / 50)
+            time.sleep(0.5)
+            conn.execute("NOTIFY bare_latency, 'stop'")
+        consumer.wait(timeout=10)
+    finally:
+        consumer.kill()
+    return [float(x) for x in out.read_text().split()]
+
+
 def bare_tx_insert_cost(conn: psycopg.Connection[Any], table: str, n: int) -> tuple[float, float]:
     conn.execute("CREATE TABLE IF NOT EXISTS bench_orders (id bigserial primary key, v text)")
 
@@ -167,8 +232,12 @@ def bench_postgres(
             copy = bare_copy(conn, jobs_table, 50_000 if quick else 200_000)
             claim = bare_claim_loop(conn, jobs_table)
             tx_alone, tx_with = bare_tx_insert_cost(conn, jobs_table, 500 if quick else 2000)
-            conn.execute(f"DELETE FROM {jobs_table} WHERE name = 'bench.bare'")
         notify = [x * 1000 for x in bare_notify_latency(dsn, 30)]
+        lat = [x * 1000 for x in bare_latency(dsn, jobs_table, tmp, 250 if quick else 500)]
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            # A fresh table for the library, as each bare loop had one: a DELETE would leave
+            # every bare row dead in the heap and the indexes until autovacuum came by.
+            conn.execute(f"TRUNCATE {jobs_table}")
         print(
             f"  (bare: multi-row INSERT {multi:,.0f} rows/s, COPY {copy:,.0f} rows/s; "
             f"an in-tx INSERT adds {(tx_with - tx_alone) / (500 if quick else 2000) * 1000:.3f} ms)",
@@ -179,7 +248,7 @@ def bench_postgres(
             "bulk": copy,
             "bulk_label": f"COPY rows (multi-row INSERT {multi:,.0f}/s)",
             "claim": claim,
-            "wake_label": f"bare NOTIFY latency {statistics.median(notify):.2f} ms p50",
+            "wake_label": f"bare loop {_pcts(lat)} ms (NOTIFY alone {statistics.median(notify):.2f} ms p50)",
         }
         measure_library(table, _url(dsn), tmp, quick, baselines, _pg_in_tx(dsn))
         if pgbouncer:

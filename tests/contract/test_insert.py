@@ -7,10 +7,13 @@ jobs without a tenant, as if it were a value; ``""`` is an ordinary tenant, dist
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from ultimat3.jobs.driver import Driver
-from ultimat3.jobs.records import ClaimParams, InsertResult, JobFilter, JobState
+from ultimat3.jobs.records import ClaimParams, InsertResult, JobFilter, JobState, NewJob
 
 from .helpers import LEASE, T0, assert_utc, at, claim, claim_one, get, insert, new_job
 
@@ -164,3 +167,39 @@ def test_inserted_jobs_are_claimable_in_their_queue_only(driver: Driver) -> None
     insert(driver, job)
     assert claim(driver, at(1)) == []
     assert [j.id for j in claim(driver, at(1), queues=["reports"])] == [job.id]
+
+
+def _keyless(**fields: object) -> NewJob:
+    """A job enqueued without a key: its key is its id (``outbox.build_jobs``), so it is
+    deduped by its primary key alone, not by the index of callers' keys (migration 9)."""
+    job = new_job(**fields)  # type: ignore[arg-type]
+    return replace(job, idempotency_key=job.id)
+
+
+@pytest.mark.parametrize("size", [1, 3, 250])  # one statement, a batch, PostgreSQL's COPY
+def test_a_keyless_job_inserted_again_is_the_same_job(driver: Driver, size: int) -> None:
+    jobs = [_keyless() for _ in range(size)]
+    assert driver.job_insert_many(jobs, now=T0) == [InsertResult(j.id, False) for j in jobs]
+    again = driver.job_insert_many([*jobs[:2], _keyless(), *jobs[2:]], now=at(1))
+    assert [r.deduped for r in again] == [True] * min(size, 2) + [False] + [True] * (size - 2)
+    assert [r.id for r in again][:1] == [jobs[0].id]
+    assert sum(driver.job_count(JobFilter()).values()) == size + 1
+
+
+def test_a_keyless_job_repeated_within_one_batch(driver: Driver) -> None:
+    a, b = _keyless(), _keyless()
+    assert driver.job_insert_many([a, b, a], now=T0) == [
+        InsertResult(a.id, deduped=False),
+        InsertResult(b.id, deduped=False),
+        InsertResult(a.id, deduped=True),
+    ]
+
+
+def test_a_keyed_jobs_id_inserted_again_without_its_key_is_refused(driver: Driver) -> None:
+    keyed = new_job(key="k")
+    insert(driver, keyed)
+    with pytest.raises(ValueError, match="already stored under another key"):
+        driver.job_insert_many([replace(keyed, idempotency_key=keyed.id)], now=at(1))
+    assert driver.job_insert_many([new_job(key="k")], now=at(3)) == [
+        InsertResult(keyed.id, deduped=True)
+    ]

@@ -219,7 +219,7 @@ def test_four_processes_migrating_at_once_leave_one_schema(pg_empty_dsn: str) ->
                 "SELECT indexname FROM pg_indexes WHERE tablename = 'x_jobs'"
             ).fetchall()
         }
-        assert {"x_jobs_claim_idx", "x_jobs_idempotency_key_idx"} <= indexes
+        assert {"x_jobs_claim_idx", "x_jobs_idempotency_keyed_idx"} <= indexes
 
 
 # -- storage -----------------------------------------------------------------------------------

@@ -124,6 +124,50 @@ def test_our_timeouts_hold_for_our_statements_and_never_reach_a_callers_transact
         app.close()
 
 
+def test_a_callers_session_settings_never_unbound_our_next_statement(pg_dsn: str) -> None:
+    # On a direct connection our bounds are session settings of each pooled connection; a
+    # caller who changes the session inside app.transaction() leaves them changed, so the
+    # connection's next statement of ours sets them again.
+    app = App(_url(pg_dsn, "?statement_timeout=3s&lock_timeout=750ms&pool_max=1"))
+    try:
+        driver: Any = app.driver
+        with app.transaction() as conn:
+            conn.execute("SET statement_timeout = '42s'")
+            conn.execute("SET lock_timeout = 0")
+        for _ in range(2):  # the one pooled connection: set again, then as set
+            assert driver._fetch(_SETTINGS, {}) == [("3s", "750ms", "3s")]
+        with app.transaction() as conn:  # and the caller's own session value is back
+            assert conn.execute(_SETTINGS).fetchone() == ("0", "0", "0")
+    finally:
+        app.close()
+
+
+def test_a_migration_runs_without_our_statement_timeout(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An index build may take long: only the lock timeout (which the migration sets itself)
+    # bounds a migration, although our bounds are the pooled connection's session settings.
+    from ultimat3.jobs.drivers import postgres as module
+
+    seen: list[Any] = []
+    real = module.apply_migrations
+
+    def spy(conn: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(conn.execute(_SETTINGS).fetchone())
+        return real(conn, *args, **kwargs)
+
+    monkeypatch.setattr(module, "apply_migrations", spy)
+    driver = open_driver(
+        _url(pg_dsn, "?schema=u3_unbounded_migration&statement_timeout=1s&lock_timeout=500ms")
+    )
+    try:
+        assert driver.migrate()
+        assert seen == [("0", "0", "0")]
+        assert driver._fetch(_SETTINGS, {}) == [("1s", "500ms", "1s")]  # type: ignore[attr-defined]
+    finally:
+        driver.close()
+
+
 def test_a_row_lock_wait_ends_at_the_lock_timeout(pg_dsn: str) -> None:
     driver = open_driver(_url(pg_dsn, "?statement_timeout=5s&lock_timeout=300ms"))
     try:
@@ -239,3 +283,33 @@ def test_stray_notifications_behind_a_transaction_pooler_are_not_kept(pgb_dsn: s
             assert not conn._notifies_backlog, "nothing kept for a connection that never listens"
     finally:
         driver.close()
+
+
+def test_a_joined_connection_is_identified_once_and_a_missing_table_asked_again(
+    pg_dsn: str,
+) -> None:
+    # Where a caller's connection points is read once per connection (it never changes); a
+    # missing job table is asked again, so migrating meanwhile is seen at the next join.
+    app = App(_url(pg_dsn, "?schema=u3_joined_later"), migrate=False)
+    try:
+        with psycopg.connect(pg_dsn) as conn:
+            missing = pytest.raises(ConfigurationError, match="not in the connection's database")
+            with missing, app.using(conn):
+                pass
+            app.driver.migrate()
+            asked: list[str] = []
+            real_execute = conn.execute
+
+            def counting(query: Any, *args: Any, **kwargs: Any) -> Any:
+                asked.append(query.decode() if isinstance(query, bytes) else str(query))
+                return real_execute(query, *args, **kwargs)
+
+            conn.execute = counting  # type: ignore[method-assign]
+            for _ in range(3):
+                with app.using(conn):
+                    pass
+                conn.commit()
+            identity = [q for q in asked if "pg_postmaster_start_time" in q]
+            assert len(identity) == 1, asked  # three joins: one look
+    finally:
+        app.close()

@@ -10,10 +10,11 @@
   transaction; otherwise a ``ConfigurationError`` whose fix fits the case.
 - ``split_url`` and the option readers (``listens``, ``flag``, ``whole``, ``seconds``): our
   options of a ``postgresql://`` URL, each refused with its name when it cannot work.
-- ``bounds_sql``: the ``set_config(..., true)`` statement that gives one transaction of ours its
-  ``statement_timeout``, ``lock_timeout`` and ``idle_in_transaction_session_timeout``, so the
-  settings end with that transaction and never reach a caller's (nor, behind a pooler, another
-  client's).
+- ``bounds_sql``: the ``set_config`` statement that gives one transaction of ours (or, on a
+  direct connection, the session of one pooled connection of ours) its ``statement_timeout``,
+  ``lock_timeout`` and ``idle_in_transaction_session_timeout``; ``UNBOUNDED_SQL`` takes them
+  off again for one transaction handed to a caller, so they never reach a caller's statements
+  (nor, behind a pooler, another client's).
 
 psycopg is imported by the callers (which need the ``[postgres]`` extra); this module only
 touches the objects they pass.
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -32,6 +35,7 @@ from ultimat3.jobs.errors import ConfigurationError
 
 __all__ = [
     "CONNECT_DEFAULTS",
+    "UNBOUNDED_SQL",
     "applied_versions",
     "apply_migrations",
     "bounds_sql",
@@ -169,10 +173,21 @@ def check_joinable(conn: Any, *, fix: str) -> None:
 
 def identify(conn: Any, table: str, label: str) -> tuple[DatabaseId, bool]:
     """The database ``conn`` reaches and whether ``table`` exists there. A connection that was
-    idle outside autocommit is rolled back afterwards, so no transaction is left open."""
+    idle outside autocommit is rolled back afterwards, so no transaction is left open.
+
+    A connection reaches one database for its whole life (psycopg never reconnects one), so a
+    positive answer is kept with the connection object: joining the same connection again,
+    request after request, costs no round trip. A missing table is asked again each time,
+    since a migration may create it meanwhile."""
     import psycopg
     from psycopg import pq
 
+    try:
+        known = _IDENTIFIED.get(conn)
+    except TypeError:  # not weakly referenceable: not a psycopg connection, asked below
+        known = None
+    if known is not None and table in known:
+        return DatabaseId("postgres", known[table], label), True
     idle = conn.info.transaction_status == pq.TransactionStatus.IDLE and not conn.autocommit
     try:
         row = conn.execute(IDENTITY_SQL, {"table": table}, prepare=False).fetchone()
@@ -186,7 +201,18 @@ def identify(conn: Any, table: str, label: str) -> tuple[DatabaseId, bool]:
             conn.rollback()
     assert row is not None
     name, oid, started, has_table = row
+    if has_table:
+        with _IDENTIFIED_LOCK:
+            _IDENTIFIED.setdefault(conn, {})[table] = (name, oid, started)
     return DatabaseId("postgres", (name, oid, started), label), bool(has_table)
+
+
+#: identify's answers, per caller connection (weakly: a closed, dropped connection goes) and
+#: table: the database key of the connection where that table exists.
+_IDENTIFIED: weakref.WeakKeyDictionary[Any, dict[str, tuple[Any, ...]]] = (
+    weakref.WeakKeyDictionary()
+)
+_IDENTIFIED_LOCK = threading.Lock()
 
 
 #: Options of ours that a PostgreSQL URL may carry; every other query parameter goes to libpq.
@@ -313,14 +339,28 @@ def check_bounds(statement_timeout: float, lock_timeout: float) -> None:
         )
 
 
-def bounds_sql(statement_timeout: float, lock_timeout: float, idle: float | None) -> bytes:
+def bounds_sql(
+    statement_timeout: float, lock_timeout: float, idle: float | None, *, session: bool = False
+) -> bytes:
     """One statement setting the timeouts of the current transaction only
-    (``set_config(..., true)`` is ``SET LOCAL``). Values are whole milliseconds written into
-    the text, so the statement is a constant (prepared once where statements may be)."""
+    (``set_config(..., true)`` is ``SET LOCAL``), or with ``session`` those of the session
+    (``SET``). Values are whole milliseconds written into the text, so the statement is a
+    constant (prepared once where statements may be)."""
     settings = [("statement_timeout", statement_timeout), ("lock_timeout", lock_timeout)]
     if idle is not None:
         settings.append(("idle_in_transaction_session_timeout", idle))
+    local = "false" if session else "true"
     calls = ", ".join(
-        f"set_config('{name}', '{max(1, round(value * 1000))}', true)" for name, value in settings
+        f"set_config('{name}', '{max(1, round(value * 1000))}', {local})"
+        for name, value in settings
     )
     return f"SELECT {calls}".encode()
+
+
+#: In a transaction on a connection whose session carries our bounds: the timeouts the session
+#: had before we set them (its server, role, database and connect-time settings), for this
+#: transaction only, so a caller's statements (or a migration's) run as on their own connection.
+UNBOUNDED_SQL = (
+    b"SELECT set_config(name, reset_val, true) FROM pg_settings WHERE name IN "
+    b"('statement_timeout', 'lock_timeout', 'idle_in_transaction_session_timeout')"
+)

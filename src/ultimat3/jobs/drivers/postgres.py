@@ -97,6 +97,7 @@ import socket
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -109,6 +110,7 @@ from ultimat3.jobs.dialects.postgres import (
     CONNECT_DEFAULTS,
     LOCK_TIMEOUT,
     STATEMENT_TIMEOUT,
+    UNBOUNDED_SQL,
     applied_versions,
     apply_migrations,
     bounds_sql,
@@ -301,6 +303,18 @@ class PostgresDriver:
         self.statement_timeout = statement_timeout
         self.lock_timeout = lock_timeout
         self._bounds = bounds_sql(statement_timeout, lock_timeout, idle=statement_timeout)
+        #: On a direct connection the bounds are session settings of each pooled connection,
+        #: set when the pool opens it (``_configure``), so a statement of ours needs no second
+        #: one in front. Behind a transaction pooler a session is shared with other clients:
+        #: there every transaction of ours sets them for itself (``set_config(..., true)``).
+        self._session_bounds = not self._stateless
+        self._bounds_session = bounds_sql(
+            statement_timeout, lock_timeout, idle=statement_timeout, session=True
+        )
+        #: Pooled connections that served a caller's transaction (``transaction()``), in which
+        #: the caller may have changed the session's settings: the next statement of ours on
+        #: each sets the bounds again first.
+        self._rebound: weakref.WeakSet[Conn] = weakref.WeakSet()
         #: A call without a reply this long after it was sent is cut off by the client.
         self.call_budget = statement_timeout + max(1.0, statement_timeout / 2)
         self._watch = _Watchdog(self.call_budget)
@@ -316,18 +330,18 @@ class PostgresDriver:
         self._q["job_claim_isolated"] = self._q["job_claim"].replace(
             b"AND NOT j.isolated", b"AND j.isolated"
         )
-        # A job with a uniqueness window: job_insert_one with its two columns, and DO NOTHING
-        # on any conflict (its idempotency key, or its unique key held: see _insert).
+        # A turn that only claims commits without waiting for the WAL flush (see job_cycle);
+        # alone it is one statement, which says so itself.
+        for name in ("job_claim", "job_claim_isolated", "job_claim_queue"):
+            self._q[name + "_relaxed"] = _relaxed(self._q[name])
+        # A job with a uniqueness window: job_insert_one with its two columns (its DO NOTHING
+        # takes any conflict: its idempotency key, its id, or its unique key held: see _insert).
         unique_one = self._q["job_insert_one"]
         for old, new in (
             (b"rate_period)\n", b"rate_period, unique_key, unique_states)\n"),
             (
                 b"%(rate_period)s\n",
                 b"%(rate_period)s, %(unique_key)s, %(unique_states)s\n",
-            ),
-            (
-                b"ON CONFLICT ((coalesce('=' || tenant_id, '')), idempotency_key) DO",
-                b"ON CONFLICT DO",
             ),
         ):
             assert unique_one.count(old) == 1, old
@@ -353,14 +367,15 @@ class PostgresDriver:
             max_size=pool_max,
             kwargs=pool_kwargs,
             open=False,
-            configure=_ignore_notifications,
+            configure=self._configure,
             timeout=_POOL_WAIT,
             reconnect_timeout=_RECONNECT_WINDOW,
             name=f"ultimat3-jobs:{schema}",
         )
         pool_log.install()  # psycopg_pool's records: one line per outage and recovery
         self._pool.open(wait=False)
-        self._claim_one: dict[int, bytes] = {}
+        self._claim_one: dict[tuple[int, str], bytes] = {}
+        self._cycle_one: dict[int, bytes] = {}
         #: Limited claims: the last key looked at (``limits``, step 1), and the first half of
         #: the two-part advisory lock keys of this schema's limits.
         self._after = ""
@@ -401,7 +416,7 @@ class PostgresDriver:
 
     def schema_current(self) -> bool:
         with self._connection() as conn, conn.transaction():
-            self._exec(conn, self._bounds)
+            self._bound(conn)
             done = applied_versions(conn, self._q, self._schema)
         return all(version in done for version, _ in self._migrations)
 
@@ -414,6 +429,8 @@ class PostgresDriver:
         if self.schema_current():
             return []  # a read: no advisory lock, no wait for anyone
         with self._connection(guard=False) as conn, conn.transaction():
+            if self._session_bounds:  # no statement timeout: an index build may take long
+                conn.execute(UNBOUNDED_SQL, prepare=False)
             return apply_migrations(
                 conn,
                 self._q,
@@ -449,6 +466,9 @@ class PostgresDriver:
         identity = self.identity()
         # Unguarded and unbounded: the transaction is the caller's, and so are its settings.
         with self._connection(guard=False) as conn, conn.transaction():
+            if self._session_bounds:
+                conn.execute(UNBOUNDED_SQL, prepare=self._prepare)
+                self._rebound.add(conn)
             yield Joined(conn, identity)
 
     def adopt(self, connection: Any) -> Joined:
@@ -490,6 +510,10 @@ class PostgresDriver:
         if executor is not None:
             # A deadlock here is the caller's to handle: their transaction holds other locks.
             with self._joined(executor) as conn:
+                if len(jobs) == 1:  # the common case: one statement, look-ups on a conflict
+                    rows = self._execute_insert(conn, jobs, now, bounded=False)
+                    if rows:
+                        return [InsertResult(rows[0][0], deduped=False)]
                 return self._insert(conn, jobs, now, bounded=False)
         if len(jobs) == 1:
             # The common case, kept short: one statement; look-ups only on a conflict.
@@ -516,7 +540,7 @@ class PostgresDriver:
                         results = self._insert(conn, jobs, now, bounded=True)
                     else:
                         with conn.transaction():
-                            self._exec(conn, self._bounds)
+                            self._bound(conn)
                             results = self._insert(conn, jobs, now, bounded=False)
                 self._woke(jobs)
                 return results
@@ -589,9 +613,12 @@ class PostgresDriver:
             self._after = cursor
         return wake_at  # type: ignore[no-any-return]
 
-    def _claim_query(self, params: ClaimParams, *, started: bool) -> tuple[bytes, dict[str, Any]]:
+    def _claim_query(
+        self, params: ClaimParams, *, started: bool, relaxed: bool = False
+    ) -> tuple[bytes, dict[str, Any]]:
         """The claim statement for ``params`` and its parameters: one queue has its own,
-        cheaper statement (``job_claim_queue``)."""
+        cheaper statement (``job_claim_queue``). ``relaxed``: the statement is a transaction
+        alone, and commits without waiting for the WAL flush (``_relaxed``)."""
         values: dict[str, Any] = {
             "lease_for": params.lease_for,
             "worker_id": params.worker_id,
@@ -600,19 +627,22 @@ class PostgresDriver:
             "token": params.token or ids.token(),
         }
         queues = sorted(set(params.queues))
+        suffix = "_relaxed" if relaxed else ""
         if len(queues) == 1 and not params.isolated:
             values["queue"] = queues[0]
-            return self._claim_one_query(params.limit), values
+            return self._claim_one_query(params.limit, suffix), values
         values.update(queues=_text_array(queues), limit=params.limit)
-        return self._q["job_claim_isolated" if params.isolated else "job_claim"], values
+        return self._q[("job_claim_isolated" if params.isolated else "job_claim") + suffix], values
 
-    def _claim_one_query(self, limit: int) -> bytes:
-        query = self._claim_one.get(limit)
+    def _claim_one_query(self, limit: int, suffix: str = "") -> bytes:
+        query = self._claim_one.get((limit, suffix))
         if query is None:
             # An int written into the text (see job_claim_queue in queries.sql).
-            query = self._q["job_claim_queue"].replace(b"{limit}", str(int(limit)).encode())
+            query = self._q["job_claim_queue" + suffix].replace(
+                b"{limit}", str(int(limit)).encode()
+            )
             if len(self._claim_one) < 32:
-                self._claim_one[limit] = query
+                self._claim_one[(limit, suffix)] = query
         return query
 
     def job_cycle(self, cycle: Cycle, *, now: datetime | None = None) -> CycleResult:
@@ -620,9 +650,16 @@ class PostgresDriver:
         if not (cycle.writes or claim is not None):
             return CycleResult()
         # One transaction, its statements pipelined: one round trip, each statement with its
-        # own (generic, prepared) plan. A turn that only claims skips the WAL flush.
-        steps: list[tuple[bytes, dict[str, Any]]] = []
+        # own (generic, prepared) plan. A turn that only claims skips the WAL flush: the
+        # claim of an unlimited job is then one statement, a transaction of its own.
         relaxed = not cycle.writes
+        if claim is not None and not claim.limited:
+            if relaxed:
+                alone = self._fetch(*self._claim_query(claim, started=True, relaxed=True))
+                return CycleResult(claimed=[_job(row) for row in alone])
+            if not cycle.failures and len(set(claim.queues)) == 1 and not claim.isolated:
+                return self._cycle_queue(cycle, claim, now)
+        steps: list[tuple[bytes, dict[str, Any]]] = []
         if relaxed:
             steps.append((b"SET LOCAL synchronous_commit = off", {}))
         if cycle.completes:
@@ -648,6 +685,29 @@ class PostgresDriver:
                 at += 2
             result.claimed.extend(_job(row) for row in rows[at])
         return replace(result, wake_at=wake_at) if wake_at is not None else result
+
+    def _cycle_queue(self, cycle: Cycle, claim: ClaimParams, now: datetime | None) -> CycleResult:
+        """The usual turn, completions and a claim of one queue, as one statement
+        (``job_cycle_queue``): in psycopg a pipelined transaction costs the client about as
+        much as the server's work, which one statement does not."""
+        query = self._cycle_one.get(claim.limit)
+        if query is None:
+            query = self._q["job_cycle_queue"].replace(b"{limit}", str(int(claim.limit)).encode())
+            if len(self._cycle_one) < 32:
+                self._cycle_one[claim.limit] = query
+        params = self._complete_params(cycle, now)
+        params.update(
+            queue=claim.queues[0],
+            lease_for=claim.lease_for,
+            worker_id=claim.worker_id,
+            token=claim.token or ids.token(),
+        )
+        if claim.now is not None:
+            params["now"] = claim.now
+        rows = self._fetch(query, params)
+        result = CycleResult(completed=set(rows[0][-2] or ()) if rows else set())
+        result.claimed.extend(_job(row[:-2]) for row in rows if row[0] is not None)
+        return result
 
     def job_release_unstarted(self, *, now: datetime | None = None) -> list[str]:
         rows = self._fetch("job_release_unstarted", {"now": now, "channel": self._channel})
@@ -968,7 +1028,7 @@ class PostgresDriver:
         now: datetime | None = None,
     ) -> list[InsertResult] | None:
         with self._connection() as conn, conn.transaction():
-            self._exec(conn, self._bounds)
+            self._bound(conn)
             advanced = self._exec(
                 conn,
                 self._q["schedule_advance"],
@@ -1257,8 +1317,8 @@ class PostgresDriver:
                 break
             stored = self._ids_by_key(conn, [jobs[i] for i in conflicted], bounded=bounded)
             pending = []
-            for i in conflicted:
-                found = stored.get((jobs[i].tenant_id, jobs[i].idempotency_key))
+            for at, i in enumerate(conflicted):
+                found = stored.get(at)
                 if found is None:
                     pending.append(i)
                 else:
@@ -1410,12 +1470,6 @@ class PostgresDriver:
             params = {"rows": _json(rows), "now": now, "channel": self._channel}
         try:
             return self._exec(conn, query, params, bounded=bounded).fetchall()
-        except pg_errors.UniqueViolation as exc:
-            if exc.diag.constraint_name == "x_jobs_pkey":
-                raise ValueError(
-                    f"a job id in this batch is already stored under another key: {exc.diag.message_detail}"
-                ) from None
-            raise
         except psycopg.DataError as exc:
             raise SerializationError(
                 f"PostgreSQL refused the job: {_first_line(exc)}",
@@ -1446,18 +1500,36 @@ class PostgresDriver:
             self._exec(conn, self._q["job_debounce"], params, bounded=bounded)
         return holder
 
-    def _ids_by_key(
-        self, conn: Conn, jobs: Sequence[NewJob], *, bounded: bool
-    ) -> dict[tuple[str | None, str], str]:
+    def _ids_by_key(self, conn: Conn, jobs: Sequence[NewJob], *, bounded: bool) -> dict[int, str]:
+        """The stored job each of ``jobs`` (which inserted nothing) duplicates, by position:
+        the holder of its key, or the row of its id stored under that same key (a keyless
+        job's key is its id). A row holding its id under another key is an error."""
         rows = self._exec(
             conn,
             self._q["job_ids_by_key"],
-            {"keys": _json([{"t": j.tenant_id, "k": j.idempotency_key} for j in jobs])},
+            {"keys": _json([{"t": j.tenant_id, "k": j.idempotency_key, "i": j.id} for j in jobs])},
             bounded=bounded,
         ).fetchall()
-        return {
-            (jobs[ord_ - 1].tenant_id, jobs[ord_ - 1].idempotency_key): id_ for ord_, id_ in rows
-        }
+        found: dict[int, str] = {}
+        for ord_, id_, key in sorted(rows, key=lambda row: row[2] is not None):
+            at = ord_ - 1
+            if key is None:  # the holder of a caller's key comes first
+                found[at] = id_
+            elif key == jobs[at].idempotency_key:
+                found.setdefault(at, id_)
+            elif at not in found:
+                self._refuse_id(conn, id_)
+        return found
+
+    def _refuse_id(self, conn: Conn, job_id: str) -> NoReturn:
+        """A job's id is stored under another key: raise, having the database refuse it too
+        (the stored row inserted once more meets the primary key), so that in a caller's
+        transaction, as after any failed statement, nothing can commit without the job."""
+        try:
+            self._exec(conn, self._q["job_refuse_id"], {"id": job_id})
+        except pg_errors.UniqueViolation:
+            pass
+        raise ValueError(f"job id {job_id} is already stored under another key")
 
     def _fetch(
         self, name: str | bytes, params: dict[str, Any], *, prepare: bool | None = None
@@ -1477,7 +1549,7 @@ class PostgresDriver:
 
         def run(conn: Conn) -> list[list[Row]]:
             with conn.pipeline(), conn.transaction():
-                self._exec(conn, self._bounds)
+                self._bound(conn)
                 cursors = [self._exec(conn, query, params or None) for query, params in steps]
             return [cur.fetchall() if cur.description else [] for cur in cursors]
 
@@ -1524,10 +1596,32 @@ class PostgresDriver:
             prepare = False
         if not bounded:
             return conn.execute(query, params, prepare=prepare)
+        if self._session_bounds:
+            if conn not in self._rebound:
+                return conn.execute(query, params, prepare=prepare)  # the session's bounds
+            with conn.pipeline():
+                conn.execute(self._bounds_session, prepare=self._prepare)
+                cursor = conn.execute(query, params, prepare=prepare)
+            self._rebound.discard(conn)
+            return cursor
         with conn.pipeline():
             conn.execute(self._bounds, prepare=self._prepare)
             cursor = conn.execute(query, params, prepare=prepare)
         return cursor
+
+    def _bound(self, conn: Conn) -> None:
+        """In a transaction of ours: bound it, unless the session already is. (A connection
+        that served a caller gets this transaction's bounds; its session is bounded again by
+        the next statement of ours outside a transaction, in ``_exec``.)"""
+        if not self._session_bounds or conn in self._rebound:
+            self._exec(conn, self._bounds)
+
+    def _configure(self, conn: Conn) -> None:
+        """A new pooled connection: notifications ignored; on a direct connection, our bounds
+        as its session settings."""
+        _ignore_notifications(conn)
+        if self._session_bounds:
+            conn.execute(self._bounds_session, prepare=False)
 
     @contextmanager
     def _connection(self, *, guard: bool = True) -> Iterator[Conn]:
@@ -1696,7 +1790,7 @@ class PostgresDriver:
     def _own_identity(self, *, refresh: bool) -> DatabaseId:
         if self._identity is None or refresh:
             with self._connection() as conn, conn.transaction():
-                self._exec(conn, self._bounds)
+                self._bound(conn)
                 self._identity, _ = identify(conn, self._jobs_table, self.display_url)
         return self._identity
 
@@ -1781,6 +1875,27 @@ def _ignore_notifications(conn: Any) -> None:
 
 def _drop(notify: Any) -> None:
     pass
+
+
+def _relaxed(claim: bytes) -> bytes:
+    """A claim statement that sets ``synchronous_commit`` off for its own transaction, so it
+    commits without waiting for the WAL flush: a claim lost in a crash only runs its jobs once
+    more (at least once, as always), and the next write of an outcome flushes it anyway. The
+    setting is read at commit, after the statement; the UPDATE's condition makes it run first."""
+    for old, new in (
+        (
+            b"WITH due AS (",
+            b"WITH relax AS (SELECT set_config('synchronous_commit', 'off', true) AS off),\n"
+            b"due AS (",
+        ),
+        (
+            b"WHERE j.id = ANY(ARRAY(SELECT id FROM due))",
+            b"WHERE j.id = ANY(ARRAY(SELECT id FROM due)) AND (SELECT off FROM relax) = 'off'",
+        ),
+    ):
+        assert claim.count(old) == 1, old
+        claim = claim.replace(old, new)
+    return claim
 
 
 def _job(row: Row) -> Job:

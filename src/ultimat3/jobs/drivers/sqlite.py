@@ -1314,13 +1314,23 @@ def _insert_one(conn: sqlite3.Connection, job: NewJob, row: tuple[Any, ...]) -> 
         raise ValueError(f"job {job.id} cannot be stored: {exc}") from exc
     if inserted:
         return InsertResult(job.id, False)
-    found = conn.execute(_Q["job_id_by_key"], {"tenant_id": row[1], "key": row[5]}).fetchone()
+    found = None
+    if job.idempotency_key != job.id:  # a caller's key (a keyless job's key is its id)
+        found = conn.execute(_Q["job_id_by_key"], {"tenant_id": row[1], "key": row[5]}).fetchone()
+    if found is None:
+        holder = conn.execute(_Q["job_key_by_id"], {"id": job.id}).fetchone()
+        if holder is not None:
+            if holder[0] != job.idempotency_key:
+                raise ValueError(f"job id {job.id} is already stored under another key")
+            found = (job.id,)  # this very job, stored before (a re-published one)
     if found is None and unique:
         # The unique key is held (the write lock is ours: the holder cannot move meanwhile).
         found = conn.execute(_Q["job_unique_holder"], {"key": job.unique_key}).fetchone()
         if found is not None and job.unique_replace:
             args = {"id": found[0], "input": row[4], "run_at": row[9], "priority": row[6]}
             conn.execute(_Q["job_debounce"], {**args, "now": row[10]})
+    # The write lock is ours: whatever refused the row is still there to be found.
+    assert found is not None, f"job {job.id} was refused, yet no stored job holds its key"
     return InsertResult(found[0], True)
 
 

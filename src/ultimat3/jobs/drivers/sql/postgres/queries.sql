@@ -69,7 +69,7 @@ inserted AS (
            r.trace_context, r.limit_key, r.limit_max, r.rate_max, r.rate_period
     FROM rows r
     ORDER BY r.ord
-    ON CONFLICT ((coalesce('=' || tenant_id, '')), idempotency_key) DO NOTHING
+    ON CONFLICT DO NOTHING  -- a caller's key, or the id of a keyless job (migration 9)
     RETURNING j.id, j.queue, j.state
 ),
 woken AS (
@@ -101,7 +101,7 @@ WITH inserted AS (
         coalesce(%(now)s::timestamptz, now()),
         %(trace_context)s, %(limit_key)s, %(limit_max)s, %(rate_max)s, %(rate_period)s
     )
-    ON CONFLICT ((coalesce('=' || tenant_id, '')), idempotency_key) DO NOTHING
+    ON CONFLICT DO NOTHING  -- a caller's key, or the id of a keyless job (migration 9)
     RETURNING j.id, j.queue, j.state
 )
 SELECT id, CASE WHEN state = 'available' THEN pg_notify(%(channel)s, queue) END FROM inserted
@@ -152,13 +152,34 @@ FROM STDIN
 SELECT pg_notify(%(channel)s, q.name) FROM unnest(%(queues)s::text[]) AS q(name)
 
 -- name: job_ids_by_key
--- %(keys)s is a JSON array of {"t": tenant, "k": key}.
-SELECT k.ord, j.id
-FROM ROWS FROM (json_to_recordset(%(keys)s::json) AS (t text, k text)) WITH ORDINALITY
-       AS k(tenant_id, idempotency_key, ord)
+-- %(keys)s is a JSON array of {"t": tenant, "k": key, "i": id}: the stored row of each
+-- caller's key, through x_jobs_idempotency_keyed_idx (its predicate repeated), and the row
+-- holding each id, through the primary key, with its key: a keyless job's key is its id
+-- (migration 9), so the same key there is the same job, another key an error.
+WITH k AS (
+    SELECT *
+    FROM ROWS FROM (json_to_recordset(%(keys)s::json) AS (t text, k text, i text))
+         WITH ORDINALITY AS k(tenant_id, idempotency_key, id, ord)
+)
+SELECT k.ord, j.id, NULL
+FROM k
 JOIN {schema}.x_jobs j
   ON coalesce('=' || j.tenant_id, '') = coalesce('=' || k.tenant_id, '')
  AND j.idempotency_key = k.idempotency_key
+ AND j.idempotency_key <> j.id
+WHERE k.idempotency_key <> k.id
+UNION ALL
+SELECT k.ord, j.id, j.idempotency_key
+FROM k
+JOIN {schema}.x_jobs j ON j.id = k.id
+
+-- name: job_refuse_id
+-- A job's id is stored under another key (job_ids_by_key): the stored row once more, which the
+-- primary key refuses, so the statement fails, and with it the transaction it is part of.
+INSERT INTO {schema}.x_jobs
+    (id, name, queue, input, idempotency_key, state, max_attempts, run_at, created_at)
+SELECT id, name, queue, input, idempotency_key, state, max_attempts, run_at, created_at
+FROM {schema}.x_jobs WHERE id = %(id)s
 
 -- name: job_claim
 -- Per queue, the due jobs in claim order, locked without waiting (SKIP LOCKED: rows another
@@ -241,6 +262,67 @@ claimed AS (
               j.errors::text, j.cancel_reason, j.trace_context, j.result::text
 )
 SELECT * FROM claimed ORDER BY priority DESC, run_at, id
+
+-- name: job_cycle_queue
+-- A worker's usual turn as one statement, a transaction alone: job_complete's fenced write of
+-- finished jobs (unlimited ones: a worker that claims no limited jobs holds none), then
+-- job_claim_queue's claim for one queue ({limit} written into the text, as there). The two
+-- touch different rows (running ones, waiting ones), so one snapshot serves both. It returns
+-- the claimed rows, each with the completed ids beside them, or one row of NULLs with those
+-- ids when nothing was claimed.
+WITH done AS (
+    UPDATE {schema}.x_jobs j
+    SET state = 'completed',
+        finished_at = coalesce(%(now)s::timestamptz, now()),
+        result = (%(results)s::text[])[array_position(%(ids)s::text[], j.id)]::json,
+        lease_token = NULL,
+        lease_expires_at = NULL
+    WHERE j.id = ANY(%(ids)s::text[])
+      AND j.lease_token = ANY(%(tokens)s::text[])
+      AND j.state = 'running'
+    RETURNING j.id, j.awaited
+),
+ended AS (
+    SELECT array_agg(id) AS ids,
+           (SELECT pg_notify(%(finished)s,
+                             CASE WHEN sum(length(id) + 1) < 7000 THEN string_agg(id, ',')
+                                  ELSE '' END)
+            FROM done WHERE awaited HAVING count(*) > 0) AS notified
+    FROM done
+),
+due AS (
+    SELECT j.id
+    FROM {schema}.x_jobs j
+    WHERE j.queue = %(queue)s
+      AND j.state IN ('scheduled', 'available')
+      AND j.run_at <= coalesce(%(now)s::timestamptz, now())
+      AND NOT j.isolated
+      AND j.limit_key IS NULL
+      AND NOT EXISTS (
+          SELECT 1 FROM {schema}.x_queues p WHERE p.name = %(queue)s AND p.paused
+      )
+    ORDER BY j.priority DESC, j.run_at, j.id
+    LIMIT {limit}
+    FOR UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE {schema}.x_jobs j
+    SET state = 'running',
+        attempt = j.attempt + 1,
+        attempted_at = coalesce(%(now)s::timestamptz, now()),
+        lease_token = %(token)s || '.' || j.id,
+        lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease_for)s::interval,
+        worker_id = %(worker_id)s,
+        started = true
+    WHERE j.id = ANY(ARRAY(SELECT id FROM due))
+    RETURNING j.id, j.name, j.queue, j.input::text, j.tenant_id, j.idempotency_key,
+              j.priority, j.state, j.attempt, j.max_attempts, j.run_at, j.created_at,
+              j.attempted_at, j.finished_at, j.lease_token, j.lease_expires_at, j.worker_id,
+              j.errors::text, j.cancel_reason, j.trace_context, j.result::text
+)
+SELECT c.*, e.ids, e.notified IS NULL
+FROM ended e LEFT JOIN claimed c ON true
+ORDER BY c.priority DESC, c.run_at, c.id
 
 -- name: job_peek_isolated
 SELECT EXISTS (

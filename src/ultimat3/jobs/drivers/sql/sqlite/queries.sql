@@ -16,12 +16,16 @@ INSERT INTO x_migrations (version, applied_at)
 VALUES (:version, CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER));
 
 -- name: job_insert
--- Positional, in this order, because executemany binds tuples fastest.
+-- Positional, in this order, because executemany binds tuples fastest. A caller's key dedupes
+-- through x_jobs_idempotency_keyed (whose predicate is repeated here); a keyless job, whose key
+-- is its id, through its primary key (migration 9).
 INSERT INTO x_jobs (id, tenant_id, name, queue, input, idempotency_key, priority, state,
                     max_attempts, run_at, created_at, trace_context, limit_key, limit_max,
                     rate_max, rate_period)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (idempotency_key, tenant_id IS NULL, ifnull(tenant_id, '')) DO NOTHING;
+ON CONFLICT (idempotency_key, tenant_id IS NULL, ifnull(tenant_id, ''))
+    WHERE idempotency_key <> id DO NOTHING
+ON CONFLICT (id) DO NOTHING;
 
 -- name: job_insert_unique
 -- job_insert for a job with a uniqueness window (limits.Unique): a second conflict target, the
@@ -30,7 +34,9 @@ INSERT INTO x_jobs (id, tenant_id, name, queue, input, idempotency_key, priority
                     max_attempts, run_at, created_at, trace_context, limit_key, limit_max,
                     rate_max, rate_period, unique_key, unique_states)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (idempotency_key, tenant_id IS NULL, ifnull(tenant_id, '')) DO NOTHING
+ON CONFLICT (idempotency_key, tenant_id IS NULL, ifnull(tenant_id, ''))
+    WHERE idempotency_key <> id DO NOTHING
+ON CONFLICT (id) DO NOTHING
 ON CONFLICT (unique_key)
     WHERE unique_key IS NOT NULL
       AND (unique_states & CASE state WHEN 'scheduled' THEN 1 WHEN 'available' THEN 2
@@ -63,7 +69,13 @@ INSERT INTO x_job_counts (queue, state, n) VALUES (?, ?, ?)
 ON CONFLICT (queue, state) DO UPDATE SET n = n + excluded.n;
 
 -- name: job_id_by_key
-SELECT id FROM x_jobs WHERE idempotency_key = :key AND tenant_id IS :tenant_id;
+-- A caller's key: the predicate of x_jobs_idempotency_keyed, repeated so the index serves.
+SELECT id FROM x_jobs
+WHERE idempotency_key = :key AND tenant_id IS :tenant_id AND idempotency_key <> id;
+
+-- name: job_key_by_id
+-- Who holds an id: a keyless job stored before (its key is its id), or one under another key.
+SELECT idempotency_key FROM x_jobs WHERE id = :id;
 
 -- name: job_claim_queue
 -- One queue: the partial index x_jobs_claim yields rows in claim order, so the inner SELECT

@@ -186,24 +186,6 @@ def bare_latency(dsn: str, table: str, tmp: Path, samples: int) -> list[float]:
     return [float(x) for x in out.read_text().split()]
 
 
-def bare_tx_insert_cost(conn: psycopg.Connection[Any], table: str, n: int) -> tuple[float, float]:
-    conn.execute("CREATE TABLE IF NOT EXISTS bench_orders (id bigserial primary key, v text)")
-
-    def run(with_insert: bool) -> float:
-        started = time.perf_counter()
-        for i in range(n):
-            with conn.transaction():
-                conn.execute("INSERT INTO bench_orders (v) VALUES (%s)", (f"o{i}",))
-                if with_insert:
-                    conn.execute(
-                        f"INSERT INTO {table} ({COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,now(),now())",
-                        _row(),
-                    )
-        return time.perf_counter() - started
-
-    return run(False), run(True)
-
-
 def bench_database(cluster: Cluster, name: str = "bench") -> str:
     """A fresh database (``bench``) on the throwaway cluster, with the library's schema; its DSN."""
     with psycopg.connect(cluster.dsn(), autocommit=True) as admin:
@@ -231,7 +213,6 @@ def bench_postgres(
             multi = bare_multirow(conn, jobs_table, 20_000 if quick else 50_000)
             copy = bare_copy(conn, jobs_table, 50_000 if quick else 200_000)
             claim = bare_claim_loop(conn, jobs_table)
-            tx_alone, tx_with = bare_tx_insert_cost(conn, jobs_table, 500 if quick else 2000)
         notify = [x * 1000 for x in bare_notify_latency(dsn, 30)]
         lat = [x * 1000 for x in bare_latency(dsn, jobs_table, tmp, 250 if quick else 500)]
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -239,9 +220,7 @@ def bench_postgres(
             # every bare row dead in the heap and the indexes until autovacuum came by.
             conn.execute(f"TRUNCATE {jobs_table}")
         print(
-            f"  (bare: multi-row INSERT {multi:,.0f} rows/s, COPY {copy:,.0f} rows/s; "
-            f"an in-tx INSERT adds {(tx_with - tx_alone) / (500 if quick else 2000) * 1000:.3f} ms)",
-            flush=True,
+            f"  (bare: multi-row INSERT {multi:,.0f} rows/s, COPY {copy:,.0f} rows/s)", flush=True
         )
         baselines = {
             "insert": insert,
@@ -274,24 +253,29 @@ def bench_postgres(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _pg_in_tx(dsn: str, **connect: Any) -> Callable[[Any, int], tuple[float, float]]:
-    def in_tx(bj: Any, n: int) -> tuple[float, float]:
+def _pg_in_tx(dsn: str, **connect: Any) -> Callable[[Any, int], tuple[float, float, float]]:
+    def in_tx(bj: Any, n: int) -> tuple[float, float, float]:
+        from run import in_tx_medians
+
         app = bj.app
+        table = '"ultimat3_jobs".x_jobs'
         with psycopg.connect(dsn, **connect) as conn:
             conn.execute("CREATE TABLE IF NOT EXISTS orders (id bigserial primary key, v text)")
             conn.commit()
 
-            def run(enqueue: bool) -> float:
-                started = time.perf_counter()
-                for i in range(n):
-                    with app.using(conn):
-                        conn.execute("INSERT INTO orders (v) VALUES (%s)", (f"o{i}",))
-                        if enqueue:
-                            bj.noop.enqueue({"order": i})
-                    conn.commit()
-                return time.perf_counter() - started
+            def transaction(i: int, kind: int) -> None:
+                with app.using(conn):
+                    conn.execute("INSERT INTO orders (v) VALUES (%s)", (f"o{i}",))
+                    if kind == 1:
+                        conn.execute(
+                            f"INSERT INTO {table} ({COLUMNS}) "
+                            "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,now(),now())",
+                            _row(),
+                        )
+                    elif kind == 2:
+                        bj.noop.enqueue({"order": i})
+                conn.commit()
 
-            run(True)
-            return run(False), run(True)
+            return in_tx_medians(n, transaction)
 
     return in_tx

@@ -21,7 +21,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from run import drained_span, load_app, spawn_worker, sqlite_bare_claim_loop, tree_cpu_seconds
+from run import (
+    drained_span,
+    load_app,
+    spawn_worker,
+    sqlite_bare_claim_loop,
+    sqlite_bare_jobs_claim_loop,
+    tree_cpu_seconds,
+)
 
 
 def drain(
@@ -65,11 +72,14 @@ def bench_sqlite(jobs: int, sweep: list[int], returning: bool) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="u3drain-sqlite-"))
     try:
         bare = jobs / sqlite_bare_claim_loop(tmp / "bare.sqlite3", jobs)
+        on_jobs = jobs / sqlite_bare_jobs_claim_loop(tmp / "bare-jobs.sqlite3", jobs)
         print("== SQLite (WAL, synchronous=FULL)")
+        print(f"  (the bare loop on x_jobs, the library's own table: {on_jobs:,.0f}/s)")
         for n in sweep:
             url = f"sqlite:///{tmp / f'jobs{n}.sqlite3'}"
             measured = drain(url, tmp, jobs, n, returning)
             report(f"drain {jobs:,} {_kind(returning)} jobs, {n} process(es)", measured, bare)
+            print(f"    ratio to the bare loop on x_jobs {measured[0] / on_jobs:.2f}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -119,6 +119,100 @@ def sqlite_bare_claim_loop(path: Path, n: int) -> float:
     return elapsed
 
 
+def sqlite_job_table(path: Path) -> None:
+    """The library's own schema in a fresh file, for the bare loops that run on it: the
+    table, its indexes and its triggers, with no library code in the loop."""
+    from ultimat3.jobs.drivers.sqlite import SqliteDriver
+
+    driver = SqliteDriver(str(path))
+    driver.migrate()
+    driver.close()
+
+
+def sqlite_bare_jobs_insert(path: Path, n: int) -> float:
+    """Rows per second of bare one-row INSERTs into ``x_jobs``, each its own transaction."""
+    from ultimat3.jobs.ids import uuid7
+
+    sqlite_job_table(path)
+    conn = sqlite_connect(path)
+    started = time.perf_counter()
+    for _ in range(n):
+        i = uuid7()
+        conn.execute("begin immediate")
+        conn.execute(
+            "insert into x_jobs (id, name, queue, input, idempotency_key, priority, state, "
+            "max_attempts, run_at, created_at) values (?,'bench.bare','bare','{}',?,0,'available',3,1,1)",
+            (i, i),
+        )
+        conn.execute("commit")
+    elapsed = time.perf_counter() - started
+    conn.execute("delete from x_jobs")
+    conn.close()
+    return n / elapsed
+
+
+def sqlite_bare_jobs_executemany(path: Path, n: int) -> float:
+    """Rows per second of a bare ``executemany`` INSERT of n keyless jobs into ``x_jobs``."""
+    from ultimat3.jobs.ids import uuid7_many
+
+    sqlite_job_table(path)
+    conn = sqlite_connect(path)
+    rows = [(i, "bench.bare", "bare", '{"n":1}', i, 1, 1) for i in uuid7_many(n)]
+    started = time.perf_counter()
+    conn.execute("begin immediate")
+    conn.executemany(
+        "insert into x_jobs (id, name, queue, input, idempotency_key, priority, state, "
+        "max_attempts, run_at, created_at) values (?,?,?,?,?,0,'available',3,?,?)",
+        rows,
+    )
+    conn.execute("commit")
+    elapsed = time.perf_counter() - started
+    conn.execute("delete from x_jobs")
+    conn.close()
+    return n / elapsed
+
+
+def sqlite_bare_jobs_claim_loop(path: Path, n: int) -> float:
+    """Seconds for the bare claim-10/ack-10 loop over n jobs of ``x_jobs`` (the file's own
+    schema from ``sqlite_job_table``): the claim through the claim index, a lease token and
+    expiry, each ack fenced by the token, each step a write transaction of its own."""
+    from ultimat3.jobs.ids import token, uuid7_many
+
+    sqlite_job_table(path)
+    conn = sqlite_connect(path)
+    conn.execute("begin immediate")
+    conn.executemany(
+        "insert into x_jobs (id, name, queue, input, idempotency_key, priority, state, "
+        "max_attempts, run_at, created_at) values (?,'bench.bare','bare','{}',?,0,'available',3,1,1)",
+        [(i, i) for i in uuid7_many(n)],
+    )
+    conn.execute("commit")
+    claim = (
+        "update x_jobs set state = 'running', attempt = attempt + 1, lease_token = :t, "
+        "lease_expires_at = :exp where id in (select id from x_jobs where queue = 'bare' "
+        "and state in ('scheduled', 'available') and limit_key is null "
+        "order by priority desc, run_at, id limit 10) returning id"
+    )
+    ack = (
+        "update x_jobs set state = 'completed', finished_at = ?, lease_token = null, "
+        "lease_expires_at = null where id = ? and lease_token = ?"
+    )
+    started = time.perf_counter()
+    while True:
+        tok = token()
+        conn.execute("begin immediate")
+        ids = [r[0] for r in conn.execute(claim, {"t": tok, "exp": 2**40})]
+        conn.execute("commit")
+        if not ids:
+            break
+        conn.execute("begin immediate")
+        conn.executemany(ack, [(2**40, i, tok) for i in ids])
+        conn.execute("commit")
+    elapsed = time.perf_counter() - started
+    conn.close()
+    return elapsed
+
+
 def sqlite_bare_data_version_latency(path: Path, samples: int) -> list[float]:
     watcher = sqlite_connect(path)
     writer = sqlite_connect(path)
@@ -236,7 +330,7 @@ def measure_library(
     tmp: Path,
     quick: bool,
     baselines: dict[str, float],
-    in_tx: Callable[[Any, int], tuple[float, float]],
+    in_tx: Callable[[Any, int], tuple[float, float, float]],
 ) -> None:
     bj = load_app(url, tmp)
     app = bj.app
@@ -246,10 +340,15 @@ def measure_library(
         bj.noop.enqueue({"i": i})
     elapsed = time.perf_counter() - started
     single = n_single / elapsed
+    into_jobs = ""
+    if "insert_jobs" in baselines:  # SQLite: into a two-column table, and into x_jobs
+        jobs_rate = baselines["insert_jobs"]
+        into_jobs = f"; into x_jobs {jobs_rate:,.0f}/s (ratio {single / jobs_rate:.2f})"
     table.add(
         "single enqueue (one commit each)",
         rate(n_single, elapsed),
-        f"{baselines['insert']:,.0f}/s one-row INSERT  (ratio {single / baselines['insert']:.2f})",
+        f"{baselines['insert']:,.0f}/s one-row INSERT  (ratio {single / baselines['insert']:.2f})"
+        + into_jobs,
     )
 
     n_bulk = 50_000 if quick else 200_000
@@ -266,10 +365,14 @@ def measure_library(
 
     total = n_single + n_bulk
     drained = drain_rate(app, url, tmp, total)
+    on_jobs = ""
+    if "claim_jobs" in baselines:  # SQLite: the loop on a minimal table, and on x_jobs
+        on_jobs = f"; on x_jobs {baselines['claim_jobs']:,.0f}/s (ratio {drained / baselines['claim_jobs']:.2f})"
     table.add(
         f"drain {total:,} no-op jobs (1 worker process, defaults)",
         f"{drained:>12,.0f}/s",
-        f"{baselines['claim']:,.0f}/s bare claim-10/ack-10 loop  (ratio {drained / baselines['claim']:.2f})",
+        f"{baselines['claim']:,.0f}/s bare claim-10/ack-10 loop  (ratio {drained / baselines['claim']:.2f})"
+        + on_jobs,
     )
 
     worker = spawn_worker(url, tmp, "--queue", "latency", "--poll-interval", "1s")
@@ -305,32 +408,52 @@ def measure_library(
     worker.terminate()
     worker.wait()
 
-    n_tx = 500 if quick else 2000
-    bare, with_job = in_tx(bj, n_tx)
+    alone, bare, ours = in_tx(bj, 500 if quick else 2000)
     table.add(
         "added cost of one enqueue inside a business tx",
-        f"{(with_job - bare) / n_tx * 1000:.3f} ms",
-        f"tx alone {bare / n_tx * 1000:.3f} ms; with enqueue {with_job / n_tx * 1000:.3f} ms",
+        f"{(ours - alone) * 1000:.3f} ms",
+        f"bare INSERT into the job table adds {(bare - alone) * 1000:.3f} ms  "
+        f"(ratio {(ours - alone) / (bare - alone):.2f}; tx alone {alone * 1000:.3f} ms)",
     )
     app.close()
 
 
-def sqlite_in_tx(bj: Any, n: int) -> tuple[float, float]:
+def in_tx_medians(n: int, transaction: Callable[[int, int], None]) -> tuple[float, float, float]:
+    """Seconds per business transaction, medians of ``n`` each: alone (``kind`` 0), with a bare
+    INSERT into the job table (1), with an enqueue (2). The kinds take turns, so the machine's
+    drift reaches all three alike."""
+    times: list[list[float]] = [[], [], []]
+    for i in range(n + 20):
+        for kind in (0, 1, 2):
+            started = time.perf_counter()
+            transaction(i, kind)
+            if i >= 20:  # warm-up
+                times[kind].append(time.perf_counter() - started)
+    alone, bare, ours = (statistics.median(t) for t in times)
+    return alone, bare, ours
+
+
+def sqlite_in_tx(bj: Any, n: int) -> tuple[float, float, float]:
+    from ultimat3.jobs.ids import uuid7
+
     app = bj.app
     with app.transaction() as conn:
         conn.execute("create table if not exists orders(id integer primary key, v text)")
 
-    def run(enqueue: bool) -> float:
-        started = time.perf_counter()
-        for i in range(n):
-            with app.transaction() as conn:
-                conn.execute("insert into orders(v) values (?)", (f"o{i}",))
-                if enqueue:
-                    bj.noop.enqueue({"order": i})
-        return time.perf_counter() - started
+    def transaction(i: int, kind: int) -> None:
+        with app.transaction() as conn:
+            conn.execute("insert into orders(v) values (?)", (f"o{i}",))
+            if kind == 1:
+                j = uuid7()
+                conn.execute(
+                    "insert into x_jobs (id, name, queue, input, idempotency_key, priority, "
+                    "state, max_attempts, run_at, created_at) values (?,?,?,?,?,0,'available',3,?,?)",
+                    (j, "bench.bare", "bare", '{"order":1}', j, 1, 1),
+                )
+            elif kind == 2:
+                bj.noop.enqueue({"order": i})
 
-    run(True)  # warm
-    return run(False), run(True)
+    return in_tx_medians(n, transaction)
 
 
 def bench_sqlite(quick: bool) -> None:
@@ -340,16 +463,21 @@ def bench_sqlite(quick: bool) -> None:
     try:
         n = 2000 if quick else 5000
         insert = n / sqlite_bare_insert(tmp / "bare.sqlite3", n)
+        insert_jobs = sqlite_bare_jobs_insert(tmp / "bare-jobs.sqlite3", n)
         m = 200_000 if quick else 500_000
         bulk = m / sqlite_bare_executemany(tmp / "bare.sqlite3", m)
+        bulk_jobs = sqlite_bare_jobs_executemany(tmp / "bare-jobs.sqlite3", m // 4)
         c = 20_000 if quick else 50_000
         claim = c / sqlite_bare_claim_loop(tmp / "bare.sqlite3", c)
+        claim_jobs = c / sqlite_bare_jobs_claim_loop(tmp / "bare-jobs.sqlite3", c)
         dv = [x * 1000 for x in sqlite_bare_data_version_latency(tmp / "bare.sqlite3", 50)]
         baselines = {
             "insert": insert,
             "bulk": bulk,
-            "bulk_label": "executemany rows",
+            "bulk_label": f"executemany rows (into x_jobs: {bulk_jobs:,.0f}/s)",
             "claim": claim,
+            "claim_jobs": claim_jobs,
+            "insert_jobs": insert_jobs,
             "wake_label": f"bare data_version poll notices a commit in {statistics.median(dv):.2f} ms p50",
         }
         measure_library(

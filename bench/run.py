@@ -119,6 +119,14 @@ def sqlite_bare_claim_loop(path: Path, n: int) -> float:
     return elapsed
 
 
+#: A keyless job (its key is its id) inserted by hand into the library's SQLite table: the
+#: columns without defaults, in the bare queue.
+BARE_JOB_INSERT = (
+    "insert into x_jobs (id, name, queue, input, idempotency_key, priority, state, "
+    "max_attempts, run_at, created_at) values (?,'bench.bare','bare','{}',?,0,'available',3,1,1)"
+)
+
+
 def sqlite_job_table(path: Path) -> None:
     """The library's own schema in a fresh file, for the bare loops that run on it: the
     table, its indexes and its triggers, with no library code in the loop."""
@@ -139,11 +147,7 @@ def sqlite_bare_jobs_insert(path: Path, n: int) -> float:
     for _ in range(n):
         i = uuid7()
         conn.execute("begin immediate")
-        conn.execute(
-            "insert into x_jobs (id, name, queue, input, idempotency_key, priority, state, "
-            "max_attempts, run_at, created_at) values (?,'bench.bare','bare','{}',?,0,'available',3,1,1)",
-            (i, i),
-        )
+        conn.execute(BARE_JOB_INSERT, (i, i))
         conn.execute("commit")
     elapsed = time.perf_counter() - started
     conn.execute("delete from x_jobs")
@@ -157,14 +161,10 @@ def sqlite_bare_jobs_executemany(path: Path, n: int) -> float:
 
     sqlite_job_table(path)
     conn = sqlite_connect(path)
-    rows = [(i, "bench.bare", "bare", '{"n":1}', i, 1, 1) for i in uuid7_many(n)]
+    rows = [(i, i) for i in uuid7_many(n)]
     started = time.perf_counter()
     conn.execute("begin immediate")
-    conn.executemany(
-        "insert into x_jobs (id, name, queue, input, idempotency_key, priority, state, "
-        "max_attempts, run_at, created_at) values (?,?,?,?,?,0,'available',3,?,?)",
-        rows,
-    )
+    conn.executemany(BARE_JOB_INSERT, rows)
     conn.execute("commit")
     elapsed = time.perf_counter() - started
     conn.execute("delete from x_jobs")
@@ -181,11 +181,7 @@ def sqlite_bare_jobs_claim_loop(path: Path, n: int) -> float:
     sqlite_job_table(path)
     conn = sqlite_connect(path)
     conn.execute("begin immediate")
-    conn.executemany(
-        "insert into x_jobs (id, name, queue, input, idempotency_key, priority, state, "
-        "max_attempts, run_at, created_at) values (?,'bench.bare','bare','{}',?,0,'available',3,1,1)",
-        [(i, i) for i in uuid7_many(n)],
-    )
+    conn.executemany(BARE_JOB_INSERT, [(i, i) for i in uuid7_many(n)])
     conn.execute("commit")
     claim = (
         "update x_jobs set state = 'running', attempt = attempt + 1, lease_token = :t, "
@@ -445,11 +441,7 @@ def sqlite_in_tx(bj: Any, n: int) -> tuple[float, float, float]:
             conn.execute("insert into orders(v) values (?)", (f"o{i}",))
             if kind == 1:
                 j = uuid7()
-                conn.execute(
-                    "insert into x_jobs (id, name, queue, input, idempotency_key, priority, "
-                    "state, max_attempts, run_at, created_at) values (?,?,?,?,?,0,'available',3,?,?)",
-                    (j, "bench.bare", "bare", '{"order":1}', j, 1, 1),
-                )
+                conn.execute(BARE_JOB_INSERT, (j, j))
             elif kind == 2:
                 bj.noop.enqueue({"order": i})
 

@@ -860,3 +860,37 @@ def _awaited(dsn: str, job_id: str) -> bool:
             "SELECT awaited FROM ultimat3_jobs.x_jobs WHERE id = %s", (job_id,)
         ).fetchone()
     return bool(row and row[0])
+
+
+def test_the_one_statement_turn_repeats_the_completion_and_the_claim_word_for_word() -> None:
+    # job_cycle_queue is job_complete's fenced write and job_claim_queue's claim in one
+    # statement; a change to either must reach it too.
+    import re
+
+    from ultimat3.jobs import sql as sql_files
+
+    q = sql_files.queries("postgres")
+
+    def block(text: str, start: str, end: str) -> str:
+        found = re.search(re.escape(start) + r".*?" + re.escape(end), text, re.S)
+        assert found is not None, (start, end)
+        return found.group(0)
+
+    for start, end in (
+        ("UPDATE {schema}.x_jobs j\n    SET state = 'completed'", "AND j.state = 'running'"),
+        ("due AS (", "FOR UPDATE SKIP LOCKED"),
+        (
+            "UPDATE {schema}.x_jobs j\n    SET state = 'running'",
+            "j.cancel_reason, j.trace_context, j.result::text",
+        ),
+    ):
+        theirs = block(
+            q["job_complete"] if "completed" in start else q["job_claim_queue"], start, end
+        )
+        ours = block(q["job_cycle_queue"], start, end)
+        if "'running'" in start:  # the turn's claim always marks its jobs started
+            theirs = theirs.replace(
+                "started = %(started)s  -- true in a worker's cycle: its handlers are free now",
+                "started = true",
+            )
+        assert ours == theirs

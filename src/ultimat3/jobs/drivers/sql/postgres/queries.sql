@@ -269,7 +269,8 @@ SELECT * FROM claimed ORDER BY priority DESC, run_at, id
 -- job_claim_queue's claim for one queue ({limit} written into the text, as there). The two
 -- touch different rows (running ones, waiting ones), so one snapshot serves both. It returns
 -- the claimed rows, each with the completed ids beside them, or one row of NULLs with those
--- ids when nothing was claimed.
+-- ids when nothing was claimed. Its parts repeat those statements word for word (a unit test
+-- compares them).
 WITH done AS (
     UPDATE {schema}.x_jobs j
     SET state = 'completed',

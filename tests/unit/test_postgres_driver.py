@@ -877,7 +877,10 @@ def test_the_one_statement_turn_repeats_the_completion_and_the_claim_word_for_wo
         return found.group(0)
 
     for start, end in (
-        ("UPDATE {schema}.x_jobs j\n    SET state = 'completed'", "AND j.state = 'running'"),
+        (
+            "UPDATE {schema}.x_jobs j\n    SET state = 'completed'",
+            "AND j.lease_token = ANY(%(tokens)s::text[])",
+        ),
         ("due AS (", "FOR UPDATE SKIP LOCKED"),
         (
             "UPDATE {schema}.x_jobs j\n    SET state = 'running'",

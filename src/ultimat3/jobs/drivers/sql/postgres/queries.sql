@@ -278,9 +278,11 @@ WITH done AS (
         result = (%(results)s::text[])[array_position(%(ids)s::text[], j.id)]::json,
         lease_token = NULL,
         lease_expires_at = NULL
+    -- A lease token is set exactly while its job runs (x_jobs_lease_check): no state test,
+    -- which would let the planner walk every running job's lease entry, rows that other
+    -- workers are writing, instead of probing the primary key for these ids.
     WHERE j.id = ANY(%(ids)s::text[])
       AND j.lease_token = ANY(%(tokens)s::text[])
-      AND j.state = 'running'
     RETURNING j.id, j.awaited
 ),
 ended AS (
@@ -401,9 +403,11 @@ WITH done AS (
         result = (%(results)s::text[])[array_position(%(ids)s::text[], j.id)]::json,
         lease_token = NULL,
         lease_expires_at = NULL
+    -- A lease token is set exactly while its job runs (x_jobs_lease_check): no state test,
+    -- which would let the planner walk every running job's lease entry, rows that other
+    -- workers are writing, instead of probing the primary key for these ids.
     WHERE j.id = ANY(%(ids)s::text[])
       AND j.lease_token = ANY(%(tokens)s::text[])
-      AND j.state = 'running'
     RETURNING j.id, j.queue, j.limit_key, j.awaited
 )
 SELECT d.id,

@@ -27,9 +27,9 @@ COLUMNS = (
 
 
 def _pcts(values: list[float]) -> str:
-    ordered = sorted(values)
-    at = [ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))] for p in (50, 95, 99)]
-    return "/".join(f"{v:.2f}" for v in at)
+    from run import pct
+
+    return "/".join(f"{pct(values, p):.2f}" for p in (50, 95, 99))
 
 
 def _url(dsn: str) -> str:

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import click
 import pytest
-from click.testing import CliRunner
 
 from ultimat3.jobs.cli import cli
+
+from .cliapp import app_module, run
 
 APP_MODULE = """
 from ultimat3.jobs import App, Retry, job, task
@@ -31,19 +32,8 @@ app = App(URL, modules=[__import__(__name__)])
 
 
 @pytest.fixture
-def app_ref(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    name = f"cliapp_{abs(hash(tmp_path)) % 10**8}"
-    (tmp_path / f"{name}.py").write_text(
-        APP_MODULE.replace("URL", repr(f"sqlite:///{tmp_path / 'cli.sqlite3'}"))
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield f"{name}:app"
-    sys.modules.pop(name, None)
-
-
-def run(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
-    return result.exit_code, result.stdout, result.stderr
+def app_ref(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    yield from app_module(tmp_path, monkeypatch, APP_MODULE, "cliapp")
 
 
 def test_schedule_text_and_json(app_ref: str) -> None:

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import importlib
 import json
-import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from ultimat3.jobs.cli import cli
 from ultimat3.jobs.records import ClaimParams
+
+from .cliapp import app_module, run
 
 APP_MODULE = """
 from ultimat3.jobs import App, Limit, Rate, Unique, job
@@ -36,18 +35,7 @@ app = App(URL, modules=[__import__(__name__)])
 
 @pytest.fixture
 def app_ref(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    name = f"clilimits_{abs(hash(tmp_path)) % 10**8}"
-    (tmp_path / f"{name}.py").write_text(
-        APP_MODULE.replace("URL", repr(f"sqlite:///{tmp_path / 'cli.sqlite3'}"))
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield f"{name}:app"
-    sys.modules.pop(name, None)
-
-
-def run(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
-    return result.exit_code, result.stdout, result.stderr
+    yield from app_module(tmp_path, monkeypatch, APP_MODULE, "clilimits")
 
 
 def test_schedule_shows_each_jobs_limits(app_ref: str) -> None:

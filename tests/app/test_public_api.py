@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import ultimat3.jobs
 import ultimat3.jobs.testing
 
@@ -28,6 +30,31 @@ def test_import_pulls_in_no_optional_dependency() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("module", "missing", "extra"),
+    [
+        ("ultimat3.jobs.prometheus", "prometheus_client", "prometheus"),
+        ("ultimat3.jobs.otel", "opentelemetry", "otel"),
+        ("ultimat3.jobs.dashboard", "starlette", "dashboard"),
+    ],
+)
+def test_a_feature_without_its_extra_says_which_extra_to_install(
+    module: str, missing: str, extra: str
+) -> None:
+    # The dependency made unimportable, as in a venv without the extra.
+    code = (
+        f"import sys; sys.modules[{missing!r}] = None\n"
+        "from ultimat3.jobs.errors import ConfigurationError\n"
+        f"try:\n    import {module}\nexcept ConfigurationError as e:\n"
+        "    print(e.cause); print(e.fix)\nelse:\n    sys.exit(3)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    cause, fix = done.stdout.splitlines()
+    assert f"needs the [{extra}] extra ({missing} is not installed)" in cause
+    assert fix == f"pip install 'ultimat3-jobs[{extra}]'"
 
 
 def test_every_error_has_a_cause_and_a_fix_field() -> None:

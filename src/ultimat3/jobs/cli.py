@@ -516,13 +516,10 @@ def worker(
 
 
 def _load_metrics() -> Any:
-    try:
-        from ultimat3.jobs import prometheus
-    except ImportError as exc:
-        raise ConfigurationError(
-            f"--metrics-port needs prometheus_client, which is not installed ({exc})",
-            fix="pip install 'ultimat3-jobs[prometheus]'",
-        ) from exc
+    """``ultimat3.jobs.prometheus``, imported on first use (it raises ``missing_extra``'s
+    error without the [prometheus] extra)."""
+    from ultimat3.jobs import prometheus
+
     return prometheus
 
 
@@ -1247,13 +1244,8 @@ def dashboard(
 ) -> None:
     """The web dashboard (extra [dashboard]): queues, jobs, dead letters, cron, workers."""
     with explained():
-        try:
-            from ultimat3.jobs.dashboard.serve import serve
-        except ImportError as exc:
-            raise ConfigurationError(
-                f"the dashboard needs the [dashboard] extra ({exc.name} is not installed)",
-                fix="pip install 'ultimat3-jobs[dashboard]'",
-            ) from exc
+        from ultimat3.jobs.dashboard.serve import serve  # missing_extra's error without it
+
         serve(
             ctx.existing_app,
             host=host,

@@ -58,6 +58,15 @@ class ConfigurationError(JobsError):
     """The configuration is not valid."""
 
 
+def missing_extra(needs: str, extra: str, exc: ImportError) -> ConfigurationError:
+    """The error of a feature whose optional dependency is not installed: ``needs`` says who
+    needs it ("the dashboard"), ``extra`` names the extra that brings it."""
+    return ConfigurationError(
+        f"{needs} needs the [{extra}] extra ({exc.name or exc} is not installed)",
+        fix=f"pip install 'ultimat3-jobs[{extra}]'",
+    )
+
+
 class DurationError(ConfigurationError):
     """The duration is not valid."""
 

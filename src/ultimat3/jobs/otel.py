@@ -24,16 +24,13 @@ import threading
 from typing import Any
 
 from ultimat3.jobs import events
-from ultimat3.jobs.errors import ConfigurationError
+from ultimat3.jobs.errors import ConfigurationError, missing_extra
 
 try:
     from opentelemetry import context, propagate, trace
     from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 except ImportError as exc:  # pragma: no cover - the extra is installed in the tests
-    raise ConfigurationError(
-        f"tracing needs opentelemetry-api, which is not installed: {exc}",
-        fix="pip install 'ultimat3-jobs[otel]'",
-    ) from exc
+    raise missing_extra("tracing", "otel", exc) from exc
 
 __all__ = ["Tracing", "instrument", "uninstrument"]
 

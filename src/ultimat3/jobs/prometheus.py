@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ultimat3.jobs import events
-from ultimat3.jobs.errors import ConfigurationError
+from ultimat3.jobs.errors import ConfigurationError, missing_extra
 
 try:
     import prometheus_client
@@ -38,10 +38,7 @@ try:
     from prometheus_client.core import GaugeMetricFamily
     from prometheus_client.registry import Collector
 except ImportError as exc:  # pragma: no cover - the extra is installed in the tests
-    raise ConfigurationError(
-        f"metrics need prometheus_client, which is not installed: {exc}",
-        fix="pip install 'ultimat3-jobs[prometheus]'",
-    ) from exc
+    raise missing_extra("worker metrics (--metrics-port)", "prometheus", exc) from exc
 
 if TYPE_CHECKING:
     from ultimat3.jobs.app import App

@@ -10,12 +10,9 @@ try:
     import jinja2  # noqa: F401
     import starlette  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised in a venv without the extra
-    from ultimat3.jobs.errors import ConfigurationError
+    from ultimat3.jobs.errors import missing_extra
 
-    raise ConfigurationError(
-        f"the dashboard needs the [dashboard] extra ({exc.name} is not installed)",
-        fix="pip install 'ultimat3-jobs[dashboard]'",
-    ) from exc
+    raise missing_extra("the dashboard", "dashboard", exc) from exc
 
 from ultimat3.jobs.dashboard.security import BasicAuth
 from ultimat3.jobs.dashboard.web import HTMX_SHA256, HTMX_VERSION, create_app

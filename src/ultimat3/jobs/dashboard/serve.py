@@ -13,7 +13,7 @@ import click
 from ultimat3.jobs.app import App
 from ultimat3.jobs.dashboard.security import BasicAuth, check_bind
 from ultimat3.jobs.dashboard.web import create_app
-from ultimat3.jobs.errors import ConfigurationError
+from ultimat3.jobs.errors import ConfigurationError, missing_extra
 
 __all__ = ["serve"]
 
@@ -28,10 +28,7 @@ def serve(
     try:
         import uvicorn
     except ImportError as exc:
-        raise ConfigurationError(
-            "serving the dashboard needs uvicorn, part of the [dashboard] extra",
-            fix="pip install 'ultimat3-jobs[dashboard]'",
-        ) from exc
+        raise missing_extra("serving the dashboard", "dashboard", exc) from exc
     asgi = create_app(app, read_only=read_only, tenant=tenant, auth=auth, refresh=refresh)
     display_url = app.driver.display_url  # opens (and checks) the database first
     sock = _listen(host.strip("[]"), port)

@@ -34,3 +34,19 @@ def test_an_empty_batch() -> None:
     before = uuid7()
     assert uuid7_many(0) == []
     check([before, uuid7()])
+
+
+def test_the_timestamp_is_now_and_the_62_random_bits_all_vary() -> None:
+    import time
+
+    now_ms = time.time_ns() // 1_000_000
+    batch = uuid7_many(2_000)
+    for text in (uuid7(), batch[0]):
+        assert abs(int(text.replace("-", "")[:12], 16) - now_ms) < 5_000
+    values = [uuid.UUID(text).int for text in batch]
+    varied = 0
+    for bit in range(62):  # every random bit is 0 in some id and 1 in another
+        ones = sum(value >> bit & 1 for value in values)
+        varied += 0 < ones < len(values)
+    assert varied == 62
+    assert {text[19] for text in batch} == set("89ab")

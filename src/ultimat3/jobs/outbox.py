@@ -143,40 +143,50 @@ def build_jobs(
     values = inputs if isinstance(inputs, list | tuple) else list(inputs)
     ids = uuid7_many(len(values))
     dumps = serializer.dumps
-    jobs = []
+    jobs: list[NewJob] = []
     for job_id, input in zip(ids, values, strict=True):
         payload = dumps(input)
         key = given_key
         if key is None and key_of is not None:
             key = _key_of(handle, key_of, input)
-        jobs.append(
-            NewJob(
+        idempotency_key = job_id if key is None else f"{name}:{key}"
+        trace_context = None if inject is None else inject(queue, name, job_id)
+        limit_key = (
+            None
+            if limit is None
+            else limit.key_for(job=name, queue=queue, input=input, tenant_id=tenant)
+        )
+        unique_key = (
+            None
+            if unique is None
+            else unique.key_for(job=name, payload=payload, input=input, tenant_id=tenant, now=now)
+        )
+        if jobs:  # the fields every input of this enqueue shares come from the first job
+            job = jobs[0].sibling(
+                job_id, payload, idempotency_key, trace_context, limit_key, unique_key
+            )
+        else:
+            job = NewJob(
                 id=job_id,
                 name=name,
                 queue=queue,
                 input=payload,
-                idempotency_key=f"{name}:{key}" if key is not None else job_id,
+                idempotency_key=idempotency_key,
                 max_attempts=attempts,
                 run_at=run_at,
                 priority=priority,
                 tenant_id=tenant,
                 delay=delay,
-                trace_context=None if inject is None else inject(queue, name, job_id),
-                limit_key=None
-                if limit is None
-                else limit.key_for(job=name, queue=queue, input=input, tenant_id=tenant),
+                trace_context=trace_context,
+                limit_key=limit_key,
                 limit_max=0 if limit is None else limit.max,
                 rate_max=0 if rate is None else rate.max,
                 rate_period=timedelta(0) if rate is None else rate.period,
-                unique_key=None
-                if unique is None
-                else unique.key_for(
-                    job=name, payload=payload, input=input, tenant_id=tenant, now=now
-                ),
+                unique_key=unique_key,
                 unique_states=0 if unique is None else unique.mask,
                 unique_replace=unique is not None and unique.on_conflict == "replace",
             )
-        )
+        jobs.append(job)
     return jobs
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import time
 import uuid
+import warnings
 
 from ultimat3.jobs.ids import uuid7, uuid7_many
 
@@ -37,8 +40,6 @@ def test_an_empty_batch() -> None:
 
 
 def test_the_timestamp_is_now_and_the_62_random_bits_all_vary() -> None:
-    import time
-
     now_ms = time.time_ns() // 1_000_000
     batch = uuid7_many(2_000)
     for text in (uuid7(), batch[0]):
@@ -50,3 +51,26 @@ def test_the_timestamp_is_now_and_the_62_random_bits_all_vary() -> None:
         varied += 0 < ones < len(values)
     assert varied == 62
     assert {text[19] for text in batch} == set("89ab")
+
+
+def test_a_forked_child_draws_its_own_random_bits() -> None:
+    """A pre-fork server (gunicorn) forks after the app made ids: without fresh random bytes in
+    the child, two processes give one id twice in the same millisecond and the second job is
+    deduped into the first."""
+    uuid7()  # the parent's pool of random bytes is filled; the child inherits a copy
+    read, write = os.pipe()
+    with warnings.catch_warnings():  # Python 3.12 warns of fork() in a process with threads
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.write(write, uuid7().encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    parent = uuid7()
+    assert len(child) == 36
+    assert child[19:] != parent[19:]  # the random half (62 bits): equal only by one chance in 2**62

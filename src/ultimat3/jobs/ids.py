@@ -16,6 +16,18 @@ _pos = 0
 _VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
 
 
+def _after_fork() -> None:
+    """A forked child draws its own random bytes: with the parent's pool, the two processes
+    would give one id twice in the same millisecond (a job deduped into another's)."""
+    global _lock, _pool, _pos
+    _lock = threading.Lock()  # a lock held by another thread at the fork stays held
+    _pool, _pos = "", 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
 def uuid7() -> str:
     """A RFC 9562 version-7 UUID as text; monotonic within this process."""
     global _last_ms, _seq, _pool, _pos

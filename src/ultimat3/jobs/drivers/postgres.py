@@ -1409,7 +1409,7 @@ class PostgresDriver:
                 self._q["notify_queues"],
                 {"channel": self._channel, "queues": _text_array(sorted(due))},
             )
-        return [InsertResult(j.id, deduped=False) for j in jobs]
+        return [InsertResult(j.id, False) for j in jobs]
 
     def _execute_insert(
         self, conn: Conn, jobs: Sequence[NewJob], now: datetime | None, *, bounded: bool

@@ -161,6 +161,39 @@ def test_bad_input_writes_nothing(make_app: Callable[..., App], make_module: Any
     assert app.count_jobs() == 0
 
 
+def test_a_big_batch_refused_far_in_writes_nothing_and_spares_the_transaction(
+    make_app: Callable[..., App], make_module: Any
+) -> None:
+    """On PostgreSQL a batch this big is built a slice at a time while COPY writes the last
+    one (``NewJobs.stream``): input 700 is refused after 600 rows went to the server."""
+    app = make_app(make_module(noop=noop))
+    batch: list[Any] = [{"n": i} for i in range(1_000)]
+    batch[700] = {"bad": {1, 2}}
+    with pytest.raises(SerializationError):
+        app.enqueue_many(noop, batch)
+    assert app.count_jobs() == 0
+    with app.transaction():
+        before = noop.enqueue({"n": -1})
+        with pytest.raises(SerializationError):
+            app.enqueue_many(noop, batch)
+        after = app.enqueue_many(noop, [{"n": i} for i in range(300)])  # the transaction goes on
+    assert app.count_jobs() == 301
+    assert app.get_job(before.id).state is JobState.AVAILABLE
+    assert all(app.get_job(r.id).state is JobState.AVAILABLE for r in (after[0], after[-1]))
+
+
+def test_a_big_batch_with_a_key_repeated_far_in_dedupes_it(
+    make_app: Callable[..., App], make_module: Any
+) -> None:
+    app = make_app(make_module(receipt=receipt))
+    orders = list(range(600))
+    orders[550] = 10  # found by the COPY of PostgreSQL in its second slice: it takes the other path
+    results = app.enqueue_many(receipt, [{"order": n} for n in orders])
+    assert [i for i, r in enumerate(results) if r.deduped] == [550]
+    assert results[550].id == results[10].id
+    assert app.count_jobs() == 599
+
+
 def test_enqueue_options(make_app: Callable[..., App], make_module: Any) -> None:
     app = make_app(make_module(noop=noop))
     later = noop.enqueue({}, delay="1h", tenant_id="acme", queue="slow", priority=5)

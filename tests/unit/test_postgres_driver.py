@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -23,7 +23,14 @@ from ultimat3.jobs import sql as sql_files
 from ultimat3.jobs.drivers.postgres import PostgresDriver
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
 from ultimat3.jobs.ids import uuid7
-from ultimat3.jobs.records import ClaimParams, InsertResult, JobFilter, JobState, NewJob
+from ultimat3.jobs.records import (
+    ClaimParams,
+    InsertResult,
+    JobFilter,
+    JobState,
+    NewJob,
+    NewJobs,
+)
 
 pytestmark = pytest.mark.postgres
 
@@ -240,6 +247,25 @@ def test_invalid_json_is_refused_and_nothing_is_written(driver: Any) -> None:
     with pytest.raises(SerializationError):
         driver.job_insert_many([good, bad], now=T0)
     assert driver.job_count(JobFilter()) == {}
+
+
+def test_a_batch_built_as_it_is_read_is_built_a_slice_at_a_time_by_the_copy(driver: Any) -> None:
+    """The COPY builds the next slice of a ``NewJobs`` while the server stores the last one,
+    and builds none of a batch that it cannot take (a limit here)."""
+    built: list[int] = []
+
+    def build(inputs: Sequence[Any], **fields: Any) -> list[NewJob]:
+        built.append(len(inputs))
+        return [new_job(**fields) for _ in inputs]
+
+    results = driver.job_insert_many(NewJobs(list(range(1_200)), build))
+    assert built == [500, 500, 200]
+    assert len({r.id for r in results}) == 1_200 and not any(r.deduped for r in results)
+    assert driver.job_count(JobFilter()) == {("default", JobState.AVAILABLE): 1_200}
+    built.clear()
+    limited = NewJobs(list(range(700)), lambda inputs: build(inputs, limit_key="k", limit_max=5))
+    assert len(driver.job_insert_many(limited)) == 700
+    assert built == [500, 200]  # the first slice said no; the ON CONFLICT path read the rest
 
 
 def test_claims_use_the_partial_index_with_a_large_finished_backlog(

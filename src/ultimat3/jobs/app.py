@@ -42,7 +42,7 @@ from ultimat3.jobs.job import (
     current_app,
 )
 from ultimat3.jobs.maintenance import MaintenanceConfig
-from ultimat3.jobs.outbox import EnqueueOptions, Mode, bind, build_job, build_jobs, insert
+from ultimat3.jobs.outbox import EnqueueOptions, Mode, bind, build_batch, build_job, insert
 from ultimat3.jobs.outbox_store import OutboxStore
 from ultimat3.jobs.outboxes import open_store
 from ultimat3.jobs.records import (
@@ -197,7 +197,7 @@ class App(Enqueuer):
         ``max_attempts``, ``idempotency_key``, ``outbox`` (see ``EnqueueKwargs``).
         """
         opts = EnqueueOptions(**options) if options else _NO_OPTIONS
-        return self._insert([self._build(handle, input, opts)], opts.outbox)[0]
+        return self._insert([self._build(handle, input, opts)], opts.outbox, handle.name)[0]
 
     def enqueue_many(
         self, handle: JobHandle[Any], inputs: Iterable[Any], /, **options: Unpack[EnqueueKwargs]
@@ -210,8 +210,8 @@ class App(Enqueuer):
                 fix="give the job an idempotency_key function of its input, or enqueue one by one",
             )
         self._check_handle(handle)
-        jobs = build_jobs(handle, inputs, opts, serializer=self.serializer, now=self.clock.now())
-        return self._insert(jobs, opts.outbox) if jobs else []
+        jobs = build_batch(handle, inputs, opts, serializer=self.serializer, now=self.clock.now())
+        return self._insert(jobs, opts.outbox, handle.name) if jobs else []
 
     async def enqueue_async(
         self, handle: JobHandle[Any], input: Any, /, **options: Unpack[EnqueueKwargs]
@@ -244,9 +244,13 @@ class App(Enqueuer):
                 fix="call app.register(module) with the module that exports it before enqueuing",
             )
 
-    def _insert(self, jobs: list[NewJob], outbox: bool | None) -> list[EnqueueResult]:
+    def _insert(
+        self, jobs: Sequence[NewJob], outbox: bool | None, label: str
+    ) -> list[EnqueueResult]:
+        """Insert built jobs (``label``: their job's name, for errors; a batch is read first
+        by the driver, which may build it as it writes: ``NewJobs``)."""
         if self._intercept is not None:
-            return self._intercept(jobs)
+            return self._intercept(list(jobs))
         driver = self.driver
         store = None
         if self._outbox is not None and current_tx.get() is not None:
@@ -257,7 +261,7 @@ class App(Enqueuer):
             mode=self.mode,
             outbox=outbox,
             now=self.clock.pinned(),
-            label=jobs[0].name,
+            label=label,
             store=store,
         )
 

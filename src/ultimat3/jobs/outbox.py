@@ -30,7 +30,7 @@ from ultimat3.jobs.errors import ConfigurationError, OutboxNoTxError
 from ultimat3.jobs.ids import uuid7_many
 from ultimat3.jobs.job import JobHandle, check_queue_name
 from ultimat3.jobs.outbox_store import OutboxStore
-from ultimat3.jobs.records import InsertResult, NewJob
+from ultimat3.jobs.records import InsertResult, NewJob, NewJobs
 from ultimat3.jobs.retry import MAX_ATTEMPTS
 from ultimat3.jobs.serialization import Serializer
 
@@ -92,6 +92,33 @@ def build_jobs(
     anything is written; every value it lets through is one that every driver stores (the same
     bounds on SQLite and PostgreSQL). The options are checked once for the batch, then each
     input is encoded, keyed and given its id."""
+    values = inputs if isinstance(inputs, list | tuple) else list(inputs)
+    return _builder(handle, options, serializer=serializer, now=now)(values)
+
+
+def build_batch(
+    handle: JobHandle[Any],
+    inputs: Iterable[Any],
+    options: EnqueueOptions,
+    *,
+    serializer: Serializer,
+    now: datetime,
+) -> NewJobs:
+    """``build_jobs`` for an enqueue of many: the options are checked now, the inputs when a
+    driver reads the jobs (``NewJobs``: all before it writes, or a slice at a time inside its
+    transaction)."""
+    values = inputs if isinstance(inputs, list | tuple) else list(inputs)
+    return NewJobs(values, _builder(handle, options, serializer=serializer, now=now))
+
+
+def _builder(
+    handle: JobHandle[Any],
+    options: EnqueueOptions,
+    *,
+    serializer: Serializer,
+    now: datetime,
+) -> Callable[[Sequence[Any]], list[NewJob]]:
+    """The options checked once; returns what encodes, keys and gives ids to inputs with them."""
     run_at = options.run_at
     if run_at is not None and options.delay is not None:
         raise ConfigurationError(
@@ -140,54 +167,61 @@ def build_jobs(
     given_key = options.idempotency_key
     if given_key is not None:
         _check_text(given_key, "idempotency_key", KEY_LIMIT)
-    values = inputs if isinstance(inputs, list | tuple) else list(inputs)
-    ids = uuid7_many(len(values))
     dumps = serializer.dumps
-    jobs: list[NewJob] = []
-    for job_id, input in zip(ids, values, strict=True):
-        payload = dumps(input)
-        key = given_key
-        if key is None and key_of is not None:
-            key = _key_of(handle, key_of, input)
-        idempotency_key = job_id if key is None else f"{name}:{key}"
-        trace_context = None if inject is None else inject(queue, name, job_id)
-        limit_key = (
-            None
-            if limit is None
-            else limit.key_for(job=name, queue=queue, input=input, tenant_id=tenant)
-        )
-        unique_key = (
-            None
-            if unique is None
-            else unique.key_for(job=name, payload=payload, input=input, tenant_id=tenant, now=now)
-        )
-        if jobs:  # the fields every input of this enqueue shares come from the first job
-            job = jobs[0].sibling(
-                job_id, payload, idempotency_key, trace_context, limit_key, unique_key
+    first: list[NewJob] = []  # the batch's first job, once built
+
+    def build(values: Sequence[Any]) -> list[NewJob]:
+        ids = uuid7_many(len(values))
+        jobs: list[NewJob] = []
+        for job_id, input in zip(ids, values, strict=True):
+            payload = dumps(input)
+            key = given_key
+            if key is None and key_of is not None:
+                key = _key_of(handle, key_of, input)
+            idempotency_key = job_id if key is None else f"{name}:{key}"
+            trace_context = None if inject is None else inject(queue, name, job_id)
+            limit_key = (
+                None
+                if limit is None
+                else limit.key_for(job=name, queue=queue, input=input, tenant_id=tenant)
             )
-        else:
-            job = NewJob(
-                id=job_id,
-                name=name,
-                queue=queue,
-                input=payload,
-                idempotency_key=idempotency_key,
-                max_attempts=attempts,
-                run_at=run_at,
-                priority=priority,
-                tenant_id=tenant,
-                delay=delay,
-                trace_context=trace_context,
-                limit_key=limit_key,
-                limit_max=0 if limit is None else limit.max,
-                rate_max=0 if rate is None else rate.max,
-                rate_period=timedelta(0) if rate is None else rate.period,
-                unique_key=unique_key,
-                unique_states=0 if unique is None else unique.mask,
-                unique_replace=unique is not None and unique.on_conflict == "replace",
+            unique_key = (
+                None
+                if unique is None
+                else unique.key_for(
+                    job=name, payload=payload, input=input, tenant_id=tenant, now=now
+                )
             )
-        jobs.append(job)
-    return jobs
+            if first:  # the fields every input of this enqueue shares come from the first job
+                job = first[0].sibling(
+                    job_id, payload, idempotency_key, trace_context, limit_key, unique_key
+                )
+            else:
+                job = NewJob(
+                    id=job_id,
+                    name=name,
+                    queue=queue,
+                    input=payload,
+                    idempotency_key=idempotency_key,
+                    max_attempts=attempts,
+                    run_at=run_at,
+                    priority=priority,
+                    tenant_id=tenant,
+                    delay=delay,
+                    trace_context=trace_context,
+                    limit_key=limit_key,
+                    limit_max=0 if limit is None else limit.max,
+                    rate_max=0 if rate is None else rate.max,
+                    rate_period=timedelta(0) if rate is None else rate.period,
+                    unique_key=unique_key,
+                    unique_states=0 if unique is None else unique.mask,
+                    unique_replace=unique is not None and unique.on_conflict == "replace",
+                )
+                first.append(job)
+            jobs.append(job)
+        return jobs
+
+    return build
 
 
 def _key_of(handle: JobHandle[Any], key_of: Callable[[Any], str], input: Any) -> str:

@@ -13,7 +13,7 @@ Job states::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -133,6 +133,46 @@ _set_rate_period = _setter("rate_period")
 _set_unique_key = _setter("unique_key")
 _set_unique_states = _setter("unique_states")
 _set_unique_replace = _setter("unique_replace")
+
+
+class NewJobs(Sequence[NewJob]):
+    """The jobs of one enqueue of many inputs, built when first read. Any read builds them all
+    at once, so a refused input raises before a driver that reads them writes anything, as
+    with a list. ``stream`` builds them a slice at a time instead, for a driver that writes
+    while it builds (PostgreSQL's COPY: the server stores one slice while the next is built),
+    inside a transaction that a refused input rolls back whole."""
+
+    __slots__ = ("_build", "_built", "_inputs")
+
+    def __init__(self, inputs: Sequence[Any], build: Callable[[Sequence[Any]], list[NewJob]]):
+        self._inputs = inputs
+        self._build = build  # the jobs of a run of inputs, in order
+        self._built: list[NewJob] = []
+
+    def __len__(self) -> int:
+        return len(self._inputs)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._all()[index]
+
+    def __iter__(self) -> Iterator[NewJob]:
+        return iter(self._all())
+
+    def stream(self, size: int) -> Iterator[list[NewJob]]:
+        """The jobs in slices of ``size``, each built as it is reached (once: a later read
+        gets the same jobs)."""
+        built = self._built
+        for start in range(0, len(self._inputs), size):
+            end = start + size
+            if len(built) < min(end, len(self._inputs)):
+                built.extend(self._build(self._inputs[len(built) : end]))
+            yield built[start:end]
+
+    def _all(self) -> list[NewJob]:
+        built = self._built
+        if len(built) < len(self._inputs):
+            built.extend(self._build(self._inputs[len(built) :]))
+        return built
 
 
 @dataclass(frozen=True, slots=True)

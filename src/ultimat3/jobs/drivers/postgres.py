@@ -89,6 +89,7 @@ call gets a fresh connection.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -140,6 +141,7 @@ from ultimat3.jobs.records import (
     JobState,
     Lease,
     NewJob,
+    NewJobs,
     QueueInfo,
     ScheduleState,
     WorkerInfo,
@@ -1342,28 +1344,39 @@ class PostgresDriver:
         self, conn: Conn, jobs: Sequence[NewJob], now: datetime | None
     ) -> list[InsertResult] | None:
         """The fast path of a big batch: COPY straight into the table (multi-row heap inserts,
-        text parsed in C), betting that no key is stored yet. A duplicate in the batch, or a
-        row that conflicts, returns None having written nothing, and the caller takes the
-        ON CONFLICT path, which dedupes. Runs inside the caller's transaction."""
-        if len({(j.tenant_id, j.idempotency_key) for j in jobs}) != len(jobs) or any(
-            j.limit_key is not None or j.unique_key is not None for j in jobs
-        ):
-            return None
-        if any(j.trace_context is not None for j in jobs):
-            return None  # COPY carries no trace context: the ON CONFLICT path does
+        text parsed in C), betting that no key is stored yet. A key repeated in the batch, a
+        job with a limit, a uniqueness key or a trace context (COPY carries none: the ON
+        CONFLICT path does), or a row that conflicts returns None having written nothing,
+        and the caller takes the ON CONFLICT path, which dedupes. Runs inside the caller's
+        transaction, in a savepoint of its own. Jobs that are built as they are read
+        (``NewJobs``) are built a slice at a time, while the server stores the last one; an
+        input refused meanwhile rolls the savepoint back and raises."""
+        if isinstance(jobs, NewJobs):
+            slices: Iterator[Sequence[NewJob]] = jobs.stream(_COPY_SLICE)
+        else:
+            slices = (jobs[at : at + _COPY_SLICE] for at in range(0, len(jobs), _COPY_SLICE))
+        head = next(slices)
+        first = head[0]
+        if not _copyable(first):
+            return None  # the usual case of a batch COPY cannot take: say so before any I/O
         row = self._exec(conn, self._q["clock"], {"now": now}).fetchone()
         assert row is not None
         at: datetime = row[0]
         at_text = at.isoformat()
         encoding = conn.info.encoding
         due: set[str] = set()
+        keys: set[tuple[str | None, str]] = set()
         try:
             with conn.transaction(), conn.cursor() as cur, cur.copy(self._q["job_copy"]) as copy:
                 # COPY text is built here, cheaper than psycopg's write_row (which dumps each
                 # datetime), and sent in slices so the server works while the next is built.
-                for start in range(0, len(jobs), _COPY_SLICE):
+                for batch in itertools.chain((head,), slices):
                     lines = []
-                    for j in jobs[start : start + _COPY_SLICE]:
+                    for j in batch:
+                        key = (j.tenant_id, j.idempotency_key)
+                        if key in keys or not _copyable(j):
+                            raise _NotCopyable
+                        keys.add(key)
                         run_at = j.run_at
                         if run_at is None and j.delay is not None:
                             run_at = at + j.delay  # `at` is the database's clock
@@ -1396,7 +1409,7 @@ class PostgresDriver:
                         lines.append(line)
                     lines.append("")
                     copy.write("\n".join(lines).encode(encoding))
-        except pg_errors.UniqueViolation:
+        except (_NotCopyable, pg_errors.UniqueViolation):
             return None
         except psycopg.DataError as exc:
             raise SerializationError(
@@ -1793,6 +1806,15 @@ class PostgresDriver:
                 self._bound(conn)
                 self._identity, _ = identify(conn, self._jobs_table, self.display_url)
         return self._identity
+
+
+def _copyable(job: NewJob) -> bool:
+    """Whether COPY can store ``job``: no limit, no uniqueness key, no trace context."""
+    return job.limit_key is None and job.unique_key is None and job.trace_context is None
+
+
+class _NotCopyable(Exception):
+    """A batch that COPY cannot store as it is (see ``PostgresDriver._copy``)."""
 
 
 class _Watchdog:

@@ -57,6 +57,8 @@ def test_kept_counts_follow_claims_completions_and_prunes(driver: Driver) -> Non
         JobState.AVAILABLE: 2,
         JobState.RUNNING: 1,
     }
+    # Counts are ints (PostgreSQL's sum of bigints is numeric: a Decimal, unless cast).
+    assert {type(n) for n in [*q1.counts.values(), *driver.job_count(available).values()]} == {int}
     # A filter the kept counts cannot answer (a name) still counts the rows.
     assert driver.job_count(JobFilter(name="contract.job", queue="q2")) == {
         ("q2", JobState.AVAILABLE): 2

@@ -4,12 +4,15 @@ sessions go away. The behaviour every driver shares is in ``tests/contract``."""
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing
+import os
 import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -556,6 +559,46 @@ def own_cluster() -> Iterator[Cluster]:
         yield cluster
     finally:
         cluster.close()
+
+
+def test_a_forked_child_gets_connections_of_its_own(driver: Any, pg_dsn: str) -> None:
+    """A pre-fork web server forks after the app opened its pool: parent and child insert at
+    once, each on its own sessions; the child then finishes what it inherited, as its exit
+    would, and the parent's sessions and LISTEN go on."""
+    driver.job_insert_many([new_job()], now=T0)
+    driver.wait_for_jobs(0.2, threading.Event())  # the LISTEN connection is open now
+    with warnings.catch_warnings():  # Python 3.12 warns of fork() in a process with threads
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            for _ in range(30):
+                driver.job_insert_many([new_job()], now=T0)
+            driver._inherited.clear()
+            gc.collect()  # each inherited connection sends its Terminate to /dev/null
+            code = 0
+        finally:
+            os._exit(code)
+    for _ in range(30):
+        driver.job_insert_many([new_job()], now=T0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    for _ in range(5):  # every pooled session of the parent still answers its own statements
+        driver.job_insert_many([new_job()], now=T0)
+    assert driver.job_count(JobFilter()) == {("default", JobState.AVAILABLE): 66}
+
+    def notify() -> None:
+        with psycopg.connect(pg_dsn, autocommit=True) as other:
+            other.execute("NOTIFY ultimat3_jobs, 'default'")
+
+    while _waited(driver, 0.3) < 0.25:  # the notifications of the inserts, heard
+        pass
+    timer = threading.Timer(0.3, notify)
+    timer.start()
+    waited = _waited(driver, 10)
+    timer.join()
+    assert 0.25 < waited < 5  # the parent's LISTEN heard the NOTIFY sent after the fork
 
 
 def test_the_driver_works_again_after_a_server_crash(own_cluster: Cluster) -> None:

@@ -363,7 +363,7 @@ class PostgresDriver:
         pool_kwargs: dict[str, Any] = {**self._connect_kwargs, "autocommit": True}
         if self._stateless:
             pool_kwargs["prepare_threshold"] = None
-        self._pool: ConnectionPool[Any] = ConnectionPool(
+        self._new_pool: Callable[[], ConnectionPool[Any]] = lambda: ConnectionPool(
             dsn,
             min_size=pool_min,
             max_size=pool_max,
@@ -374,8 +374,12 @@ class PostgresDriver:
             reconnect_timeout=_RECONNECT_WINDOW,
             name=f"ultimat3-jobs:{schema}",
         )
+        self._pool = self._new_pool()
         pool_log.install()  # psycopg_pool's records: one line per outage and recovery
         self._pool.open(wait=False)
+        #: What a forked child inherited and must never use nor finish (``_after_fork``).
+        self._inherited: list[Any] = []
+        self._forked = False
         self._claim_one: dict[tuple[int, str], bytes] = {}
         self._cycle_one: dict[int, bytes] = {}
         #: Limited claims: the last key looked at (``limits``, step 1), and the first half of
@@ -392,10 +396,7 @@ class PostgresDriver:
         #: A call slower than this, or failing to reach the server, counts as a stall.
         self.stalls = StallTracker(threshold=1.0)
 
-        self._finished = FinishedListener(
-            lambda: psycopg.connect(self._dsn, autocommit=True, **self._connect_kwargs),
-            self._finished_channel,
-        )
+        self._finished = self._new_finished()
         self._listener: Conn | None = None
         self._listen_lock = threading.Lock()
         self._wake_cond = threading.Condition()
@@ -413,6 +414,46 @@ class PostgresDriver:
         self._look_lock = threading.Lock()
         self._probed = False
         self._probe_retry_at = 0.0
+        _drivers.add(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child (a pre-fork web server's worker): the connections it inherited
+        share their sockets with the parent's, so a statement of either process could read
+        the other's reply. The child gets a pool, a LISTEN and a watchdog of its own. Each
+        inherited connection's descriptor is pointed at /dev/null first, so that finishing it
+        (its ``Terminate`` message, when it is collected) cannot end the parent's session; the
+        objects are kept, never used. A connection another thread had checked out at the
+        fork is not reachable here: fork with no call of the driver in flight."""
+        if self._closed:
+            return
+        old = self._pool
+        inherited = [*getattr(old, "_pool", ()), self._listener, self._finished._conn]
+        devnull = os.open(os.devnull, os.O_RDWR)
+        try:
+            for conn in inherited:
+                try:
+                    if conn is not None and not conn.closed:
+                        os.dup2(devnull, conn.pgconn.socket)
+                except (psycopg.Error, OSError):  # no socket left: nothing to send on
+                    pass
+        finally:
+            os.close(devnull)
+        self._inherited.append((old, inherited))
+        self._listener = None
+        self._listen_lock = threading.Lock()  # a lock held by another thread stays held
+        self._wake_cond = threading.Condition()
+        self._look_lock = threading.Lock()
+        self._rebound = weakref.WeakSet()
+        self._watch = _Watchdog(self.call_budget)
+        self._finished = self._new_finished()
+        self._pool = self._new_pool()
+        self._forked = True  # opened by the child's first call: a child may never make one
+
+    def _new_finished(self) -> FinishedListener:
+        return FinishedListener(
+            lambda: psycopg.connect(self._dsn, autocommit=True, **self._connect_kwargs),
+            self._finished_channel,
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -1668,6 +1709,9 @@ class PostgresDriver:
                 driver=_NAME,
                 fix="open a new driver (or App) instead of using a closed one",
             )
+        if self._forked:  # the first call of a forked child: its own pool (_after_fork)
+            self._forked = False
+            self._pool.open(wait=False)  # safe to call twice, if two threads get here
         try:
             for _ in range(self._pool_max + 1):
                 conn: Conn = self._getconn()
@@ -1811,6 +1855,18 @@ class PostgresDriver:
 def _copyable(job: NewJob) -> bool:
     """Whether COPY can store ``job``: no limit, no uniqueness key, no trace context."""
     return job.limit_key is None and job.unique_key is None and job.trace_context is None
+
+
+_drivers: weakref.WeakSet[PostgresDriver] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    for driver in list(_drivers):
+        driver._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 class _NotCopyable(Exception):

@@ -610,7 +610,7 @@ SELECT (SELECT count(*) FROM saved), (SELECT count(*) FROM woken)
 SELECT coalesce(c.queue, p.name), coalesce(p.paused, false), c.state, coalesce(c.n, 0),
        coalesce(c.rows, 0)
 FROM (
-    SELECT queue, state, sum(n) AS n, count(*) AS rows FROM {schema}.x_job_counts
+    SELECT queue, state, sum(n)::bigint AS n, count(*) AS rows FROM {schema}.x_job_counts
     GROUP BY queue, state HAVING sum(n) <> 0
 ) c
 FULL JOIN {schema}.x_queues p ON p.name = c.queue
@@ -628,7 +628,7 @@ GROUP BY 1, 2, 3
 
 -- name: job_count_kept
 -- job_count for a filter of states and queue only, from the kept counts.
-SELECT queue, state, sum(n) FROM {schema}.x_job_counts
+SELECT queue, state, sum(n)::bigint FROM {schema}.x_job_counts
 WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
 GROUP BY queue, state HAVING sum(n) <> 0

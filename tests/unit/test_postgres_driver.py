@@ -601,6 +601,42 @@ def test_a_forked_child_gets_connections_of_its_own(driver: Any, pg_dsn: str) ->
     assert 0.25 < waited < 5  # the parent's LISTEN heard the NOTIFY sent after the fork
 
 
+def test_a_fork_disowns_the_connection_of_a_call_in_flight(driver: Any) -> None:
+    """A thread of the parent is inside ``driver.transaction()`` at the fork: in the child that
+    connection, like every other it inherited, points at /dev/null; the parent's transaction
+    goes on and commits."""
+    held, release = threading.Event(), threading.Event()
+    lent: list[Any] = []
+
+    def hold() -> None:
+        with driver.transaction() as joined:
+            lent.append(joined.connection)
+            held.set()
+            release.wait(10)
+            driver.job_insert_many([new_job()], executor=joined, now=T0)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert held.wait(10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            disowned = [c for c in driver._inherited[-1][1] if c is not None]
+            targets = {os.readlink(f"/proc/self/fd/{c.pgconn.socket}") for c in disowned}
+            if targets == {os.devnull} and any(c is lent[0] for c in disowned):
+                code = 0
+        finally:
+            os._exit(code)
+    release.set()
+    thread.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert driver.job_count(JobFilter()) == {("default", JobState.AVAILABLE): 1}
+
+
 def test_the_driver_works_again_after_a_server_crash(own_cluster: Cluster) -> None:
     with psycopg.connect(own_cluster.dsn(), autocommit=True) as conn:
         conn.execute("DROP DATABASE IF EXISTS crash WITH (FORCE)")

@@ -380,6 +380,7 @@ class PostgresDriver:
         #: What a forked child inherited and must never use nor finish (``_after_fork``).
         self._inherited: list[Any] = []
         self._forked = False
+        self._lent: set[Conn] = set()  # checked out of the pool (``_checkout``)
         self._claim_one: dict[tuple[int, str], bytes] = {}
         self._cycle_one: dict[int, bytes] = {}
         #: Limited claims: the last key looked at (``limits``, step 1), and the first half of
@@ -422,12 +423,17 @@ class PostgresDriver:
         the other's reply. The child gets a pool, a LISTEN and a watchdog of its own. Each
         inherited connection's descriptor is pointed at /dev/null first, so that finishing it
         (its ``Terminate`` message, when it is collected) cannot end the parent's session; the
-        objects are kept, never used. A connection another thread had checked out at the
-        fork is not reachable here: fork with no call of the driver in flight."""
+        objects are kept, never used. A connection in a call of another thread at the fork is
+        disowned too (the call itself goes on in the parent only)."""
         if self._closed:
             return
         old = self._pool
-        inherited = [*getattr(old, "_pool", ()), self._listener, self._finished._conn]
+        inherited = [
+            *getattr(old, "_pool", ()),  # idle in the pool
+            *self._lent,  # in a call of another thread: it does not exist in the child
+            self._listener,
+            self._finished._conn,
+        ]
         devnull = os.open(os.devnull, os.O_RDWR)
         try:
             for conn in inherited:
@@ -439,6 +445,7 @@ class PostgresDriver:
         finally:
             os.close(devnull)
         self._inherited.append((old, inherited))
+        self._lent = set()
         self._listener = None
         self._listen_lock = threading.Lock()  # a lock held by another thread stays held
         self._wake_cond = threading.Condition()
@@ -572,7 +579,7 @@ class PostgresDriver:
                 self._reraise(exc, conn)
             finally:
                 self._watch.disarm(conn)
-                self._pool.putconn(conn)
+                self._putconn(conn)
         for attempt in range(3):
             # Two batches sharing keys in different orders can deadlock on the unique index;
             # the loser's transaction was rolled back whole, so it can run again.
@@ -1630,7 +1637,7 @@ class PostgresDriver:
                 self._reraise(exc, conn)
             finally:
                 self._watch.disarm(conn)
-                self._pool.putconn(conn)
+                self._putconn(conn)
         raise AssertionError("unreachable")
 
     def _exec(
@@ -1693,14 +1700,21 @@ class PostgresDriver:
         finally:
             if guard:
                 self._watch.disarm(conn)
-            self._pool.putconn(conn)
+            self._putconn(conn)
 
     def _checkout(self) -> Conn:
+        """A pooled connection, lent until ``_putconn``."""
         try:
-            return self._checkout_once()
+            conn = self._checkout_once()
         except DriverUnavailableError:
             self.stalls.note_failure()
             raise
+        self._lent.add(conn)
+        return conn
+
+    def _putconn(self, conn: Conn) -> None:
+        self._lent.discard(conn)
+        self._pool.putconn(conn)
 
     def _checkout_once(self) -> Conn:
         if self._closed:

@@ -35,8 +35,10 @@ Rules every driver keeps (the contract suite in ``tests/contract`` checks each o
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from contextvars import ContextVar
@@ -94,6 +96,29 @@ Executor = Joined
 #: The transaction the current code runs in, set by ``app.transaction()`` / ``app.using()``.
 #: Drivers read it to refuse, at once, a write that could only wait for the caller's own lock.
 current_tx: ContextVar[Joined | None] = ContextVar("ultimat3_jobs_current_tx", default=None)
+
+
+class ForkSafe(Protocol):
+    def _after_fork(self) -> None: ...
+
+
+_renewed: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def renew_after_fork(owner: ForkSafe) -> None:
+    """Have ``owner._after_fork()`` run in every child this process forks while ``owner``
+    lives (it is held weakly): a driver leaves the connections it inherited to the parent and
+    opens its own."""
+    _renewed.add(owner)
+
+
+def _after_fork() -> None:
+    for owner in list(_renewed):
+        owner._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 class StallTracker:

@@ -122,7 +122,14 @@ from ultimat3.jobs.dialects.postgres import (
     migration_plan,
 )
 from ultimat3.jobs.dialects.postgres import first_line as _first_line
-from ultimat3.jobs.driver import DatabaseId, Driver, Executor, Joined, StallTracker
+from ultimat3.jobs.driver import (
+    DatabaseId,
+    Driver,
+    Executor,
+    Joined,
+    StallTracker,
+    renew_after_fork,
+)
 from ultimat3.jobs.drivers import pool_log
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError, SerializationError
 from ultimat3.jobs.limits import keys_to_look
@@ -415,7 +422,7 @@ class PostgresDriver:
         self._look_lock = threading.Lock()
         self._probed = False
         self._probe_retry_at = 0.0
-        _drivers.add(self)
+        renew_after_fork(self)
 
     def _after_fork(self) -> None:
         """In a forked child (a pre-fork web server's worker): the connections it inherited
@@ -1869,18 +1876,6 @@ class PostgresDriver:
 def _copyable(job: NewJob) -> bool:
     """Whether COPY can store ``job``: no limit, no uniqueness key, no trace context."""
     return job.limit_key is None and job.unique_key is None and job.trace_context is None
-
-
-_drivers: weakref.WeakSet[PostgresDriver] = weakref.WeakSet()
-
-
-def _after_fork() -> None:
-    for driver in list(_drivers):
-        driver._after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)
 
 
 class _NotCopyable(Exception):

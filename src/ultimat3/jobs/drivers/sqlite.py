@@ -96,7 +96,7 @@ from ultimat3.jobs.dialects.sqlite import (
 from ultimat3.jobs.dialects.sqlite import dt as _dt
 from ultimat3.jobs.dialects.sqlite import now_us as _now_us
 from ultimat3.jobs.dialects.sqlite import us as _us
-from ultimat3.jobs.driver import DatabaseId, Joined, StallTracker, current_tx
+from ultimat3.jobs.driver import DatabaseId, Joined, StallTracker, current_tx, renew_after_fork
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
 from ultimat3.jobs.limits import keys_to_look
 from ultimat3.jobs.records import (
@@ -255,18 +255,6 @@ class _Slot:
         self.written_at = -math.inf  # wait_for_jobs: monotonic time of the last write seen
 
 
-_drivers: weakref.WeakSet[SqliteDriver] = weakref.WeakSet()
-
-
-def _after_fork() -> None:
-    for driver in list(_drivers):
-        driver._forget_connections()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)
-
-
 class SqliteDriver:
     """Jobs in one SQLite file, shared by every thread and process that opens it.
 
@@ -329,7 +317,7 @@ class SqliteDriver:
         self._after: dict[str, str] = {}
         #: A wait longer than this for the write lock counts as a stall (see StallTracker).
         self.stalls = StallTracker(threshold=0.5)
-        _drivers.add(self)
+        renew_after_fork(self)
 
     def __repr__(self) -> str:
         return f"SqliteDriver({self.path!r})"
@@ -427,7 +415,7 @@ class SqliteDriver:
                 },
             )
 
-    def _forget_connections(self) -> None:
+    def _after_fork(self) -> None:
         """After fork: the child opens its own connections; the parent's stay untouched."""
         self._local = threading.local()
         self._conns = {}

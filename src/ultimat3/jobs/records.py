@@ -175,6 +175,14 @@ class NewJobs(Sequence[NewJob]):
         return built
 
 
+def in_slices(jobs: Sequence[NewJob], size: int) -> Iterator[Sequence[NewJob]]:
+    """``jobs`` in slices of ``size``: built as they are reached when ``jobs`` is a
+    ``NewJobs`` (``NewJobs.stream``), cut from the sequence otherwise."""
+    if isinstance(jobs, NewJobs):
+        return jobs.stream(size)
+    return (jobs[at : at + size] for at in range(0, len(jobs), size))
+
+
 @dataclass(frozen=True, slots=True)
 class EnqueueResult:
     """What an enqueue (an insert) did: the job's ``id``, which is the existing job's when

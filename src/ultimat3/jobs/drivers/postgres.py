@@ -148,10 +148,10 @@ from ultimat3.jobs.records import (
     JobState,
     Lease,
     NewJob,
-    NewJobs,
     QueueInfo,
     ScheduleState,
     WorkerInfo,
+    in_slices,
     job_from_row,
 )
 from ultimat3.jobs.wake import Wake
@@ -1406,10 +1406,7 @@ class PostgresDriver:
         transaction, in a savepoint of its own. Jobs that are built as they are read
         (``NewJobs``) are built a slice at a time, while the server stores the last one; an
         input refused meanwhile rolls the savepoint back and raises."""
-        if isinstance(jobs, NewJobs):
-            slices: Iterator[Sequence[NewJob]] = jobs.stream(_COPY_SLICE)
-        else:
-            slices = (jobs[at : at + _COPY_SLICE] for at in range(0, len(jobs), _COPY_SLICE))
+        slices = in_slices(jobs, _COPY_SLICE)
         head = next(slices)
         first = head[0]
         if not _copyable(first):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -52,7 +53,7 @@ def test_pending_migrations_are_4(tmp_path: Path) -> None:
     assert code == 4
     assert "FAIL migrations: the job tables are missing" in out
     assert "fix: run `ultimat3-jobs migrate`" in out
-    with sqlite3.connect(path) as conn:
+    with closing(sqlite3.connect(path)) as conn:
         tables = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
     assert tables == [], "a health check never migrates"
 

@@ -156,6 +156,8 @@ class Project:
             for value in list(vars(module).values()):
                 if isinstance(value, App):
                     value.close()
+                elif type(value).__name__ == "Engine" and hasattr(value, "dispose"):
+                    value.dispose()  # a page's SQLAlchemy engine: its connections closed now
         for name, module in list(sys.modules.items()):
             if module in modules:
                 del sys.modules[name]

@@ -35,6 +35,7 @@ Rules every driver keeps (the contract suite in ``tests/contract`` checks each o
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import threading
 import time
@@ -46,6 +47,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from ultimat3.jobs import events
 from ultimat3.jobs.records import (
     ClaimParams,
     Cycle,
@@ -119,6 +121,29 @@ def _after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+_open_at_exit: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def close_at_exit(owner: Closable) -> None:
+    """Have ``owner.close()`` run when the interpreter exits, if it is still alive then (it is
+    held weakly). A script that never closes its app still exits at once: an open psycopg pool
+    left to the interpreter's shutdown waits for its threads, and on Python 3.13 forever."""
+    _open_at_exit.add(owner)
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    for owner in list(_open_at_exit):
+        try:
+            owner.close()
+        except Exception as exc:  # the process is ending: say so, and close the others
+            events.warning("jobs.close_at_exit_failed", owner=repr(owner), error=repr(exc))
 
 
 class StallTracker:

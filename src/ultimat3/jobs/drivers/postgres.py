@@ -128,6 +128,7 @@ from ultimat3.jobs.driver import (
     Executor,
     Joined,
     StallTracker,
+    close_at_exit,
     renew_after_fork,
 )
 from ultimat3.jobs.drivers import pool_log
@@ -423,6 +424,7 @@ class PostgresDriver:
         self._probed = False
         self._probe_retry_at = 0.0
         renew_after_fork(self)
+        close_at_exit(self)
 
     def _after_fork(self) -> None:
         """In a forked child (a pre-fork web server's worker): the connections it inherited

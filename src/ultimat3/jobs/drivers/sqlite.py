@@ -96,7 +96,14 @@ from ultimat3.jobs.dialects.sqlite import (
 from ultimat3.jobs.dialects.sqlite import dt as _dt
 from ultimat3.jobs.dialects.sqlite import now_us as _now_us
 from ultimat3.jobs.dialects.sqlite import us as _us
-from ultimat3.jobs.driver import DatabaseId, Joined, StallTracker, current_tx, renew_after_fork
+from ultimat3.jobs.driver import (
+    DatabaseId,
+    Joined,
+    StallTracker,
+    close_at_exit,
+    current_tx,
+    renew_after_fork,
+)
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
 from ultimat3.jobs.limits import keys_to_look
 from ultimat3.jobs.records import (
@@ -318,6 +325,7 @@ class SqliteDriver:
         #: A wait longer than this for the write lock counts as a stall (see StallTracker).
         self.stalls = StallTracker(threshold=0.5)
         renew_after_fork(self)
+        close_at_exit(self)
 
     def __repr__(self) -> str:
         return f"SqliteDriver({self.path!r})"

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import re
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ from ultimat3.jobs.dialects.postgres import (
     masked_dsn,
     migration_plan,
 )
-from ultimat3.jobs.driver import DatabaseId, Joined
+from ultimat3.jobs.driver import DatabaseId, Joined, close_at_exit
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
 from ultimat3.jobs.outbox_store import OutboxRecord, OutboxStore
 from ultimat3.jobs.records import NewJob
@@ -168,6 +169,7 @@ class PostgresOutboxStore:
         self._conn: psycopg.Connection[Any] | None = None
         self._closed = False
         self._identity: DatabaseId | None = None
+        close_at_exit(self)
 
     def __repr__(self) -> str:
         return f"PostgresOutboxStore({self.display_url!r})"
@@ -195,6 +197,7 @@ class PostgresOutboxStore:
                 )
             except psycopg.Error as exc:
                 raise self._unavailable(exc) from exc
+            weakref.finalize(self, self._conn.close)  # a store dropped unclosed
         return self._conn
 
     @contextmanager

@@ -28,6 +28,7 @@ import json
 import os
 import sqlite3
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from typing import Any
 
 from ultimat3.jobs.dialects.sqlite import (
     apply_migrations,
+    close_quietly,
     connection_file,
     dt,
     dt_or_none,
@@ -46,7 +48,7 @@ from ultimat3.jobs.dialects.sqlite import (
     us,
     write_in,
 )
-from ultimat3.jobs.driver import DatabaseId, Joined
+from ultimat3.jobs.driver import DatabaseId, Joined, close_at_exit
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
 from ultimat3.jobs.outbox_store import OutboxRecord, OutboxStore
 from ultimat3.jobs.records import NewJob
@@ -139,6 +141,7 @@ class SqliteOutboxStore:
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         self._closed = False
+        close_at_exit(self)
 
     def __repr__(self) -> str:
         return f"SqliteOutboxStore({self.path!r})"
@@ -162,6 +165,7 @@ class SqliteOutboxStore:
                 )
             except sqlite3.Error as exc:
                 raise self._unavailable(exc) from exc
+            weakref.finalize(self, close_quietly, self._conn)  # a store dropped unclosed
         return self._conn
 
     @contextmanager

@@ -146,6 +146,13 @@ class MemoryDriver:
         self._keys: dict[_Key, str] = {}
         self._paused: dict[str, bool] = {}
         self._waiting: set[str] = set()  # ids of scheduled and available jobs, for claims
+        #: The usual claim's index (``_first_due``): each waiting job without a limit has an
+        #: entry, its claim order, in ``_future`` (a heap by run_at) until a claim finds it due,
+        #: then in its queue's heap of ``_due``. An entry whose job has since changed is stale:
+        #: whoever pops it drops it, and ``_reindex`` rebuilds both when they grow too stale.
+        self._future: list[tuple[datetime, _Order]] = []
+        self._due: dict[str, list[_Order]] = {}
+        self._entries = 0
         self._schedules: dict[str, ScheduleState] = {}
         self._leaders: dict[str, tuple[str, datetime]] = {}  # name -> (holder, expires_at)
         self._workers: dict[str, WorkerInfo] = {}
@@ -220,10 +227,10 @@ class MemoryDriver:
             unique = tx.uniques.get(job.id)
             if unique is not None and self._unique_holder(unique[0], None) is not None:
                 continue  # likewise a committed holder of its unique key
+            if job.id in tx.limits:
+                self._limits[job.id] = tx.limits[job.id]  # before _put: it indexes the rest
             self._put(job)
             self._keys[key] = job.id
-            if job.id in tx.limits:
-                self._limits[job.id] = tx.limits[job.id]
             if unique is not None:
                 self._hold(job.id, unique)
             inserted = True
@@ -337,20 +344,23 @@ class MemoryDriver:
         """The claimed jobs, and when a job held back by a rate limit may be claimed."""
         at = _now(params.now)
         queues = set(params.queues)
-        due = (
-            job
-            for job in map(self._jobs.__getitem__, self._waiting)
-            if job.run_at <= at
-            and job.queue in queues
-            and not self._paused.get(job.queue, False)
-            and (job.id in self._isolated) is params.isolated
-            and (params.limited or job.id not in self._limits)
-        )
         wake_at = None
-        if params.limited:
-            best, wake_at = self._within_limits(due, max(0, params.limit), at)
+        if params.limited or params.isolated:  # a scan of every waiting job: the rarer claims
+            due = (
+                job
+                for job in map(self._jobs.__getitem__, self._waiting)
+                if job.run_at <= at
+                and job.queue in queues
+                and not self._paused.get(job.queue, False)
+                and (job.id in self._isolated) is params.isolated
+                and (params.limited or job.id not in self._limits)
+            )
+            if params.limited:
+                best, wake_at = self._within_limits(due, max(0, params.limit), at)
+            else:
+                best = heapq.nsmallest(max(0, params.limit), due, key=_order)
         else:
-            best = heapq.nsmallest(max(0, params.limit), due, key=_order)
+            best = self._first_due(queues, at, max(0, params.limit))
         claimed: list[Job] = []
         claim = params.token or token()
         for job in best:
@@ -368,6 +378,73 @@ class MemoryDriver:
                 self._started.add(running.id)
             claimed.append(running)
         return claimed, wake_at
+
+    def _first_due(self, queues: set[str], at: datetime, limit: int) -> list[Job]:
+        """The first ``limit`` due jobs, in claim order, of the unpaused ``queues``, neither
+        isolated nor limited: the claim ``_claim_until`` makes most, from the index, at a cost
+        of the jobs it returns rather than of every waiting job."""
+        future = self._future
+        while future and future[0][0] <= at:
+            order = heapq.heappop(future)[1]
+            job = self._indexed(order)
+            if job is None:
+                self._entries -= 1
+            else:
+                heapq.heappush(self._due.setdefault(job.queue, []), order)
+        found: list[_Order] = []
+        for queue in queues:
+            heap = self._due.get(queue)
+            if not heap or self._paused.get(queue, False):
+                continue
+            taken: list[_Order] = []
+            aside: list[_Order] = []  # not due after all (a clock set back), or isolated
+            seen: set[str] = set()
+            while heap and len(taken) < limit:
+                order = heapq.heappop(heap)
+                job = self._indexed(order)
+                if job is None or order[2] in seen or job.queue != queue:
+                    self._entries -= 1
+                    continue
+                seen.add(order[2])
+                if job.run_at > at or order[2] in self._isolated:
+                    aside.append(order)
+                else:
+                    taken.append(order)
+            for order in aside:
+                heapq.heappush(heap, order)
+            found.extend(taken)
+        best = heapq.nsmallest(limit, found)
+        if len(best) < len(found):  # more queues than one: the rest stay indexed
+            chosen = set(best)
+            for order in found:
+                if order not in chosen:
+                    heapq.heappush(self._due[self._jobs[order[2]].queue], order)
+        self._entries -= len(best)
+        return [self._jobs[order[2]] for order in best]
+
+    def _indexed(self, order: _Order) -> Job | None:
+        """The job of an index entry, or None when the entry is stale."""
+        job = self._jobs.get(order[2])
+        if job is None or job.state not in _WAITING or job.id in self._limits:
+            return None
+        return job if _order(job) == order else None
+
+    def _index(self, job: Job) -> None:
+        heapq.heappush(self._future, (job.run_at, _order(job)))
+        self._entries += 1
+        if self._entries > 2 * len(self._waiting) + 1024:
+            self._reindex()
+
+    def _reindex(self) -> None:
+        """Both heaps again from the waiting jobs, without stale entries."""
+        self._future = [
+            (job.run_at, _order(job))
+            for job in map(self._jobs.__getitem__, self._waiting)
+            if job.id not in self._limits
+        ]
+        heapq.heapify(self._future)
+        self._due = {}
+        self._entries = len(self._future)
 
     def _within_limits(
         self, due: Iterable[Job], limit: int, at: datetime
@@ -920,9 +997,17 @@ class MemoryDriver:
 
     def _put(self, job: Job) -> None:
         # The one place rows change, so the index of waiting jobs cannot drift from the rows.
+        old = self._jobs.get(job.id)
         self._jobs[job.id] = job
         if job.state in _WAITING:
             self._waiting.add(job.id)
+            if job.id not in self._limits and (
+                old is None
+                or old.state not in _WAITING
+                or _order(old) != _order(job)
+                or old.queue != job.queue
+            ):
+                self._index(job)
         else:
             self._waiting.discard(job.id)
         if job.state is not JobState.RUNNING:
@@ -956,7 +1041,11 @@ def _debounced(job: Job, new: Job) -> Job:
     return replace(job, input=new.input, run_at=new.run_at, state=new.state, priority=new.priority)
 
 
-def _order(job: Job) -> tuple[int, datetime, str]:
+#: The order claims take waiting jobs in: priority first, then run_at, then id.
+_Order = tuple[int, datetime, str]
+
+
+def _order(job: Job) -> _Order:
     return (-job.priority, job.run_at, job.id)
 
 

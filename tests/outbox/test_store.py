@@ -155,3 +155,31 @@ def test_a_failed_stage_never_lets_the_transaction_commit_without_it(spec: Store
         spec.store.stage(executor, [new_job(2)])  # refused: the transaction is aborted
     with spec.store.claim(10) as batch:
         assert batch.records == []
+
+
+def test_a_forked_child_leaves_the_parents_connection_alone(spec: StoreSpec) -> None:
+    """A store opened before a fork (a pre-fork server's app): the child opens its own
+    connection, and its exit, which closes every open store (``atexit``), never closes the
+    parent's. On PostgreSQL closing it there would end the parent's session."""
+    import os
+
+    from ultimat3.jobs import driver
+
+    if spec.kind == "memory":
+        pytest.skip("the memory store has no connection")
+    stage(spec, new_job(1))
+    assert spec.store.pending_count() == 1  # the parent's connection is open
+    pid = os.fork()
+    if pid == 0:  # the child: use the store, then exit as a process does
+        code = 1
+        try:
+            stage(spec, new_job(2))
+            code = 0 if spec.store.pending_count() == 2 else 3
+        finally:
+            driver._close_at_exit()  # what the interpreter's exit runs (not the test run's hooks)
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert spec.store.pending_count() == 2, "the parent's connection still works"
+    stage(spec, new_job(3))
+    assert spec.store.pending_count() == 3

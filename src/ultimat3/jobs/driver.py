@@ -137,6 +137,14 @@ def close_at_exit(owner: Closable) -> None:
     _open_at_exit.add(owner)
 
 
+def close_if_opened_here(pid: int, conn: Any) -> None:
+    """Close ``conn`` if this process (``pid``) opened it. A forked child leaves its parent's
+    connections alone: closing one there would end the parent's session (libpq sends its
+    Terminate message on the socket they share)."""
+    if os.getpid() == pid:
+        conn.close()
+
+
 @atexit.register
 def _close_at_exit() -> None:
     for owner in list(_open_at_exit):

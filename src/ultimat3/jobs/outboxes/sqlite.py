@@ -37,7 +37,6 @@ from typing import Any
 
 from ultimat3.jobs.dialects.sqlite import (
     apply_migrations,
-    close_quietly,
     connection_file,
     dt,
     dt_or_none,
@@ -48,7 +47,13 @@ from ultimat3.jobs.dialects.sqlite import (
     us,
     write_in,
 )
-from ultimat3.jobs.driver import DatabaseId, Joined, close_at_exit
+from ultimat3.jobs.driver import (
+    DatabaseId,
+    Joined,
+    close_at_exit,
+    close_if_opened_here,
+    renew_after_fork,
+)
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
 from ultimat3.jobs.outbox_store import OutboxRecord, OutboxStore
 from ultimat3.jobs.records import NewJob
@@ -141,7 +146,17 @@ class SqliteOutboxStore:
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         self._closed = False
+        self._inherited: list[sqlite3.Connection] = []  # a forked child's, never to be used
         close_at_exit(self)
+        renew_after_fork(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: the parent's connection is left alone (kept, never closed);
+        the child opens its own on first use."""
+        if self._conn is not None:
+            self._inherited.append(self._conn)
+        self._conn = None
+        self._lock = threading.RLock()
 
     def __repr__(self) -> str:
         return f"SqliteOutboxStore({self.path!r})"
@@ -165,7 +180,8 @@ class SqliteOutboxStore:
                 )
             except sqlite3.Error as exc:
                 raise self._unavailable(exc) from exc
-            weakref.finalize(self, close_quietly, self._conn)  # a store dropped unclosed
+            # A store dropped unclosed closes it (a forked child's copy does not).
+            weakref.finalize(self, close_if_opened_here, os.getpid(), self._conn)
         return self._conn
 
     @contextmanager

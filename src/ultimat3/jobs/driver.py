@@ -145,6 +145,34 @@ def close_if_opened_here(pid: int, conn: Any) -> None:
         conn.close()
 
 
+class OneConnection:
+    """The rules of an object that holds one connection of its own in ``_conn`` behind
+    ``_lock`` (the outbox stores): closed at exit (``close_at_exit``) and when dropped
+    unclosed, and, in a forked child, the parent's kept unused and unclosed while the child
+    opens its own. Call ``_hold_one_connection()`` in ``__init__`` and ``_opened(conn)`` on
+    each new connection."""
+
+    _conn: Any
+    _lock: threading.RLock
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def _hold_one_connection(self) -> None:
+        self._inherited: list[Any] = []  # a forked child's, never to be used
+        close_at_exit(self)
+        renew_after_fork(self)
+
+    def _opened(self, conn: Any) -> None:
+        weakref.finalize(self, close_if_opened_here, os.getpid(), conn)
+
+    def _after_fork(self) -> None:
+        if self._conn is not None:
+            self._inherited.append(self._conn)
+        self._conn = None
+        self._lock = threading.RLock()
+
+
 @atexit.register
 def _close_at_exit() -> None:
     for owner in list(_open_at_exit):

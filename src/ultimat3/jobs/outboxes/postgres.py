@@ -33,10 +33,8 @@ through ``ultimat3.jobs.integrations.psycopg``.
 
 from __future__ import annotations
 
-import os
 import re
 import threading
-import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -59,9 +57,7 @@ from ultimat3.jobs.dialects.postgres import (
 from ultimat3.jobs.driver import (
     DatabaseId,
     Joined,
-    close_at_exit,
-    close_if_opened_here,
-    renew_after_fork,
+    OneConnection,
 )
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
 from ultimat3.jobs.outbox_store import OutboxRecord, OutboxStore
@@ -127,7 +123,7 @@ class _Batch:
             )
 
 
-class PostgresOutboxStore:
+class PostgresOutboxStore(OneConnection):
     """``x_outbox`` in the PostgreSQL database ``dsn`` names (your data's database)."""
 
     name = "postgres"
@@ -176,17 +172,7 @@ class PostgresOutboxStore:
         self._conn: psycopg.Connection[Any] | None = None
         self._closed = False
         self._identity: DatabaseId | None = None
-        self._inherited: list[psycopg.Connection[Any]] = []  # a forked child's, never used
-        close_at_exit(self)
-        renew_after_fork(self)
-
-    def _after_fork(self) -> None:
-        """In a forked child: the parent's connection shares its socket with the parent's
-        session, so the child keeps it unused and unfinished, and opens its own."""
-        if self._conn is not None:
-            self._inherited.append(self._conn)
-        self._conn = None
-        self._lock = threading.RLock()
+        self._hold_one_connection()
 
     def __repr__(self) -> str:
         return f"PostgresOutboxStore({self.display_url!r})"
@@ -214,8 +200,7 @@ class PostgresOutboxStore:
                 )
             except psycopg.Error as exc:
                 raise self._unavailable(exc) from exc
-            # A store dropped unclosed closes it (a forked child's copy does not).
-            weakref.finalize(self, close_if_opened_here, os.getpid(), self._conn)
+            self._opened(self._conn)
         return self._conn
 
     @contextmanager

@@ -28,7 +28,6 @@ import json
 import os
 import sqlite3
 import threading
-import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -50,9 +49,7 @@ from ultimat3.jobs.dialects.sqlite import (
 from ultimat3.jobs.driver import (
     DatabaseId,
     Joined,
-    close_at_exit,
-    close_if_opened_here,
-    renew_after_fork,
+    OneConnection,
 )
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
 from ultimat3.jobs.outbox_store import OutboxRecord, OutboxStore
@@ -119,7 +116,7 @@ class _Batch:
             self.conn.execute(_Q["mark_published"], args)
 
 
-class SqliteOutboxStore:
+class SqliteOutboxStore(OneConnection):
     """``x_outbox`` in the SQLite file at ``path`` (your data's file, not the job file).
 
     ``busy_timeout`` is how many seconds the store's own statements wait for another writer
@@ -146,17 +143,7 @@ class SqliteOutboxStore:
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         self._closed = False
-        self._inherited: list[sqlite3.Connection] = []  # a forked child's, never to be used
-        close_at_exit(self)
-        renew_after_fork(self)
-
-    def _after_fork(self) -> None:
-        """In a forked child: the parent's connection is left alone (kept, never closed);
-        the child opens its own on first use."""
-        if self._conn is not None:
-            self._inherited.append(self._conn)
-        self._conn = None
-        self._lock = threading.RLock()
+        self._hold_one_connection()
 
     def __repr__(self) -> str:
         return f"SqliteOutboxStore({self.path!r})"
@@ -180,8 +167,7 @@ class SqliteOutboxStore:
                 )
             except sqlite3.Error as exc:
                 raise self._unavailable(exc) from exc
-            # A store dropped unclosed closes it (a forked child's copy does not).
-            weakref.finalize(self, close_if_opened_here, os.getpid(), self._conn)
+            self._opened(self._conn)
         return self._conn
 
     @contextmanager

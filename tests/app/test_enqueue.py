@@ -17,6 +17,7 @@ from ultimat3.jobs import (
     PayloadTooLargeError,
     RegistrationError,
     SerializationError,
+    events,
     job,
 )
 from ultimat3.jobs.drivers import sqlite_path
@@ -204,6 +205,24 @@ def test_enqueue_options(make_app: Callable[..., App], make_module: Any) -> None
         noop.enqueue({}, delay="soon")
     with pytest.raises(ConfigurationError):
         noop.enqueue({}, priority=1000)
+
+
+def test_an_enqueue_after_a_job_setting_changed_uses_the_new_setting(
+    make_app: Callable[..., App], make_module: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The app keeps each job's checked settings for the enqueues without options
+    (``App._builder``); a setting changed since, or a tracing integration turned on since,
+    is never missed."""
+    app = make_app(make_module(noop=noop))
+    first = app.get_job(noop.enqueue({}).id)
+    assert (first.queue, first.priority, first.max_attempts) == ("default", 0, 3)
+    monkeypatch.setattr(noop, "queue", "slow")
+    monkeypatch.setattr(noop, "priority", 9)
+    monkeypatch.setattr(noop, "retry", noop.retry.__class__(attempts=2))
+    monkeypatch.setattr(events, "trace_context_for", lambda queue, name, job_id: f"t-{job_id}")
+    second = app.get_job(noop.enqueue({}).id)
+    assert (second.queue, second.priority, second.max_attempts) == ("slow", 9, 2)
+    assert second.trace_context == f"t-{second.id}"
 
 
 def test_unregistered_handles_cannot_be_enqueued(make_app: Callable[..., App]) -> None:

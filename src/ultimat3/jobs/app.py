@@ -42,7 +42,15 @@ from ultimat3.jobs.job import (
     current_app,
 )
 from ultimat3.jobs.maintenance import MaintenanceConfig
-from ultimat3.jobs.outbox import EnqueueOptions, Mode, bind, build_batch, build_job, insert
+from ultimat3.jobs.outbox import (
+    Builder,
+    EnqueueOptions,
+    Mode,
+    bind,
+    build_batch,
+    build_job,
+    insert,
+)
 from ultimat3.jobs.outbox_store import OutboxStore
 from ultimat3.jobs.outboxes import open_store
 from ultimat3.jobs.records import (
@@ -97,6 +105,8 @@ class App(Enqueuer):
         self._opened = False
         self._open_lock = threading.Lock()
         self._entered: list[Token[Enqueuer | None]] = []
+        #: Each registered job's ``Builder`` for enqueues without options (``_builder``).
+        self._builders: dict[JobHandle[Any], tuple[tuple[Any, ...], Builder]] = {}
         #: Set by ``testing.inline``: runs jobs instead of writing them.
         self._intercept: Callable[[list[NewJob]], list[EnqueueResult]] | None = None
         #: Where enqueues stage jobs when your transaction is on another database (a store or
@@ -210,7 +220,7 @@ class App(Enqueuer):
                 fix="give the job an idempotency_key function of its input, or enqueue one by one",
             )
         self._check_handle(handle)
-        jobs = build_batch(handle, inputs, opts, serializer=self.serializer, now=self.clock.now())
+        jobs = build_batch(self._builder(handle, opts), inputs, now=self.clock.now())
         return self._insert(jobs, opts.outbox, handle.name) if jobs else []
 
     async def enqueue_async(
@@ -229,7 +239,31 @@ class App(Enqueuer):
 
     def _build(self, handle: JobHandle[Any], input: Any, options: EnqueueOptions) -> NewJob:
         self._check_handle(handle)
-        return build_job(handle, input, options, serializer=self.serializer, now=self.clock.now())
+        return self._builder(handle, options)((input,), self.clock.now())[0]
+
+    def _builder(self, handle: JobHandle[Any], options: EnqueueOptions) -> Builder:
+        """The builder of ``handle``'s jobs with ``options``. Without options it is kept, and
+        used again while the handle's settings and the serializer are the ones it was built
+        with (compared on each use, so a changed setting is never missed)."""
+        if options is not _NO_OPTIONS:
+            return Builder(handle, options, serializer=self.serializer)
+        settings = (
+            handle.name,
+            handle.queue,
+            handle.priority,
+            handle.retry,
+            handle.idempotency_key,
+            handle.concurrency,
+            handle.rate,
+            handle.unique,
+            self.serializer,
+        )
+        kept = self._builders.get(handle)
+        if kept is not None and kept[0] == settings:
+            return kept[1]
+        builder = Builder(handle, options, serializer=self.serializer)
+        self._builders[handle] = (settings, builder)
+        return builder
 
     def _check_handle(self, handle: JobHandle[Any]) -> None:
         if not isinstance(handle, JobHandle):

@@ -76,152 +76,142 @@ def build_job(
     serializer: Serializer,
     now: datetime,
 ) -> NewJob:
-    """Validate and encode one enqueue (``build_jobs`` of one input)."""
-    return build_jobs(handle, (input,), options, serializer=serializer, now=now)[0]
-
-
-def build_jobs(
-    handle: JobHandle[Any],
-    inputs: Iterable[Any],
-    options: EnqueueOptions,
-    *,
-    serializer: Serializer,
-    now: datetime,
-) -> list[NewJob]:
-    """Validate and encode the enqueues of ``inputs`` with one set of options. Raises before
-    anything is written; every value it lets through is one that every driver stores (the same
-    bounds on SQLite and PostgreSQL). The options are checked once for the batch, then each
-    input is encoded, keyed and given its id."""
-    values = inputs if isinstance(inputs, list | tuple) else list(inputs)
-    return _builder(handle, options, serializer=serializer, now=now)(values)
+    """Validate and encode one enqueue (``Builder`` of one input)."""
+    return Builder(handle, options, serializer=serializer)((input,), now)[0]
 
 
 def build_batch(
-    handle: JobHandle[Any],
+    builder: Builder,
     inputs: Iterable[Any],
-    options: EnqueueOptions,
     *,
-    serializer: Serializer,
     now: datetime,
 ) -> NewJobs:
-    """``build_jobs`` for an enqueue of many: the options are checked now, the inputs when a
-    driver reads the jobs (``NewJobs``: all before it writes, or a slice at a time inside its
-    transaction)."""
+    """The jobs of an enqueue of many, with the options ``builder`` checked: the inputs are
+    encoded when a driver reads the jobs (``NewJobs``: all before it writes, or a slice at a
+    time inside its transaction)."""
     values = inputs if isinstance(inputs, list | tuple) else list(inputs)
-    return NewJobs(values, _builder(handle, options, serializer=serializer, now=now))
+    return NewJobs(values, lambda part: builder(part, now))
 
 
-def _builder(
-    handle: JobHandle[Any],
-    options: EnqueueOptions,
-    *,
-    serializer: Serializer,
-    now: datetime,
-) -> Callable[[Sequence[Any]], list[NewJob]]:
-    """The options checked once; returns what encodes, keys and gives ids to inputs with them."""
-    run_at = options.run_at
-    if run_at is not None and options.delay is not None:
-        raise ConfigurationError(
-            "enqueue got both run_at= and delay=",
-            fix="pass one of them: run_at for an instant, delay for a duration",
-        )
-    if run_at is not None and not isinstance(run_at, datetime):
-        raise ConfigurationError(
-            f"run_at={run_at!r} is a {type(run_at).__name__}, not a datetime",
-            fix="pass an aware datetime, e.g. datetime(2030, 1, 1, tzinfo=UTC), or delay='5m'",
-        )
-    if run_at is not None and run_at.tzinfo is None:
-        raise ConfigurationError(
-            f"run_at={run_at!r} has no time zone",
-            fix="pass an aware datetime, e.g. datetime.now(UTC) + timedelta(minutes=5), or delay='5m'",
-        )
-    delay = to_timedelta(options.delay, name="delay") if options.delay is not None else None
-    priority = handle.priority if options.priority is None else options.priority
-    if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
-        raise ConfigurationError(
-            f"priority={priority!r} is not valid", fix="use an int from -100 to 100"
-        )
-    tenant = options.tenant_id
-    if tenant is not None:
-        if not tenant:
+class Builder:
+    """The options of an enqueue checked once (``__init__`` raises before anything is
+    written); calling it encodes, keys and gives ids to inputs with them. Every value it lets
+    through is one that every driver stores (the same bounds on SQLite and PostgreSQL).
+
+    It reads the handle and the options only when built, so an app keeps one per job for the
+    enqueues without options (``App._builder``): the usual enqueue checks nothing twice."""
+
+    __slots__ = ("_dumps", "_given_key", "_handle", "_key_of", "_limit", "_template", "_unique")
+
+    def __init__(
+        self, handle: JobHandle[Any], options: EnqueueOptions, *, serializer: Serializer
+    ) -> None:
+        run_at = options.run_at
+        if run_at is not None and options.delay is not None:
             raise ConfigurationError(
-                "tenant_id='' is not valid", fix="use a non-empty str, or None for no tenant"
+                "enqueue got both run_at= and delay=",
+                fix="pass one of them: run_at for an instant, delay for a duration",
             )
-        _check_text(tenant, "tenant_id", TENANT_LIMIT)
-    attempts = handle.retry.attempts if options.max_attempts is None else options.max_attempts
-    if (
-        isinstance(attempts, bool)
-        or not isinstance(attempts, int)
-        or not 1 <= attempts <= MAX_ATTEMPTS
-    ):
-        raise ConfigurationError(
-            f"max_attempts={attempts!r} is not valid", fix=f"use an int from 1 to {MAX_ATTEMPTS}"
+        if run_at is not None and not isinstance(run_at, datetime):
+            raise ConfigurationError(
+                f"run_at={run_at!r} is a {type(run_at).__name__}, not a datetime",
+                fix="pass an aware datetime, e.g. datetime(2030, 1, 1, tzinfo=UTC), or delay='5m'",
+            )
+        if run_at is not None and run_at.tzinfo is None:
+            raise ConfigurationError(
+                f"run_at={run_at!r} has no time zone",
+                fix="pass an aware datetime, e.g. datetime.now(UTC) + timedelta(minutes=5), or "
+                "delay='5m'",
+            )
+        delay = to_timedelta(options.delay, name="delay") if options.delay is not None else None
+        priority = handle.priority if options.priority is None else options.priority
+        if (
+            isinstance(priority, bool)
+            or not isinstance(priority, int)
+            or not -100 <= priority <= 100
+        ):
+            raise ConfigurationError(
+                f"priority={priority!r} is not valid", fix="use an int from -100 to 100"
+            )
+        tenant = options.tenant_id
+        if tenant is not None:
+            if not tenant:
+                raise ConfigurationError(
+                    "tenant_id='' is not valid", fix="use a non-empty str, or None for no tenant"
+                )
+            _check_text(tenant, "tenant_id", TENANT_LIMIT)
+        attempts = handle.retry.attempts if options.max_attempts is None else options.max_attempts
+        if (
+            isinstance(attempts, bool)
+            or not isinstance(attempts, int)
+            or not 1 <= attempts <= MAX_ATTEMPTS
+        ):
+            raise ConfigurationError(
+                f"max_attempts={attempts!r} is not valid",
+                fix=f"use an int from 1 to {MAX_ATTEMPTS}",
+            )
+        queue = check_queue_name(options.queue) if options.queue is not None else handle.queue
+        if options.idempotency_key is not None:
+            _check_text(options.idempotency_key, "idempotency_key", KEY_LIMIT)
+        rate = handle.rate
+        limit = handle.concurrency or (rate.as_limit() if rate is not None else None)
+        unique = handle.unique
+        self._handle = handle
+        self._dumps = serializer.dumps
+        self._key_of = handle.idempotency_key
+        self._limit = limit
+        self._unique = unique
+        self._given_key = options.idempotency_key
+        # The fields every job of these options shares; each job is a sibling of it.
+        self._template = NewJob(
+            id="",
+            name=handle.name,
+            queue=queue,
+            input="",
+            idempotency_key="",
+            max_attempts=attempts,
+            run_at=run_at,
+            priority=priority,
+            tenant_id=tenant,
+            delay=delay,
+            limit_max=0 if limit is None else limit.max,
+            rate_max=0 if rate is None else rate.max,
+            rate_period=timedelta(0) if rate is None else rate.period,
+            unique_states=0 if unique is None else unique.mask,
+            unique_replace=unique is not None and unique.on_conflict == "replace",
         )
-    queue = check_queue_name(options.queue) if options.queue is not None else handle.queue
-    name = handle.name
-    inject = events.trace_context_for  # a tracing integration's, or None
-    rate = handle.rate
-    limit = handle.concurrency or (rate.as_limit() if rate is not None else None)
-    unique = handle.unique
-    key_of = handle.idempotency_key
-    given_key = options.idempotency_key
-    if given_key is not None:
-        _check_text(given_key, "idempotency_key", KEY_LIMIT)
-    dumps = serializer.dumps
-    first: list[NewJob] = []  # the batch's first job, once built
 
-    def build(values: Sequence[Any]) -> list[NewJob]:
-        ids = uuid7_many(len(values))
+    def __call__(self, values: Sequence[Any], now: datetime) -> list[NewJob]:
+        """The jobs of ``values``, in order (``now``: the instant a uniqueness window counts
+        from)."""
+        template = self._template
+        name, queue, tenant = template.name, template.queue, template.tenant_id
+        dumps, key_of, given_key = self._dumps, self._key_of, self._given_key
+        limit, unique = self._limit, self._unique
+        inject = events.trace_context_for  # a tracing integration's, or None
         jobs: list[NewJob] = []
-        for job_id, input in zip(ids, values, strict=True):
+        for job_id, input in zip(uuid7_many(len(values)), values, strict=True):
             payload = dumps(input)
             key = given_key
             if key is None and key_of is not None:
-                key = _key_of(handle, key_of, input)
-            idempotency_key = job_id if key is None else f"{name}:{key}"
-            trace_context = None if inject is None else inject(queue, name, job_id)
-            limit_key = (
-                None
-                if limit is None
-                else limit.key_for(job=name, queue=queue, input=input, tenant_id=tenant)
-            )
-            unique_key = (
-                None
-                if unique is None
-                else unique.key_for(
-                    job=name, payload=payload, input=input, tenant_id=tenant, now=now
+                key = _key_of(self._handle, key_of, input)
+            jobs.append(
+                template.sibling(
+                    job_id,
+                    payload,
+                    job_id if key is None else f"{name}:{key}",
+                    None if inject is None else inject(queue, name, job_id),
+                    None
+                    if limit is None
+                    else limit.key_for(job=name, queue=queue, input=input, tenant_id=tenant),
+                    None
+                    if unique is None
+                    else unique.key_for(
+                        job=name, payload=payload, input=input, tenant_id=tenant, now=now
+                    ),
                 )
             )
-            if first:  # the fields every input of this enqueue shares come from the first job
-                job = first[0].sibling(
-                    job_id, payload, idempotency_key, trace_context, limit_key, unique_key
-                )
-            else:
-                job = NewJob(
-                    id=job_id,
-                    name=name,
-                    queue=queue,
-                    input=payload,
-                    idempotency_key=idempotency_key,
-                    max_attempts=attempts,
-                    run_at=run_at,
-                    priority=priority,
-                    tenant_id=tenant,
-                    delay=delay,
-                    trace_context=trace_context,
-                    limit_key=limit_key,
-                    limit_max=0 if limit is None else limit.max,
-                    rate_max=0 if rate is None else rate.max,
-                    rate_period=timedelta(0) if rate is None else rate.period,
-                    unique_key=unique_key,
-                    unique_states=0 if unique is None else unique.mask,
-                    unique_replace=unique is not None and unique.on_conflict == "replace",
-                )
-                first.append(job)
-            jobs.append(job)
         return jobs
-
-    return build
 
 
 def _key_of(handle: JobHandle[Any], key_of: Callable[[Any], str], input: Any) -> str:

@@ -83,7 +83,7 @@ class NewJob:
         replaced: ``dataclasses.replace`` of those, at 40% of the cost of ``NewJob(...)``
         (a frozen dataclass's ``__init__`` is called with keywords and sets each field through
         ``object.__setattr__``; this sets the slots directly). The enqueue path builds a batch
-        with it (``outbox.build_jobs``)."""
+        with it (``outbox.Builder``)."""
         job: NewJob = _new(NewJob)
         _set_id(job, id)
         _set_name(job, self.name)

@@ -96,6 +96,45 @@ def test_without_now_the_driver_clock_is_used(driver: Driver) -> None:
     assert [job.id for job in claimed] == [stored.id]
 
 
+def test_the_usual_job_on_the_driver_clock_is_stored_like_any_other(driver: Driver) -> None:
+    """A job due now on the driver's clock, with no limit and no uniqueness window, is the
+    usual enqueue, and PostgreSQL writes it with a statement of its own (``job_insert_plain``).
+    Every field must come out as the general statement stores it: here, the same job with a
+    delay of zero."""
+    fields = {
+        "name": "mail.send",
+        "queue": "mail",
+        "input": '{"to":"ü@example.com"}',
+        "priority": -3,
+        "tenant_id": "acme",
+        "max_attempts": 4,
+        "trace_context": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    }
+    usual, delayed = (
+        replace(_keyless(), **fields),
+        replace(_keyless(), delay=timedelta(0), **fields),
+    )
+    assert driver.job_insert_many([usual]) == [InsertResult(usual.id, deduped=False)]
+    assert driver.job_insert_many([delayed]) == [InsertResult(delayed.id, deduped=False)]
+
+    def stored(job_id: str) -> dict[str, object]:
+        job = get(driver, job_id)
+        assert job.run_at == job.created_at
+        assert job.state is JobState.AVAILABLE
+        return {
+            name: getattr(job, name)
+            for name in (*fields, "attempt", "errors", "lease_token", "finished_at")
+        }
+
+    assert stored(usual.id) == stored(delayed.id)
+    # Inserted again (a relay's re-publish): the same job, keyless or keyed.
+    assert driver.job_insert_many([usual]) == [InsertResult(usual.id, deduped=True)]
+    keyed = new_job(key="mail:1")
+    insert(driver, keyed, now=T0)
+    assert driver.job_insert_many([new_job(key="mail:1")]) == [InsertResult(keyed.id, deduped=True)]
+    assert sum(driver.job_count(JobFilter()).values()) == 3
+
+
 def test_duplicate_key_returns_the_existing_job(driver: Driver) -> None:
     first = new_job(key="k", input='{"v":1}')
     insert(driver, first)
@@ -170,7 +209,7 @@ def test_inserted_jobs_are_claimable_in_their_queue_only(driver: Driver) -> None
 
 
 def _keyless(**fields: object) -> NewJob:
-    """A job enqueued without a key: its key is its id (``outbox.build_jobs``), so it is
+    """A job enqueued without a key: its key is its id (``outbox.Builder``), so it is
     deduped by its primary key alone, not by the index of callers' keys (migration 9)."""
     job = new_job(**fields)  # type: ignore[arg-type]
     return replace(job, idempotency_key=job.id)

@@ -1490,6 +1490,26 @@ class PostgresDriver:
             ]
         if len(jobs) == 1:
             [j] = jobs
+            if (
+                j.run_at is None
+                and j.delay is None
+                and now is None
+                and j.limit_key is None
+                and j.unique_key is None
+            ):
+                params = {
+                    "id": j.id,
+                    "name": j.name,
+                    "queue": j.queue,
+                    "input": j.input,
+                    "tenant_id": j.tenant_id,
+                    "key": j.idempotency_key,
+                    "priority": j.priority,
+                    "max_attempts": j.max_attempts,
+                    "trace_context": j.trace_context,
+                    "channel": self._channel,
+                }
+                return self._insert_statement(conn, self._q["job_insert_plain"], params, bounded)
             query = self._q["job_insert_one" if j.unique_key is None else "job_insert_unique"]
             params = {
                 "id": j.id,
@@ -1535,6 +1555,11 @@ class PostgresDriver:
             ]
             query = self._q["job_insert"]
             params = {"rows": _json(rows), "now": now, "channel": self._channel}
+        return self._insert_statement(conn, query, params, bounded)
+
+    def _insert_statement(
+        self, conn: Conn, query: bytes, params: dict[str, Any], bounded: bool
+    ) -> list[Row]:
         try:
             return self._exec(conn, query, params, bounded=bounded).fetchall()
         except psycopg.DataError as exc:
@@ -1788,9 +1813,17 @@ class PostgresDriver:
         failed statement whole; a failure then aborts the caller's transaction, as any failed
         statement of theirs would, so nothing can commit without the job. An idle autocommit
         connection gets a BEGIN/COMMIT of its own, as its own statements would commit."""
-        conn: Conn = self.adopt(executor).connection
+        if isinstance(executor, Joined) and executor.database == self.identity():
+            # Joined by ``adopt`` (the type checked there, the database again by the caller):
+            # only the transaction's state can have changed since, and one read tells.
+            conn: Conn = executor.connection
+        else:
+            conn = self.adopt(executor).connection
+        status = conn.info.transaction_status
+        if status != pq.TransactionStatus.INTRANS and status != pq.TransactionStatus.IDLE:
+            check_joinable(conn, fix=_ADOPT_FIX)  # closed, or failed: says so
         try:
-            if conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE:
+            if status == pq.TransactionStatus.IDLE and conn.autocommit:
                 with conn.transaction():
                     yield conn
             else:

@@ -1490,27 +1490,6 @@ class PostgresDriver:
             ]
         if len(jobs) == 1:
             [j] = jobs
-            if (
-                j.run_at is None
-                and j.delay is None
-                and now is None
-                and j.limit_key is None
-                and j.unique_key is None
-            ):
-                params = {
-                    "id": j.id,
-                    "name": j.name,
-                    "queue": j.queue,
-                    "input": j.input,
-                    "tenant_id": j.tenant_id,
-                    "key": j.idempotency_key,
-                    "priority": j.priority,
-                    "max_attempts": j.max_attempts,
-                    "trace_context": j.trace_context,
-                    "channel": self._channel,
-                }
-                return self._insert_statement(conn, self._q["job_insert_plain"], params, bounded)
-            query = self._q["job_insert_one" if j.unique_key is None else "job_insert_unique"]
             params = {
                 "id": j.id,
                 "name": j.name,
@@ -1520,18 +1499,30 @@ class PostgresDriver:
                 "key": j.idempotency_key,
                 "priority": j.priority,
                 "max_attempts": j.max_attempts,
-                "run_at": j.run_at,
-                "delay": j.delay,
-                "now": now,
-                "channel": self._channel,
                 "trace_context": j.trace_context,
-                "limit_key": j.limit_key,
-                "limit_max": j.limit_max,
-                "rate_max": j.rate_max,
-                "rate_period": j.rate_period // _MICROSECOND,
-                "unique_key": j.unique_key,
-                "unique_states": j.unique_states,
+                "channel": self._channel,
             }
+            if (
+                j.run_at is None
+                and j.delay is None
+                and now is None
+                and j.limit_key is None
+                and j.unique_key is None
+            ):  # the usual job: due now, no limit, no uniqueness window
+                query = self._q["job_insert_plain"]
+            else:
+                query = self._q["job_insert_one" if j.unique_key is None else "job_insert_unique"]
+                params.update(
+                    run_at=j.run_at,
+                    delay=j.delay,
+                    now=now,
+                    limit_key=j.limit_key,
+                    limit_max=j.limit_max,
+                    rate_max=j.rate_max,
+                    rate_period=j.rate_period // _MICROSECOND,
+                    unique_key=j.unique_key,
+                    unique_states=j.unique_states,
+                )
         else:
             rows = [
                 [
@@ -1555,11 +1546,6 @@ class PostgresDriver:
             ]
             query = self._q["job_insert"]
             params = {"rows": _json(rows), "now": now, "channel": self._channel}
-        return self._insert_statement(conn, query, params, bounded)
-
-    def _insert_statement(
-        self, conn: Conn, query: bytes, params: dict[str, Any], bounded: bool
-    ) -> list[Row]:
         try:
             return self._exec(conn, query, params, bounded=bounded).fetchall()
         except psycopg.DataError as exc:

@@ -138,6 +138,32 @@ def test_an_aborted_postgres_transaction_cannot_be_joined(pg_dsn: str, make_modu
         app.close()
 
 
+@pytest.mark.postgres
+def test_a_postgres_transaction_that_fails_inside_using_refuses_the_next_enqueue(
+    pg_dsn: str, make_module: Any
+) -> None:
+    """Joined when it was fine, the transaction fails before the enqueue (or its connection
+    is closed): the enqueue says so, rather than psycopg's error about the statement."""
+    import psycopg
+
+    app = App(_pg_url(pg_dsn), modules=[make_module("tx_fails_inside", in_a=in_a)])
+    try:
+        with psycopg.connect(pg_dsn) as conn, app.using(conn):
+            in_a.enqueue({})
+            with pytest.raises(psycopg.errors.DivisionByZero):
+                conn.execute("SELECT 1/0")
+            with pytest.raises(ConfigurationError, match="rolled back"):
+                in_a.enqueue({})
+            conn.rollback()
+        with psycopg.connect(pg_dsn) as conn, app.using(conn):
+            conn.close()
+            with pytest.raises(ConfigurationError, match="closed"):
+                in_a.enqueue({})
+        assert app.count_jobs() == 0
+    finally:
+        app.close()
+
+
 def test_a_fresh_app_opens_inside_the_callers_write_transaction_without_waiting(
     tmp_path: Path, make_module: Callable[..., types.ModuleType]
 ) -> None:

@@ -878,26 +878,29 @@ def test_a_batch_that_loses_a_deadlock_is_retried(driver: Any, pg_dsn: str, size
         except BaseException as exc:
             outcome.append(exc)
 
-    with psycopg.connect(pg_dsn) as caller:
+    with psycopg.connect(pg_dsn) as caller, psycopg.connect(pg_dsn, autocommit=True) as watch:
         mine = driver.job_insert_many(
             [new_job(idempotency_key="k2")], executor=driver.adopt(caller), now=T0
         )
         thread = threading.Thread(target=run_batch)
         thread.start()
-        time.sleep(0.3)  # the batch now waits for k2
-        try:
-            driver.job_insert_many(
-                [new_job(idempotency_key="k1")], executor=driver.adopt(caller), now=T0
-            )
-        except psycopg.errors.DeadlockDetected:
-            caller.rollback()  # the caller lost instead: the batch simply goes through
-            mine = []
+        # The batch waits for k2 before the caller asks for k1, however loaded the machine
+        # (a fixed sleep once let the caller wait first, and lose the deadlock instead).
+        deadline = time.monotonic() + 30
+        while not watch.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock'"
+        ).fetchone()[0]:
+            assert time.monotonic() < deadline, "the batch never waited for k2"
+            time.sleep(0.01)
+        driver.job_insert_many(
+            [new_job(idempotency_key="k1")], executor=driver.adopt(caller), now=T0
+        )
         caller.commit()
         thread.join(30)
     [result] = outcome
     assert isinstance(result, list), result
-    if mine:
-        assert result[-1] == InsertResult(mine[0].id, deduped=True)
+    assert result[-1] == InsertResult(mine[0].id, deduped=True)
     assert len({r.id for r in result}) == size
 
 

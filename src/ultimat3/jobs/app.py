@@ -106,7 +106,7 @@ class App(Enqueuer):
         self._open_lock = threading.Lock()
         self._entered: list[Token[Enqueuer | None]] = []
         #: Each registered job's ``Builder`` for enqueues without options (``_builder``).
-        self._builders: dict[JobHandle[Any], tuple[tuple[Any, ...], Builder]] = {}
+        self._builders: dict[JobHandle[Any], Builder] = {}
         #: Set by ``testing.inline``: runs jobs instead of writing them.
         self._intercept: Callable[[list[NewJob]], list[EnqueueResult]] | None = None
         #: Where enqueues stage jobs when your transaction is on another database (a store or
@@ -243,27 +243,14 @@ class App(Enqueuer):
 
     def _builder(self, handle: JobHandle[Any], options: EnqueueOptions) -> Builder:
         """The builder of ``handle``'s jobs with ``options``. Without options it is kept, and
-        used again while the handle's settings and the serializer are the ones it was built
-        with (compared on each use, so a changed setting is never missed)."""
+        used again while it ``fits`` the handle's settings and the serializer (compared on
+        each use, so a changed setting is never missed)."""
         if options is not _NO_OPTIONS:
             return Builder(handle, options, serializer=self.serializer)
-        settings = (
-            handle.name,
-            handle.queue,
-            handle.priority,
-            handle.retry,
-            handle.idempotency_key,
-            handle.concurrency,
-            handle.rate,
-            handle.unique,
-            self.serializer,
-        )
         kept = self._builders.get(handle)
-        if kept is not None and kept[0] == settings:
-            return kept[1]
-        builder = Builder(handle, options, serializer=self.serializer)
-        self._builders[handle] = (settings, builder)
-        return builder
+        if kept is None or not kept.fits(handle, self.serializer):
+            kept = self._builders[handle] = Builder(handle, options, serializer=self.serializer)
+        return kept
 
     def _check_handle(self, handle: JobHandle[Any]) -> None:
         if not isinstance(handle, JobHandle):

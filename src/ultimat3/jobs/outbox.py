@@ -99,9 +99,19 @@ class Builder:
     through is one that every driver stores (the same bounds on SQLite and PostgreSQL).
 
     It reads the handle and the options only when built, so an app keeps one per job for the
-    enqueues without options (``App._builder``): the usual enqueue checks nothing twice."""
+    enqueues without options (``App._builder``), used again while it ``fits``: the usual
+    enqueue checks nothing twice."""
 
-    __slots__ = ("_dumps", "_given_key", "_handle", "_key_of", "_limit", "_template", "_unique")
+    __slots__ = (
+        "_dumps",
+        "_given_key",
+        "_handle",
+        "_key_of",
+        "_limit",
+        "_settings",
+        "_template",
+        "_unique",
+    )
 
     def __init__(
         self, handle: JobHandle[Any], options: EnqueueOptions, *, serializer: Serializer
@@ -157,6 +167,7 @@ class Builder:
         limit = handle.concurrency or (rate.as_limit() if rate is not None else None)
         unique = handle.unique
         self._handle = handle
+        self._settings = _settings(handle, serializer)
         self._dumps = serializer.dumps
         self._key_of = handle.idempotency_key
         self._limit = limit
@@ -180,6 +191,11 @@ class Builder:
             unique_states=0 if unique is None else unique.mask,
             unique_replace=unique is not None and unique.on_conflict == "replace",
         )
+
+    def fits(self, handle: JobHandle[Any], serializer: Serializer) -> bool:
+        """Whether every setting of ``handle`` this builder read, and the serializer, are
+        still the ones it was built with (a builder without options may then be used again)."""
+        return self._settings == _settings(handle, serializer)
 
     def __call__(self, values: Sequence[Any], now: datetime) -> list[NewJob]:
         """The jobs of ``values``, in order (``now``: the instant a uniqueness window counts
@@ -212,6 +228,21 @@ class Builder:
                 )
             )
         return jobs
+
+
+def _settings(handle: JobHandle[Any], serializer: Serializer) -> tuple[Any, ...]:
+    """What ``Builder`` reads of a handle (and the serializer it encodes with)."""
+    return (
+        handle.name,
+        handle.queue,
+        handle.priority,
+        handle.retry,
+        handle.idempotency_key,
+        handle.concurrency,
+        handle.rate,
+        handle.unique,
+        serializer,
+    )
 
 
 def _key_of(handle: JobHandle[Any], key_of: Callable[[Any], str], input: Any) -> str:

@@ -76,17 +76,23 @@ def bare_copy(conn: psycopg.Connection[Any], table: str, n: int) -> float:
     return n / (time.perf_counter() - started)
 
 
-def bare_claim_loop(conn: psycopg.Connection[Any], table: str) -> float:
-    claim = (
+def bare_claim(table: str, queue: str, returning: str) -> str:
+    """The bare claim of up to 10 jobs of ``queue`` (``SKIP LOCKED``, one statement), its lease
+    token the one parameter; it returns ``returning`` of each claimed row."""
+    return (
         # limit_key IS NULL: the claim index holds jobs without a concurrency limit only
         # (migration 6), as the library's own claim of such jobs says.
-        f"WITH c AS (SELECT id FROM {table} WHERE state = 'available' AND queue = 'bare' "
+        f"WITH c AS (SELECT id FROM {table} WHERE state = 'available' AND queue = '{queue}' "
         "AND limit_key IS NULL "
         "ORDER BY priority DESC, run_at, id LIMIT 10 FOR UPDATE SKIP LOCKED) "
         f"UPDATE {table} j SET state = 'running', lease_token = %s, attempt = attempt + 1, "
         "lease_expires_at = now() + interval '30 seconds' "
-        "FROM c WHERE j.id = c.id RETURNING j.id"
+        f"FROM c WHERE j.id = c.id RETURNING {returning}"
     )
+
+
+def bare_claim_loop(conn: psycopg.Connection[Any], table: str) -> float:
+    claim = bare_claim(table, "bare", "j.id")
     ack = (
         f"UPDATE {table} SET state = 'completed', finished_at = now(), lease_token = NULL, "
         "lease_expires_at = NULL WHERE id = ANY(%s) AND lease_token = %s"
@@ -127,16 +133,11 @@ def bare_notify_latency(dsn: str, samples: int) -> list[float]:
     return seen
 
 
+#: What the bare claims of the latency loops return: when the job was enqueued.
+BARE_STARTED = "(j.input->>'t')::float8"
 BARE_CONSUMER = """
 import sys, time, psycopg
-dsn, table, out = sys.argv[1:4]
-claim = (
-    f"WITH c AS (SELECT id FROM {table} WHERE state = 'available' AND queue = 'barelat' "
-    "AND limit_key IS NULL ORDER BY priority DESC, run_at, id LIMIT 10 FOR UPDATE SKIP LOCKED) "
-    f"UPDATE {table} j SET state = 'running', lease_token = 't', attempt = attempt + 1, "
-    "lease_expires_at = now() + interval '30 seconds' FROM c WHERE j.id = c.id "
-    "RETURNING (j.input->>'t')::float8"
-)
+dsn, claim, out = sys.argv[1:4]
 listener = psycopg.connect(dsn, autocommit=True)
 worker = psycopg.connect(dsn, autocommit=True)
 worker.execute("SET synchronous_commit = off")  # as the library's claim-only turn
@@ -147,7 +148,7 @@ with open(out, "a") as f:
         for n in listener.notifies(timeout=1.0, stop_after=1):
             if n.payload == "stop":
                 sys.exit(0)
-        for (sent,) in worker.execute(claim).fetchall():
+        for (sent,) in worker.execute(claim, ("t",)).fetchall():
             f.write(f"{time.time() - sent:.6f}\\n")
         f.flush()
 """
@@ -163,7 +164,15 @@ def bare_latency(dsn: str, table: str, tmp: Path, samples: int) -> list[float]:
 
     out = tmp / "bare-latency.txt"
     consumer = subprocess.Popen(
-        [sys.executable, "-c", BARE_CONSUMER, dsn, table, str(out)], stdout=subprocess.PIPE
+        [
+            sys.executable,
+            "-c",
+            BARE_CONSUMER,
+            dsn,
+            bare_claim(table, "barelat", BARE_STARTED),
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
     )
     try:
         assert consumer.stdout is not None

@@ -39,22 +39,15 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
 
 import psycopg  # noqa: E402
+from bench_pg import BARE_STARTED, COLUMNS, _row, _url, bare_claim, bench_database  # noqa: E402
+from run import kinds_medians  # noqa: E402
 
+from pgcluster import Cluster  # noqa: E402
 from ultimat3.jobs import App, job  # noqa: E402
 from ultimat3.jobs.ids import uuid7  # noqa: E402
 from ultimat3.jobs.records import ClaimParams, Cycle  # noqa: E402
 
 TABLE = '"ultimat3_jobs".x_jobs'
-COLUMNS = (
-    "id, name, queue, input, idempotency_key, priority, state, max_attempts, run_at, created_at"
-)
-BARE_CLAIM = (
-    f"WITH c AS (SELECT id FROM {TABLE} WHERE state = 'available' AND queue = %s "
-    "AND limit_key IS NULL ORDER BY priority DESC, run_at, id LIMIT 10 FOR UPDATE SKIP LOCKED) "
-    f"UPDATE {TABLE} j SET state = 'running', lease_token = 't', attempt = attempt + 1, "
-    "lease_expires_at = now() + interval '30 seconds' FROM c WHERE j.id = c.id "
-    "RETURNING (j.input->>'t')::float8"
-)
 _marks: dict[str, float] = {}
 
 
@@ -150,12 +143,13 @@ def claim_one(url: str, rounds: int) -> None:
         psycopg.connect(url, autocommit=True) as bare,
     ):
         bare.execute("SET synchronous_commit = off")
+        claim_bare = bare_claim(TABLE, "claim1", BARE_STARTED)
         kinds: dict[str, Callable[[], list[Any]]] = {
             "the driver's claim-only turn": lambda: driver.job_cycle(Cycle(claim=params)).claimed,
             "its statement, plain connection": lambda: plain.execute(
                 ours, {**ours_params, "token": uuid7()}
             ).fetchall(),
-            "the bare claim": lambda: bare.execute(BARE_CLAIM, ("claim1",)).fetchall(),
+            "the bare claim": lambda: bare.execute(claim_bare, ("t",)).fetchall(),
         }
         for idle in (0.02, 0.0):
             times: dict[str, list[float]] = {name: [] for name in kinds}
@@ -178,39 +172,32 @@ def claim_one(url: str, rounds: int) -> None:
 
 def in_transaction(url: str, rounds: int) -> None:
     app = App(url, modules=[sys.modules[__name__]])
-    bare = f"INSERT INTO {TABLE} ({COLUMNS}) VALUES (%s,'bench.parts','bare',%s,%s,0,'available',3,now(),now())"
+    values = "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,now(),now())"
+    bare = f"INSERT INTO {TABLE} ({COLUMNS}) {values}"
     notify = (
-        f"WITH i AS (INSERT INTO {TABLE} ({COLUMNS}) "
-        "VALUES (%s,'bench.parts','bare',%s,%s,0,'available',3,now(),now()) RETURNING queue) "
+        f"WITH i AS (INSERT INTO {TABLE} ({COLUMNS}) {values} RETURNING queue) "
         "SELECT pg_notify('bench_parts', queue) FROM i"
     )
-
-    def bare_insert(conn: Any, sql: str) -> None:
-        job_id = uuid7()
-        conn.execute(sql, (job_id, '{"n":1}', job_id))
-
-    kinds: dict[str, Callable[[Any, int], None]] = {
-        "alone": lambda conn, i: None,
-        "bare INSERT": lambda conn, i: bare_insert(conn, bare),
-        "bare INSERT + NOTIFY": lambda conn, i: bare_insert(conn, notify),
-        "enqueue": lambda conn, i: stamp.enqueue({"t": i}),
-    }
+    names = ("alone", "bare INSERT", "bare INSERT + NOTIFY", "enqueue")
     with psycopg.connect(url) as conn:
         conn.execute("CREATE TABLE IF NOT EXISTS parts_orders (id bigserial primary key, v text)")
         conn.commit()
-        times: dict[str, list[float]] = {name: [] for name in kinds}
-        for i in range(rounds + 20):
-            for name, body in kinds.items():
-                started = time.perf_counter()
-                with app.using(conn):
-                    conn.execute("INSERT INTO parts_orders (v) VALUES (%s)", (f"o{i}",))
-                    body(conn, i)
-                conn.commit()
-                if i >= 20:
-                    times[name].append(time.perf_counter() - started)
+
+        def transaction(i: int, kind: int) -> None:
+            with app.using(conn):
+                conn.execute("INSERT INTO parts_orders (v) VALUES (%s)", (f"o{i}",))
+                if kind == 1:
+                    conn.execute(bare, _row())
+                elif kind == 2:
+                    conn.execute(notify, _row())
+                elif kind == 3:
+                    stamp.enqueue({"t": i})
+            conn.commit()
+
+        medians = kinds_medians(rounds, transaction, len(names))
     app.close()
-    alone = statistics.median(times.pop("alone"))
-    added = {name: (statistics.median(values) - alone) * 1000 for name, values in times.items()}
+    alone = medians[0]
+    added = {name: (m - alone) * 1000 for name, m in zip(names[1:], medians[1:], strict=True)}
     print(f"  added to a business transaction ({alone * 1000:.3f} ms alone), medians of {rounds}:")
     for name, ms in added.items():
         print(f"    {name:24s} {ms:.3f} ms  ({ms / added['bare INSERT']:.2f} of the bare INSERT)")
@@ -226,10 +213,6 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--jobs", type=int, default=250, help="Jobs enqueued in part 1.")
     parser.add_argument("--rounds", type=int, default=300, help="Samples of each kind, 2 and 3.")
     args = parser.parse_args(argv)
-    from bench_pg import _url, bench_database
-
-    from pgcluster import Cluster
-
     cluster = Cluster.create()
     try:
         url = _url(bench_database(cluster))

@@ -416,17 +416,22 @@ def measure_library(
 
 def in_tx_medians(n: int, transaction: Callable[[int, int], None]) -> tuple[float, float, float]:
     """Seconds per business transaction, medians of ``n`` each: alone (``kind`` 0), with a bare
-    INSERT into the job table (1), with an enqueue (2). The kinds take turns, so the machine's
-    drift reaches all three alike."""
-    times: list[list[float]] = [[], [], []]
-    for i in range(n + 20):
-        for kind in (0, 1, 2):
-            started = time.perf_counter()
-            transaction(i, kind)
-            if i >= 20:  # warm-up
-                times[kind].append(time.perf_counter() - started)
-    alone, bare, ours = (statistics.median(t) for t in times)
+    INSERT into the job table (1), with an enqueue (2)."""
+    alone, bare, ours = kinds_medians(n, transaction, 3)
     return alone, bare, ours
+
+
+def kinds_medians(n: int, run: Callable[[int, int], None], kinds: int) -> list[float]:
+    """Seconds per ``run(i, kind)``, medians of ``n`` of each kind. The kinds take turns, so
+    the machine's drift reaches all of them alike; the first 20 turns are a warm-up."""
+    times: list[list[float]] = [[] for _ in range(kinds)]
+    for i in range(n + 20):
+        for kind in range(kinds):
+            started = time.perf_counter()
+            run(i, kind)
+            if i >= 20:
+                times[kind].append(time.perf_counter() - started)
+    return [statistics.median(t) for t in times]
 
 
 def sqlite_in_tx(bj: Any, n: int) -> tuple[float, float, float]:

@@ -28,6 +28,7 @@ from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
 from ultimat3.jobs.ids import uuid7
 from ultimat3.jobs.records import (
     ClaimParams,
+    Cycle,
     InsertResult,
     JobFilter,
     JobState,
@@ -300,6 +301,84 @@ def test_claims_use_the_partial_index_with_a_large_finished_backlog(
         assert "Seq Scan on x_jobs" not in text, text
         assert "Index Scan using x_jobs_pkey" in text, text
     assert [job.id for job in claim(driver)] == [jobs[-1].id]
+
+
+def test_a_one_queue_claim_probes_the_primary_key_on_a_table_never_analyzed(
+    driver: Any, pg_dsn: str
+) -> None:
+    """A fresh install: PostgreSQL has no statistics of x_jobs yet, and the generic plan a
+    worker's connection keeps is made then. The one-queue claims (alone, relaxed, and the
+    cycle's) must still find their rows by the primary key, not scan the table (which grows
+    under that plan until the first ANALYZE)."""
+    driver.job_insert_many([new_job()], now=T0)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        [(tuples,)] = conn.execute(
+            "SELECT reltuples FROM pg_class WHERE oid = 'ultimat3_jobs.x_jobs'::regclass"
+        ).fetchall()
+        assert tuples < 0, "the table was analyzed: this test needs one that never was"
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        values = {"lease_for": LEASE, "worker_id": "w", "now": T0, "started": True, "token": "t"}
+        values |= {"queue": "default", "finished": "f", "ids": [], "tokens": [], "results": []}
+        statements = {
+            "claim": driver._claim_one_query(10),
+            "relaxed claim": driver._claim_one_query(10, "_relaxed"),
+            "cycle": driver._q["job_cycle_queue"].replace(b"{limit}", b"10"),
+        }
+        for name, statement in statements.items():
+            plan = "\n".join(row[0] for row in conn.execute(b"EXPLAIN " + statement, values))
+            assert "Seq Scan on x_jobs" not in plan, (name, plan)
+            assert "Index Scan using x_jobs_pkey" in plan, (name, plan)
+
+
+def test_a_claim_planned_while_the_table_was_tiny_is_planned_again_once_it_is_slow(
+    pg_dsn: str,
+) -> None:
+    """A generic plan made when x_jobs held 3 rows (analyzed) scans the table; after a burst
+    made it big, it would scan 100,000 rows per claim until autovacuum's next ANALYZE. The
+    first slow claim drops the connection's plans, and the next claim is planned for the
+    table as it is."""
+    driver = PostgresDriver(pg_dsn, pool_min=1, pool_max=1)  # one connection: its plans
+    try:
+        driver.job_insert_many([new_job() for _ in range(3)])
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("ANALYZE ultimat3_jobs.x_jobs")
+        turn = Cycle(claim=ClaimParams(("default",), 10, LEASE, "w"))
+        for _ in range(12):  # prepared, then planned generically, on a table of 3 rows
+            driver.job_cycle(turn)
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO ultimat3_jobs.x_jobs (id, name, queue, input, idempotency_key, "
+                "state, max_attempts, run_at, created_at, finished_at) "
+                "SELECT 'f' || g, 'old', 'default', '{}', 'f' || g, 'completed', 1, now(), "
+                "now(), now() FROM generate_series(1, 100000) g"
+            )
+        took = []
+        for _ in range(2):
+            driver.job_insert_many([new_job() for _ in range(10)])
+            started = time.monotonic()
+            assert len(driver.job_cycle(turn).claimed) == 10
+            took.append(time.monotonic() - started)
+        assert took[0] > 0.02, f"the stale plan did not show ({took}): this test needs it"
+        assert took[1] < took[0] / 5, took
+    finally:
+        driver.close()
+
+
+def test_plans_dropped_again_and_again_are_made_again_each_time(pg_dsn: str) -> None:
+    """``_replan`` on a connection with nothing prepared yet, then with statements prepared,
+    more than once: the server's prepared statements are gone each time, and psycopg, which
+    knows, prepares them again instead of naming ones that no longer exist."""
+    from ultimat3.jobs.drivers.postgres import _replan
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        _replan(conn)
+        for _ in range(3):
+            for _ in range(8):  # prepared from the sixth on
+                assert conn.execute("SELECT %s::int + 1", (1,)).fetchone() == (2,)
+            prepared = "SELECT count(*) FROM pg_prepared_statements"
+            assert conn.execute(prepared, prepare=False).fetchone() == (1,)
+            _replan(conn)
+            assert conn.execute(prepared, prepare=False).fetchone() == (0,)
 
 
 # -- notifications -----------------------------------------------------------------------------
@@ -938,8 +1017,6 @@ def test_kept_counts_are_emptied_by_a_truncate(driver: Any, pg_dsn: str) -> None
 def test_only_an_awaited_job_notifies_the_finished_channel(driver: Any, pg_dsn: str) -> None:
     """Every NOTIFY takes a database-wide lock at commit: a completion nobody waits for sends
     none; one a reader waits for (``job_wait`` marks it awaited first) sends its id."""
-    from ultimat3.jobs.records import Cycle
-
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute('LISTEN "ultimat3_jobs:finished"')
         driver.job_insert_many([new_job(), new_job()])

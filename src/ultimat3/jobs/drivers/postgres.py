@@ -193,6 +193,9 @@ _FOLD_AFTER = 5_000
 _RECONNECT_WINDOW = 5.0
 #: How long one LISTEN wait lasts before ``wake`` and the deadline are checked again.
 _WAIT_SLICE = 0.1
+#: A statement of ours slower than this has the plans of its connection made again (see
+#: ``_attempts``): their cost is then a small share of the time that set it off.
+_REPLAN_AFTER = 0.02
 #: The listener checks that it still LISTENs after this much silence.
 _PROBE_AFTER = 30.0
 _LISTEN_BACKOFF_MAX = 5.0
@@ -1637,14 +1640,24 @@ class PostgresDriver:
         """Run ``body`` on a pooled connection, cut off by the watchdog if it gets no reply in
         time; retried whole after a deadlock (two batches locking shared rows in different
         orders: rolled back whole). Not ``with self._connection()``: on the hot path its
-        generator costs a few µs."""
+        generator costs a few µs.
+
+        A body slower than ``_REPLAN_AFTER`` drops the connection's prepared statements
+        (``DEALLOCATE ALL``, which psycopg follows), so each is planned again on its next
+        uses. A generic plan is kept from when it was made: one made while ``x_jobs`` was a
+        few rows scans it, and keeps scanning it after a burst of enqueues made it big, until
+        an ANALYZE (autovacuum's, up to a minute later). The first slow claim ends that."""
         for attempt in range(3):
             started = time.monotonic()
             conn = self._checkout()
             self._watch.arm(conn)
             try:
+                began = time.monotonic()
                 result = body(conn)
-                self.stalls.note_wait(time.monotonic() - started)
+                ended = time.monotonic()
+                self.stalls.note_wait(ended - started)
+                if ended - began > _REPLAN_AFTER and self._prepare is None:
+                    _replan(conn)
                 if pool_log.OWNER.down:  # a statement went through: the outage is over
                     pool_log.OWNER.recovered()
                 return result
@@ -1982,21 +1995,39 @@ def _drop(notify: Any) -> None:
     pass
 
 
+_replans = itertools.count()
+
+
+def _replan(conn: Conn) -> None:
+    """Drop ``conn``'s prepared statements, and psycopg forgets them: each is planned again.
+    psycopg notices a ``DEALLOCATE ALL`` by its result, but only for a statement text it has
+    not counted yet (one it counted is not looked at again), so each text is new. The
+    statement before it succeeded; a connection this fails on is closed, and its plans with
+    it, and the pool replaces it."""
+    try:
+        conn.execute(b"DEALLOCATE ALL /* %d */" % next(_replans), prepare=False)
+    except psycopg.Error:
+        conn.close()
+
+
 def _relaxed(claim: bytes) -> bytes:
     """A claim statement that sets ``synchronous_commit`` off for its own transaction, so it
     commits without waiting for the WAL flush: a claim lost in a crash only runs its jobs once
     more (at least once, as always), and the next write of an outcome flushes it anyway. The
     setting is read at commit, after the statement; the UPDATE's condition makes it run first."""
+    # The UPDATE's condition: job_claim's probe of the ids, or job_claim_queue's join.
+    [where] = [
+        w
+        for w in (b"WHERE j.id = ANY(ARRAY(SELECT id FROM due))", b"WHERE j.id = due.id")
+        if w in claim
+    ]
     for old, new in (
         (
             b"WITH due AS (",
             b"WITH relax AS (SELECT set_config('synchronous_commit', 'off', true) AS off),\n"
             b"due AS (",
         ),
-        (
-            b"WHERE j.id = ANY(ARRAY(SELECT id FROM due))",
-            b"WHERE j.id = ANY(ARRAY(SELECT id FROM due)) AND (SELECT off FROM relax) = 'off'",
-        ),
+        (where, where + b" AND (SELECT off FROM relax) = 'off'"),
     ):
         assert claim.count(old) == 1, old
         claim = claim.replace(old, new)

@@ -262,12 +262,21 @@ def bench_postgres(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _pg_in_tx(dsn: str, **connect: Any) -> Callable[[Any, int], tuple[float, float, float]]:
-    def in_tx(bj: Any, n: int) -> tuple[float, float, float]:
+def _pg_in_tx(dsn: str, **connect: Any) -> Callable[[Any, int], list[float]]:
+    """The business transactions of ``run.in_tx_medians`` on a connection of the caller's:
+    alone, with a bare INSERT, with ``bj.noop.enqueue`` (``bj.app`` joins the transaction), and
+    with a bare INSERT that NOTIFYs in the same statement (the enqueue's floor)."""
+
+    def in_tx(bj: Any, n: int) -> list[float]:
         from run import in_tx_medians
 
         app = bj.app
         table = '"ultimat3_jobs".x_jobs'
+        values = "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,now(),now())"
+        notify = (
+            f"WITH i AS (INSERT INTO {table} ({COLUMNS}) {values} RETURNING queue) "
+            "SELECT pg_notify('bench_in_tx', queue) FROM i"
+        )
         with psycopg.connect(dsn, **connect) as conn:
             conn.execute("CREATE TABLE IF NOT EXISTS orders (id bigserial primary key, v text)")
             conn.commit()
@@ -276,15 +285,13 @@ def _pg_in_tx(dsn: str, **connect: Any) -> Callable[[Any, int], tuple[float, flo
                 with app.using(conn):
                     conn.execute("INSERT INTO orders (v) VALUES (%s)", (f"o{i}",))
                     if kind == 1:
-                        conn.execute(
-                            f"INSERT INTO {table} ({COLUMNS}) "
-                            "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,now(),now())",
-                            _row(),
-                        )
+                        conn.execute(f"INSERT INTO {table} ({COLUMNS}) {values}", _row())
                     elif kind == 2:
                         bj.noop.enqueue({"order": i})
+                    elif kind == 3:
+                        conn.execute(notify, _row())
                 conn.commit()
 
-            return in_tx_medians(n, transaction)
+            return in_tx_medians(n, transaction, kinds=4)
 
     return in_tx

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
@@ -39,8 +40,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
 
 import psycopg  # noqa: E402
-from bench_pg import BARE_STARTED, COLUMNS, _row, _url, bare_claim, bench_database  # noqa: E402
-from run import kinds_medians  # noqa: E402
+from bench_pg import BARE_STARTED, COLUMNS, _pg_in_tx, _url, bare_claim, bench_database  # noqa: E402
 
 from pgcluster import Cluster  # noqa: E402
 from ultimat3.jobs import App, job  # noqa: E402
@@ -170,37 +170,19 @@ def claim_one(url: str, rounds: int) -> None:
     driver.close()
 
 
-def in_transaction(url: str, rounds: int) -> None:
+def in_transaction(url: str, dsn: str, rounds: int) -> None:
     app = App(url, modules=[sys.modules[__name__]])
-    values = "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,now(),now())"
-    bare = f"INSERT INTO {TABLE} ({COLUMNS}) {values}"
-    notify = (
-        f"WITH i AS (INSERT INTO {TABLE} ({COLUMNS}) {values} RETURNING queue) "
-        "SELECT pg_notify('bench_parts', queue) FROM i"
-    )
-    names = ("alone", "bare INSERT", "bare INSERT + NOTIFY", "enqueue")
-    with psycopg.connect(url) as conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS parts_orders (id bigserial primary key, v text)")
-        conn.commit()
-
-        def transaction(i: int, kind: int) -> None:
-            with app.using(conn):
-                conn.execute("INSERT INTO parts_orders (v) VALUES (%s)", (f"o{i}",))
-                if kind == 1:
-                    conn.execute(bare, _row())
-                elif kind == 2:
-                    conn.execute(notify, _row())
-                elif kind == 3:
-                    stamp.enqueue({"t": i})
-            conn.commit()
-
-        medians = kinds_medians(rounds, transaction, len(names))
+    alone, bare, enqueue, notify = _pg_in_tx(dsn)(SimpleNamespace(app=app, noop=stamp), rounds)
     app.close()
-    alone = medians[0]
-    added = {name: (m - alone) * 1000 for name, m in zip(names[1:], medians[1:], strict=True)}
+    added = {
+        "bare INSERT": bare - alone,
+        "bare INSERT + NOTIFY": notify - alone,
+        "enqueue": enqueue - alone,
+    }
     print(f"  added to a business transaction ({alone * 1000:.3f} ms alone), medians of {rounds}:")
-    for name, ms in added.items():
-        print(f"    {name:24s} {ms:.3f} ms  ({ms / added['bare INSERT']:.2f} of the bare INSERT)")
+    for name, seconds in added.items():
+        ratio = seconds / added["bare INSERT"]
+        print(f"    {name:24s} {seconds * 1000:.3f} ms  ({ratio:.2f} of the bare INSERT)")
 
 
 def main(argv: list[str]) -> None:
@@ -215,11 +197,12 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     cluster = Cluster.create()
     try:
-        url = _url(bench_database(cluster))
+        dsn = bench_database(cluster)
+        url = _url(dsn)
         print("== PostgreSQL (throwaway cluster, fsync on)")
         enqueue_to_start(url, args.jobs)
         claim_one(url, args.rounds)
-        in_transaction(url, args.rounds)
+        in_transaction(url, dsn, args.rounds)
     finally:
         cluster.close()
 

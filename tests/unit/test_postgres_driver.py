@@ -342,6 +342,8 @@ def test_a_claim_planned_while_the_table_was_tiny_is_planned_again_once_it_is_sl
         driver.job_insert_many([new_job() for _ in range(3)])
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             conn.execute("ANALYZE ultimat3_jobs.x_jobs")
+            # No autovacuum ANALYZE in the middle, which would end the stale plan itself.
+            conn.execute("ALTER TABLE ultimat3_jobs.x_jobs SET (autovacuum_enabled = false)")
         turn = Cycle(claim=ClaimParams(("default",), 10, LEASE, "w"))
         for _ in range(12):  # prepared, then planned generically, on a table of 3 rows
             driver.job_cycle(turn)

@@ -22,6 +22,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from pgcluster import Cluster, find_bindir
+from ultimat3.jobs import events
 from ultimat3.jobs import sql as sql_files
 from ultimat3.jobs.drivers.postgres import PostgresDriver
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
@@ -355,13 +356,17 @@ def test_a_claim_planned_while_the_table_was_tiny_is_planned_again_once_it_is_sl
                 "now(), now() FROM generate_series(1, 100000) g"
             )
         took = []
-        for _ in range(2):
-            driver.job_insert_many([new_job() for _ in range(10)])
-            started = time.monotonic()
-            assert len(driver.job_cycle(turn).claimed) == 10
-            took.append(time.monotonic() - started)
+        seen: list[events.Event] = []
+        with events.subscribe(seen.append, names=["jobs.postgres.replanned"]):
+            for _ in range(2):
+                driver.job_insert_many([new_job() for _ in range(10)])
+                started = time.monotonic()
+                assert len(driver.job_cycle(turn).claimed) == 10
+                took.append(time.monotonic() - started)
         assert took[0] > 0.02, f"the stale plan did not show ({took}): this test needs it"
         assert took[1] < took[0] / 5, took
+        [replanned] = seen  # the first claim, and only it
+        assert 0.02 < replanned.fields["seconds"] <= round(took[0], 3) + 0.001
     finally:
         driver.close()
 

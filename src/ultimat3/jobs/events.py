@@ -92,6 +92,7 @@ CATALOGUE: dict[str, str] = {
     "jobs.migrated": "the job tables were created or upgraded",
     "jobs.opened": "an App opened its job database",
     "jobs.postgres.pooler": "what the PostgreSQL driver found about a connection pooler",
+    "jobs.postgres.replanned": "a slow statement made its connection plan every statement again",
 }
 
 

@@ -1658,6 +1658,7 @@ class PostgresDriver:
                 self.stalls.note_wait(ended - started)
                 if ended - began > _REPLAN_AFTER and self._prepare is None:
                     _replan(conn)
+                    events.debug("jobs.postgres.replanned", seconds=round(ended - began, 3))
                 if pool_log.OWNER.down:  # a statement went through: the outage is over
                     pool_log.OWNER.recovered()
                 return result

@@ -37,14 +37,18 @@ def _url(dsn: str) -> str:
     return f"postgresql://{p['user']}@{p['host']}:{p['port']}/{p['dbname']}"
 
 
-def _row() -> tuple[Any, ...]:
+#: The values of one due job (``_row``), its times the database's clock.
+ROW_VALUES = "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,now(),now())"
+
+
+def _row(queue: str = "bare", input: str = '{"n":1}') -> tuple[Any, ...]:
     i = uuid7()
-    return (i, "bench.bare", "bare", '{"n":1}', i, 0, "available", 3)
+    return (i, "bench.bare", queue, input, i, 0, "available", 3)
 
 
 def bare_insert_notify(conn: psycopg.Connection[Any], table: str, n: int) -> float:
     sql = (
-        f"WITH i AS (INSERT INTO {table} ({COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,now(),now()) "
+        f"WITH i AS (INSERT INTO {table} ({COLUMNS}) {ROW_VALUES} "
         "RETURNING id) SELECT id, pg_notify('bench', '') FROM i"
     )
     started = time.perf_counter()
@@ -263,18 +267,18 @@ def bench_postgres(
 
 
 def _pg_in_tx(dsn: str, **connect: Any) -> Callable[[Any, int], list[float]]:
-    """The business transactions of ``run.in_tx_medians`` on a connection of the caller's:
-    alone, with a bare INSERT, with ``bj.noop.enqueue`` (``bj.app`` joins the transaction), and
-    with a bare INSERT that NOTIFYs in the same statement (the enqueue's floor)."""
+    """Seconds per business transaction on a connection of the caller's, medians of ``n``
+    (``run.kinds_medians``): alone, with a bare INSERT, with ``bj.noop.enqueue`` (``bj.app``
+    joins the transaction), and with a bare INSERT that NOTIFYs in the same statement (the
+    enqueue's floor)."""
 
     def in_tx(bj: Any, n: int) -> list[float]:
-        from run import in_tx_medians
+        from run import kinds_medians
 
         app = bj.app
         table = '"ultimat3_jobs".x_jobs'
-        values = "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,now(),now())"
         notify = (
-            f"WITH i AS (INSERT INTO {table} ({COLUMNS}) {values} RETURNING queue) "
+            f"WITH i AS (INSERT INTO {table} ({COLUMNS}) {ROW_VALUES} RETURNING queue) "
             "SELECT pg_notify('bench_in_tx', queue) FROM i"
         )
         with psycopg.connect(dsn, **connect) as conn:
@@ -285,13 +289,13 @@ def _pg_in_tx(dsn: str, **connect: Any) -> Callable[[Any, int], list[float]]:
                 with app.using(conn):
                     conn.execute("INSERT INTO orders (v) VALUES (%s)", (f"o{i}",))
                     if kind == 1:
-                        conn.execute(f"INSERT INTO {table} ({COLUMNS}) {values}", _row())
+                        conn.execute(f"INSERT INTO {table} ({COLUMNS}) {ROW_VALUES}", _row())
                     elif kind == 2:
                         bj.noop.enqueue({"order": i})
                     elif kind == 3:
                         conn.execute(notify, _row())
                 conn.commit()
 
-            return in_tx_medians(n, transaction, kinds=4)
+            return kinds_medians(n, transaction, 4)
 
     return in_tx

@@ -30,15 +30,14 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
 
 import psycopg  # noqa: E402
-from bench_pg import COLUMNS  # noqa: E402
+from bench_pg import COLUMNS, ROW_VALUES, _row  # noqa: E402
 
 from pgcluster import Cluster  # noqa: E402
 from ultimat3.jobs.drivers.postgres import PostgresDriver  # noqa: E402
-from ultimat3.jobs.ids import uuid7  # noqa: E402
 from ultimat3.jobs.records import ClaimParams, Cycle  # noqa: E402
 
 TABLE = '"ultimat3_jobs".x_jobs'
-DUE = f"INSERT INTO {TABLE} ({COLUMNS}) VALUES (%s,'bench.grown','grown','{{}}',%s,0,'available',3,now(),now())"
+DUE = f"INSERT INTO {TABLE} ({COLUMNS}) {ROW_VALUES}"
 
 
 def turns(cluster: Cluster, name: str, rows: int, *, analyze: bool) -> list[float]:
@@ -54,8 +53,7 @@ def turns(cluster: Cluster, name: str, rows: int, *, analyze: bool) -> list[floa
 
             def due(n: int) -> None:
                 for _ in range(n):
-                    job_id = uuid7()
-                    conn.execute(DUE, (job_id, job_id))
+                    conn.execute(DUE, _row("grown"))
 
             due(3)
             if analyze:

@@ -40,7 +40,16 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
 
 import psycopg  # noqa: E402
-from bench_pg import BARE_STARTED, COLUMNS, _pg_in_tx, _url, bare_claim, bench_database  # noqa: E402
+from bench_pg import (  # noqa: E402
+    BARE_STARTED,
+    COLUMNS,
+    ROW_VALUES,
+    _pg_in_tx,
+    _row,
+    _url,
+    bare_claim,
+    bench_database,
+)
 
 from pgcluster import Cluster  # noqa: E402
 from ultimat3.jobs import App, job  # noqa: E402
@@ -133,10 +142,7 @@ def claim_one(url: str, rounds: int) -> None:
     driver = PostgresDriver(url)
     params = ClaimParams(("claim1",), 10, timedelta(seconds=30), "bench")
     ours, ours_params = driver._claim_query(params, started=True, relaxed=True)
-    insert = (
-        f"INSERT INTO {TABLE} ({COLUMNS}) "
-        "VALUES (%s,'bench.parts','claim1','{\"t\":1}',%s,0,'available',3,now(),now())"
-    )
+    insert = f"INSERT INTO {TABLE} ({COLUMNS}) {ROW_VALUES}"
     with (
         psycopg.connect(url, autocommit=True) as feeder,
         psycopg.connect(url, autocommit=True) as plain,
@@ -155,8 +161,7 @@ def claim_one(url: str, rounds: int) -> None:
             times: dict[str, list[float]] = {name: [] for name in kinds}
             for i in range(rounds + 10):
                 for name, claim in kinds.items():
-                    job_id = uuid7()
-                    feeder.execute(insert, (job_id, job_id))
+                    feeder.execute(insert, _row("claim1", '{"t":1}'))
                     time.sleep(idle)
                     started = time.perf_counter()
                     claimed = claim()

@@ -419,13 +419,6 @@ def measure_library(
     app.close()
 
 
-def in_tx_medians(n: int, transaction: Callable[[int, int], None], kinds: int = 3) -> list[float]:
-    """Seconds per business transaction, medians of ``n`` each: alone (``kind`` 0), with a bare
-    INSERT into the job table (1), with an enqueue (2), and any further ``kinds`` of bare
-    statement the driver's ``transaction`` knows."""
-    return kinds_medians(n, transaction, kinds)
-
-
 def kinds_medians(n: int, run: Callable[[int, int], None], kinds: int) -> list[float]:
     """Seconds per ``run(i, kind)``, medians of ``n`` of each kind. The kinds take turns, so
     the machine's drift reaches all of them alike; the first 20 turns are a warm-up."""
@@ -440,6 +433,8 @@ def kinds_medians(n: int, run: Callable[[int, int], None], kinds: int) -> list[f
 
 
 def sqlite_in_tx(bj: Any, n: int) -> list[float]:
+    """Seconds per business transaction, medians of ``n`` each: alone, with a bare INSERT
+    into the job table, with an enqueue."""
     from ultimat3.jobs.ids import uuid7
 
     app = bj.app
@@ -455,7 +450,7 @@ def sqlite_in_tx(bj: Any, n: int) -> list[float]:
             elif kind == 2:
                 bj.noop.enqueue({"order": i})
 
-    return in_tx_medians(n, transaction)
+    return kinds_medians(n, transaction, 3)
 
 
 def bench_sqlite(quick: bool) -> None:

@@ -289,7 +289,8 @@ def test_claims_use_the_partial_index_with_a_large_finished_backlog(
         values = {"lease_for": LEASE, "worker_id": "w", "now": T0, "started": True, "token": "t"}
         plans = [
             conn.execute(
-                b"EXPLAIN " + driver._claim_one_query(10), {**values, "queue": "default"}
+                b"EXPLAIN " + driver._with_limit("job_claim_queue", 10),
+                {**values, "queue": "default"},
             ).fetchall(),
             conn.execute(
                 b"EXPLAIN " + driver._q["job_claim"],
@@ -321,9 +322,9 @@ def test_a_one_queue_claim_probes_the_primary_key_on_a_table_never_analyzed(
         values = {"lease_for": LEASE, "worker_id": "w", "now": T0, "started": True, "token": "t"}
         values |= {"queue": "default", "finished": "f", "ids": [], "tokens": [], "results": []}
         statements = {
-            "claim": driver._claim_one_query(10),
-            "relaxed claim": driver._claim_one_query(10, "_relaxed"),
-            "cycle": driver._q["job_cycle_queue"].replace(b"{limit}", b"10"),
+            "claim": driver._with_limit("job_claim_queue", 10),
+            "relaxed claim": driver._with_limit("job_claim_queue_relaxed", 10),
+            "cycle": driver._with_limit("job_cycle_queue", 10),
         }
         for name, statement in statements.items():
             plan = "\n".join(row[0] for row in conn.execute(b"EXPLAIN " + statement, values))

@@ -392,8 +392,7 @@ class PostgresDriver:
         self._inherited: list[Any] = []
         self._forked = False
         self._lent: set[Conn] = set()  # checked out of the pool (``_checkout``)
-        self._claim_one: dict[tuple[int, str], bytes] = {}
-        self._cycle_one: dict[int, bytes] = {}
+        self._texts_by_limit: dict[tuple[str, int], bytes] = {}
         #: Limited claims: the last key looked at (``limits``, step 1), and the first half of
         #: the two-part advisory lock keys of this schema's limits.
         self._after = ""
@@ -692,19 +691,18 @@ class PostgresDriver:
         suffix = "_relaxed" if relaxed else ""
         if len(queues) == 1 and not params.isolated:
             values["queue"] = queues[0]
-            return self._claim_one_query(params.limit, suffix), values
+            return self._with_limit("job_claim_queue" + suffix, params.limit), values
         values.update(queues=_text_array(queues), limit=params.limit)
         return self._q[("job_claim_isolated" if params.isolated else "job_claim") + suffix], values
 
-    def _claim_one_query(self, limit: int, suffix: str = "") -> bytes:
-        query = self._claim_one.get((limit, suffix))
+    def _with_limit(self, name: str, limit: int) -> bytes:
+        """Statement ``name`` with ``limit`` written into its text for ``{limit}`` (see
+        job_claim_queue in queries.sql), each kept for the next use (a worker uses one or two)."""
+        query = self._texts_by_limit.get((name, limit))
         if query is None:
-            # An int written into the text (see job_claim_queue in queries.sql).
-            query = self._q["job_claim_queue" + suffix].replace(
-                b"{limit}", str(int(limit)).encode()
-            )
-            if len(self._claim_one) < 32:
-                self._claim_one[(limit, suffix)] = query
+            query = self._q[name].replace(b"{limit}", str(int(limit)).encode())
+            if len(self._texts_by_limit) < 32:
+                self._texts_by_limit[(name, limit)] = query
         return query
 
     def job_cycle(self, cycle: Cycle, *, now: datetime | None = None) -> CycleResult:
@@ -752,11 +750,7 @@ class PostgresDriver:
         """The usual turn, completions and a claim of one queue, as one statement
         (``job_cycle_queue``): in psycopg a pipelined transaction costs the client about as
         much as the server's work, which one statement does not."""
-        query = self._cycle_one.get(claim.limit)
-        if query is None:
-            query = self._q["job_cycle_queue"].replace(b"{limit}", str(int(claim.limit)).encode())
-            if len(self._cycle_one) < 32:
-                self._cycle_one[claim.limit] = query
+        query = self._with_limit("job_cycle_queue", claim.limit)
         params = self._complete_params(cycle, now)
         params.update(
             queue=claim.queues[0],

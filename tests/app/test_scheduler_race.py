@@ -1,6 +1,11 @@
 """Three scheduler processes on one database race for an every-2-seconds task: the leader is
 paused past its lease (SIGSTOP, then SIGCONT) and later killed (SIGKILL). The fired
-occurrences have no duplicate and no hole."""
+occurrences have no duplicate and no hole.
+
+A process frozen in the middle of a write holds SQLite's write lock until it resumes (the
+server ends such a session on PostgreSQL, after ``idle_in_transaction_session_timeout``), and
+then nobody can take over: `pause` freezes the leader at a moment it holds nothing, which is
+the case this test is about."""
 
 from __future__ import annotations
 
@@ -25,10 +30,17 @@ HERE = Path(__file__).parent
 class Race:
     """Where the three schedulers meet: the database URL, a way to query it, their logs."""
 
-    def __init__(self, url: str, logdir: Path, query: Callable[[str], list[Any]]) -> None:
+    def __init__(
+        self,
+        url: str,
+        logdir: Path,
+        query: Callable[[str], list[Any]],
+        writable: Callable[[], bool],
+    ) -> None:
         self.url = url
         self.logdir = logdir
         self.query = query
+        self.writable = writable
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -42,6 +54,15 @@ def race(
         def query(sql: str) -> list[Any]:
             with closing(sqlite3.connect(db)) as conn:
                 return conn.execute(sql).fetchall()
+
+        def writable() -> bool:
+            with closing(sqlite3.connect(db, timeout=0.5, isolation_level=None)) as conn:
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                except sqlite3.OperationalError:
+                    return False
+                conn.execute("ROLLBACK")
+                return True
     else:
         import psycopg
         from psycopg.conninfo import conninfo_to_dict
@@ -53,6 +74,14 @@ def race(
         def query(sql: str) -> list[Any]:
             with psycopg.connect(dsn, options="-c search_path=ultimat3_jobs") as conn:
                 return conn.execute(sql).fetchall()
+
+        def writable() -> bool:
+            with psycopg.connect(dsn, options="-c search_path=ultimat3_jobs") as conn:
+                try:
+                    conn.execute("SELECT 1 FROM x_leaders FOR UPDATE NOWAIT")
+                except psycopg.errors.LockNotAvailable:
+                    return False
+                return True
 
     env = {
         **os.environ,
@@ -79,7 +108,7 @@ def race(
         )
         for log in logs
     ]
-    yield Race(url, tmp_path, query), procs
+    yield Race(url, tmp_path, query, writable), procs
     for proc in procs:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGCONT)
@@ -118,12 +147,25 @@ def wait_for_leader(race: Race, not_pid: int | None, timeout: float) -> int:
     raise AssertionError("no (new) leader was elected")
 
 
+def pause(race: Race, pid: int) -> None:
+    """SIGSTOP `pid` at a moment it holds no write lock and no leader row (it is in there for a
+    few milliseconds of every 200 ms tick): one caught inside a write is let go and stopped
+    again a moment later."""
+    for attempt in range(50):
+        os.kill(pid, signal.SIGSTOP)
+        if race.writable():
+            return
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.013 * (attempt % 7 + 1))
+    raise AssertionError(f"process {pid} held the database each time it was stopped")
+
+
 def test_no_duplicate_and_no_hole(race: tuple[Race, list[subprocess.Popen[bytes]]]) -> None:
     where, procs = race
     by_pid = {p.pid: p for p in procs}
     first = wait_for_leader(where, None, 15)
     time.sleep(3)
-    os.kill(first, signal.SIGSTOP)  # past its 2 s lease: another takes over
+    pause(where, first)  # past its 2 s lease: another takes over
     second = wait_for_leader(where, first, 30)
     time.sleep(3)
     os.kill(first, signal.SIGCONT)  # the zombie wakes up believing it leads, for a moment

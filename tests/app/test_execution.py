@@ -535,12 +535,12 @@ def test_a_read_only_postgres_window_is_retried_not_fatal(pg_dsn: str, make_modu
     driver = PostgresDriver(pg_dsn, pool_min=1, pool_max=1)
     try:
         driver.migrate()
-        with driver._pool.connection() as conn:
+        with driver._connection() as conn:
             conn.execute("SET default_transaction_read_only = on")  # as on a hot standby
         with pytest.raises(DriverUnavailableError) as raised:
             driver.job_insert_many([_new(noop)])
         assert raised.value.retryable and "read-only" in raised.value.cause
-        with driver._pool.connection() as conn:
+        with driver._connection() as conn:
             conn.execute("SET default_transaction_read_only = off")  # the primary is back
         assert len(driver.job_insert_many([_new(noop)])) == 1
     finally:

@@ -630,6 +630,49 @@ def test_terminated_sessions_are_replaced(pg_cluster: Cluster, pg_dsn: str) -> N
         drv.close()
 
 
+def _backend_pid(drv: Any) -> int:
+    with drv._connection() as conn:
+        pid: int = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+    return pid
+
+
+def test_a_kept_connection_still_ends_at_the_pools_lifetime(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Calls reuse the connection the driver kept from the call before, without its pool; it
+    goes back to the pool once it left it ``_KEEP_FOR`` ago, so the pool's ``max_lifetime``
+    still replaces it."""
+    monkeypatch.setattr("ultimat3.jobs.drivers.postgres._KEEP_FOR", 0.3)
+    drv = PostgresDriver(pg_dsn, pool_min=0, pool_max=2)
+    drv._pool.max_lifetime = 0.5  # read when the pool makes a connection: none is made yet
+    try:
+        first = _backend_pid(drv)
+        requested = drv._pool.get_stats().get("requests_num", 0)
+        assert [_backend_pid(drv) for _ in range(5)] == [first] * 5
+        assert drv._pool.get_stats().get("requests_num", 0) == requested, "kept, not pooled"
+        time.sleep(0.6)  # past both
+        pids = [_backend_pid(drv) for _ in range(3)]
+        assert pids[0] == first  # still kept: this call gives it back, and the pool retires it
+        assert pids[1] != first and pids[2] == pids[1], pids
+    finally:
+        drv.close()
+
+
+def test_close_ends_the_session_the_driver_kept(pg_dsn: str) -> None:
+    name = f"u3j-kept-{uuid7()[-8:]}"
+    drv = PostgresDriver(pg_dsn, pool_min=0, application_name=name)
+    drv.job_insert_many([new_job()], now=T0)
+    assert drv._kept, "the insert's connection is kept for the next call"
+    drv.close()
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        deadline = time.monotonic() + 10
+        while conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (name,)
+        ).fetchone() != (0,):
+            assert time.monotonic() < deadline, "a session of the closed driver is still open"
+            time.sleep(0.02)
+
+
 def _timed_wait(drv: Any, timeout: float) -> float:
     start = time.monotonic()
     drv.wait_for_jobs(timeout, threading.Event())

@@ -25,7 +25,8 @@ from .helpers import T0, new_job
 
 
 class _Faulty:
-    """A connection whose statements raise ``error``; everything else is the real one's."""
+    """A connection whose statements raise ``error``, on it or on a cursor of it (itself);
+    everything else is the real one's."""
 
     def __init__(self, real: Any, error: BaseException) -> None:
         self._real = real
@@ -35,6 +36,9 @@ class _Faulty:
         raise self._error
 
     executemany = execute
+
+    def cursor(self, *args: Any, **kwargs: Any) -> Any:
+        return self
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)

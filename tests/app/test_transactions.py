@@ -92,6 +92,46 @@ def test_two_apps_on_one_database_join_each_others_transactions(two_apps: tuple[
     assert time.monotonic() - started < 2.0, "nothing waited for a lock"
 
 
+def _dicts(cursor: Any, row: tuple[Any, ...]) -> dict[str, Any]:
+    return {column[0]: value for column, value in zip(cursor.description, row, strict=True)}
+
+
+def test_a_connection_that_makes_dicts_of_rows_is_joined_as_any_other(
+    db_url: str, request: pytest.FixtureRequest, make_module: Any
+) -> None:
+    """Apps set a row factory on their connections (psycopg's ``dict_row``, a sqlite3
+    factory, sqlite3's ``text_factory``): the library's statements on it still read plain
+    rows, and the caller's rows are the caller's again afterwards."""
+    app = App(db_url, modules=[make_module("tx_dict_rows", in_a=in_a)])
+    app.open()
+    conn: Any
+    if db_url.startswith("sqlite"):
+        conn = sqlite3.connect(db_url[len("sqlite:///") :])
+        conn.row_factory = _dicts
+        conn.text_factory = bytes
+    else:
+        import psycopg
+        from psycopg.rows import dict_row
+
+        conn = psycopg.connect(request.getfixturevalue("pg_dsn"), row_factory=dict_row)
+    try:
+        with app.using(conn):
+            first = in_a.enqueue({"n": 0}, idempotency_key="k")
+            again = in_a.enqueue({"n": 0}, idempotency_key="k")
+            many = app.enqueue_many(in_a, [{"n": n} for n in range(1, 251)])  # COPY on PG
+        assert conn.execute("SELECT 1 AS one").fetchone() == {"one": 1}
+        conn.commit()
+    finally:
+        conn.close()
+        app.close()
+    assert again.deduped and again.id == first.id
+    reopened = App(db_url, modules=[make_module("tx_dict_rows_check", in_a=in_a)])
+    try:
+        assert reopened.count_jobs() == 251 == 1 + len(many)
+    finally:
+        reopened.close()
+
+
 def test_a_transaction_on_another_database_is_refused_not_committed_alone(
     tmp_path: Path, make_module: Callable[..., types.ModuleType]
 ) -> None:

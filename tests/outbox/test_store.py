@@ -119,6 +119,23 @@ def test_prune_deletes_only_old_published_rows(spec: StoreSpec) -> None:
     assert spec.store.pending_count() == 1
 
 
+def test_a_connection_that_makes_dicts_of_rows_is_joined_as_any_other(spec: StoreSpec) -> None:
+    if spec.kind == "memory":
+        pytest.skip("the memory store has no connection")
+    with spec.begin() as conn:
+        if spec.kind == "sqlite":
+            conn.row_factory = lambda cursor, row: {
+                column[0]: value for column, value in zip(cursor.description, row, strict=True)
+            }
+        else:
+            from psycopg.rows import dict_row
+
+            conn.row_factory = dict_row
+        spec.store.stage(spec.store.adopt(conn), [new_job(1), new_job(2)])
+        assert conn.execute("SELECT 1 AS one").fetchone() == {"one": 1}  # the caller's, again
+    assert spec.store.pending_count() == 2
+
+
 def test_adopt_refuses_a_foreign_connection(spec: StoreSpec) -> None:
     import sqlite3
 

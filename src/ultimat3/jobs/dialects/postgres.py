@@ -181,6 +181,7 @@ def identify(conn: Any, table: str, label: str) -> tuple[DatabaseId, bool]:
     since a migration may create it meanwhile."""
     import psycopg
     from psycopg import pq
+    from psycopg.rows import tuple_row
 
     try:
         known = _IDENTIFIED.get(conn)
@@ -190,7 +191,8 @@ def identify(conn: Any, table: str, label: str) -> tuple[DatabaseId, bool]:
         return DatabaseId("postgres", known[table], label), True
     idle = conn.info.transaction_status == pq.TransactionStatus.IDLE and not conn.autocommit
     try:
-        row = conn.execute(IDENTITY_SQL, {"table": table}, prepare=False).fetchone()
+        cursor = conn.cursor(row_factory=tuple_row)  # whatever rows the caller's give
+        row = cursor.execute(IDENTITY_SQL, {"table": table}, prepare=False).fetchone()
     except psycopg.Error as exc:
         raise ConfigurationError(
             f"cannot check where the connection points: {first_line(exc)}",

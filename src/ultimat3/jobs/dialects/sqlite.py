@@ -15,6 +15,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Protocol, TypeVar
@@ -30,6 +31,7 @@ __all__ = [
     "is_busy",
     "now_us",
     "pending_versions",
+    "plain_rows",
     "primary_code",
     "rollback_quietly",
     "same_file",
@@ -101,8 +103,25 @@ def file_identity(path: str) -> DatabaseId:
 
 def connection_file(conn: sqlite3.Connection) -> str:
     """The file of a connection's main database ('' for an in-memory or temporary one)."""
-    rows = conn.execute("PRAGMA database_list").fetchall()
+    with plain_rows(conn):
+        rows = conn.execute("PRAGMA database_list").fetchall()
     return next((str(row[2]) for row in rows if row[1] == "main"), "")
+
+
+@contextmanager
+def plain_rows(conn: sqlite3.Connection) -> Iterator[None]:
+    """Our statements on a caller's connection read tuples of ``str``, whatever
+    ``row_factory`` or ``text_factory`` the caller gave it (``sqlite3.Row`` indexes like a
+    tuple, a factory that makes dicts does not): the caller's are put back afterwards."""
+    rows, text = conn.row_factory, conn.text_factory
+    if rows is None and text is str:
+        yield
+        return
+    conn.row_factory, conn.text_factory = None, str
+    try:
+        yield
+    finally:
+        conn.row_factory, conn.text_factory = rows, text
 
 
 def primary_code(exc: sqlite3.Error) -> int:
@@ -170,8 +189,22 @@ def write_in(
     - Autocommit with no transaction open: the write is a transaction of its own, committed at
       once (as the caller's own INSERT would be), and so may be retried whole by ``retry``.
 
-    sqlite3 errors are raised as they are; the caller translates them.
+    Its statements read plain rows (``plain_rows``). sqlite3 errors are raised as they are;
+    the caller translates them.
     """
+    if conn.row_factory is None and conn.text_factory is str:
+        return _write_in(conn, body, savepoint=savepoint, retry=retry)
+    with plain_rows(conn):
+        return _write_in(conn, body, savepoint=savepoint, retry=retry)
+
+
+def _write_in(
+    conn: sqlite3.Connection,
+    body: Callable[[sqlite3.Connection], _T],
+    *,
+    savepoint: str | None,
+    retry: Retrier,
+) -> _T:
     if not conn.in_transaction:
         if autocommits(conn):
             return retry(lambda: once(conn, body))

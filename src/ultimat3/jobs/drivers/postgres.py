@@ -173,6 +173,7 @@ try:
     from psycopg import pq
     from psycopg import sql as pg_sql
     from psycopg.conninfo import conninfo_to_dict
+    from psycopg.rows import tuple_row
     from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
     from ultimat3.jobs.drivers.pg_finished import FinishedListener
@@ -1704,8 +1705,8 @@ class PostgresDriver:
         prepared behind a transaction-mode pooler, on our connections or a caller's."""
         if prepare is None and self._stateless:
             prepare = False
-        if not bounded:
-            return conn.execute(query, params, prepare=prepare)
+        if not bounded:  # perhaps on a caller's connection: tuples, whatever rows it gives
+            return conn.cursor(row_factory=tuple_row).execute(query, params, prepare=prepare)
         if self._session_bounds:
             if conn not in self._rebound:  # the session's bounds: the statement goes alone
                 cursor = self._cursors.get(conn)

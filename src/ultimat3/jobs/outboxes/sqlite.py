@@ -42,6 +42,7 @@ from ultimat3.jobs.dialects.sqlite import (
     file_identity,
     now_us,
     pending_versions,
+    plain_rows,
     rollback_quietly,
     us,
     write_in,
@@ -273,7 +274,8 @@ class SqliteOutboxStore(OneConnection):
             )
         try:
             main = connection_file(connection)
-            has_table = connection.execute(_Q["table_exists"]).fetchone() is not None
+            with plain_rows(connection):
+                has_table = connection.execute(_Q["table_exists"]).fetchone() is not None
         except sqlite3.Error as exc:
             raise ConfigurationError(
                 f"cannot inspect the connection to join it ({exc})",

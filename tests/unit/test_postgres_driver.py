@@ -642,15 +642,15 @@ def test_a_kept_connection_still_ends_at_the_pools_lifetime(
     """Calls reuse the connection the driver kept from the call before, without its pool; it
     goes back to the pool once it left it ``_KEEP_FOR`` ago, so the pool's ``max_lifetime``
     still replaces it."""
-    monkeypatch.setattr("ultimat3.jobs.drivers.postgres._KEEP_FOR", 0.3)
+    monkeypatch.setattr("ultimat3.jobs.drivers.postgres._KEEP_FOR", 1.0)
     drv = PostgresDriver(pg_dsn, pool_min=0, pool_max=2)
-    drv._pool.max_lifetime = 0.5  # read when the pool makes a connection: none is made yet
+    drv._pool.max_lifetime = 1.5  # read when the pool makes a connection: none is made yet
     try:
         first = _backend_pid(drv)
         requested = drv._pool.get_stats().get("requests_num", 0)
         assert [_backend_pid(drv) for _ in range(5)] == [first] * 5
         assert drv._pool.get_stats().get("requests_num", 0) == requested, "kept, not pooled"
-        time.sleep(0.6)  # past both
+        time.sleep(1.7)  # past both
         pids = [_backend_pid(drv) for _ in range(3)]
         assert pids[0] == first  # still kept: this call gives it back, and the pool retires it
         assert pids[1] != first and pids[2] == pids[1], pids

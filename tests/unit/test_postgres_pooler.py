@@ -298,13 +298,22 @@ def test_a_joined_connection_is_identified_once_and_a_missing_table_asked_again(
                 pass
             app.driver.migrate()
             asked: list[str] = []
-            real_execute = conn.execute
+            real_cursor = conn.cursor
 
-            def counting(query: Any, *args: Any, **kwargs: Any) -> Any:
-                asked.append(query.decode() if isinstance(query, bytes) else str(query))
-                return real_execute(query, *args, **kwargs)
+            class Counting:
+                # The library's statements on a caller's connection go through a cursor of
+                # its own (tuple rows, whatever the caller's row factory).
+                def __init__(self, cursor: Any) -> None:
+                    self._cursor = cursor
 
-            conn.execute = counting  # type: ignore[method-assign]
+                def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+                    asked.append(query.decode() if isinstance(query, bytes) else str(query))
+                    return self._cursor.execute(query, *args, **kwargs)
+
+                def __getattr__(self, name: str) -> Any:
+                    return getattr(self._cursor, name)
+
+            conn.cursor = lambda *a, **k: Counting(real_cursor(*a, **k))  # type: ignore[method-assign]
             for _ in range(3):
                 with app.using(conn):
                     pass

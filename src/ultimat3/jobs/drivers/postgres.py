@@ -1820,7 +1820,7 @@ class PostgresDriver:
                 # The session ended while the connection sat in the pool (server restart,
                 # pg_terminate_backend): closing it makes the pool replace it.
                 conn.close()
-                self._pool.putconn(conn)
+                self._give_back(conn)
             return self._getconn(), time.monotonic()
         except PoolTimeout as exc:
             raise DriverUnavailableError(

@@ -132,6 +132,71 @@ def test_a_connection_that_makes_dicts_of_rows_is_joined_as_any_other(
         reopened.close()
 
 
+def _connection_of_its_own_kind(dsn: str, kind: str) -> Any:
+    """A psycopg connection as some apps make them: another cursor class, or loaders and
+    dumpers of its own that reshape text and timestamps (for the caller's rows only)."""
+    import psycopg
+    from psycopg.types.string import StrDumperUnknown, TextLoader
+
+    if kind == "raw cursors":  # $1 placeholders
+        return psycopg.connect(dsn, cursor_factory=psycopg.RawCursor)
+    if kind == "client cursors":  # parameters bound in the client (Django's default)
+        return psycopg.connect(dsn, cursor_factory=psycopg.ClientCursor)
+
+    class Shouting(TextLoader):
+        def load(self, data: Any) -> str:
+            return bytes(data).decode().upper()
+
+    class Stamp(TextLoader):  # timestamps as their text
+        pass
+
+    class ShoutingDumper(StrDumperUnknown):
+        def dump(self, obj: str) -> bytes:
+            return obj.upper().encode()
+
+    conn = psycopg.connect(dsn)
+    conn.adapters.register_loader("text", Shouting)
+    conn.adapters.register_loader("timestamptz", Stamp)
+    conn.adapters.register_dumper(str, ShoutingDumper)
+    return conn
+
+
+@pytest.mark.parametrize("kind", ["raw cursors", "client cursors", "adapters"])
+def test_a_psycopg_connection_of_its_own_kind_is_joined_with_our_statements_unchanged(
+    pg_dsn: str, make_module: Any, kind: str
+) -> None:
+    """The library's statements on a caller's connection bind ``%s``, and read and send
+    through psycopg's own adapters: a ``RawCursor`` connection is joined, and loaders or
+    dumpers the connection registered for itself reshape neither a job's id, its input, nor
+    the clock a big batch reads (COPY); the caller's statements keep theirs."""
+    import psycopg
+
+    app = App(_pg_url(pg_dsn), modules=[make_module("tx_own_kind", in_a=in_a)])
+    app.open()
+    conn = _connection_of_its_own_kind(pg_dsn, kind)
+    try:
+        with app.using(conn):
+            first = in_a.enqueue({"n": "zero"}, idempotency_key="k")
+            again = in_a.enqueue({"n": "zero"}, idempotency_key="k")
+            many = app.enqueue_many(in_a, [{"n": n} for n in range(1, 251)])  # COPY
+        if kind == "raw cursors":
+            assert conn.execute("SELECT $1::int", [7]).fetchone() == (7,)
+        elif kind == "adapters":
+            assert conn.execute("SELECT %s::text", ["a"]).fetchone() == ("A",)
+            assert isinstance(conn.execute("SELECT now()").fetchone()[0], str)
+        assert isinstance(conn, psycopg.Connection)
+        conn.commit()
+    finally:
+        conn.close()
+    try:
+        assert again.deduped and again.id == first.id
+        assert app.get_job(first.id).input == '{"n":"zero"}'
+        assert app.count_jobs() == 251 == 1 + len({r.id for r in many})
+        assert app.get_job(many[-1].id).input == '{"n":250}'
+    finally:
+        app.close()
+
+
 def test_a_transaction_on_another_database_is_refused_not_committed_alone(
     tmp_path: Path, make_module: Callable[..., types.ModuleType]
 ) -> None:

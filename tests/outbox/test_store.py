@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -134,6 +135,35 @@ def test_a_connection_that_makes_dicts_of_rows_is_joined_as_any_other(spec: Stor
         spec.store.stage(spec.store.adopt(conn), [new_job(1), new_job(2)])
         assert conn.execute("SELECT 1 AS one").fetchone() == {"one": 1}  # the caller's, again
     assert spec.store.pending_count() == 2
+
+
+def test_a_psycopg_connection_with_raw_cursors_and_its_own_adapters_stages_as_any_other(
+    spec: StoreSpec,
+) -> None:
+    """Our statements bind ``%s`` and send through psycopg's own dumpers, whatever cursor
+    class and adapters the caller's connection has; the caller's keep theirs."""
+    if spec.kind != "postgres":
+        pytest.skip("psycopg connections only")
+    import psycopg
+    from psycopg.types.string import StrDumperUnknown, TextLoader
+
+    class Shouting(TextLoader):
+        def load(self, data: Any) -> str:
+            return bytes(data).decode().upper()
+
+    class ShoutingDumper(StrDumperUnknown):
+        def dump(self, obj: str) -> bytes:
+            return obj.upper().encode()
+
+    with spec.begin() as conn:
+        conn.cursor_factory = psycopg.RawCursor
+        conn.adapters.register_loader("text", Shouting)
+        conn.adapters.register_dumper(str, ShoutingDumper)
+        spec.store.stage(spec.store.adopt(conn), [new_job(1), new_job(2)])
+        assert conn.execute("SELECT $1::text", ["a"]).fetchone() == ("A",)  # the caller's
+    with spec.store.claim(10) as batch:
+        assert [r.job.id for r in batch.records] == ["job-0001", "job-0002"]
+        assert [r.job.input for r in batch.records] == [new_job(1).input, new_job(2).input]
 
 
 def test_adopt_refuses_a_foreign_connection(spec: StoreSpec) -> None:

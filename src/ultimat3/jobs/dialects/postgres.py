@@ -6,6 +6,9 @@
 - ``identify``: which database a caller's connection reaches, as a ``DatabaseId`` (the
   database's name and oid, and the postmaster's start time), and whether a table is there;
   the connection is left as idle as it was found.
+- ``our_cursor``: a cursor for a statement of ours on any connection, a caller's included:
+  ``%s`` placeholders, tuple rows and psycopg's process-wide adapters, whatever cursor class,
+  row factory, loaders or dumpers the connection was given.
 - ``check_joinable``: a caller's connection we may write in: open, sync, and not in a failed
   transaction; otherwise a ``ConfigurationError`` whose fix fits the case.
 - ``split_url`` and the option readers (``listens``, ``flag``, ``whole``, ``seconds``): our
@@ -27,11 +30,15 @@ import re
 import threading
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from ultimat3.jobs.driver import DatabaseId
 from ultimat3.jobs.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    import psycopg
 
 __all__ = [
     "CONNECT_DEFAULTS",
@@ -45,6 +52,8 @@ __all__ = [
     "identify",
     "masked_dsn",
     "migration_plan",
+    "our_adapters",
+    "our_cursor",
     "pooler_mode",
     "seconds",
     "split_url",
@@ -181,7 +190,6 @@ def identify(conn: Any, table: str, label: str) -> tuple[DatabaseId, bool]:
     since a migration may create it meanwhile."""
     import psycopg
     from psycopg import pq
-    from psycopg.rows import tuple_row
 
     try:
         known = _IDENTIFIED.get(conn)
@@ -191,8 +199,7 @@ def identify(conn: Any, table: str, label: str) -> tuple[DatabaseId, bool]:
         return DatabaseId("postgres", known[table], label), True
     idle = conn.info.transaction_status == pq.TransactionStatus.IDLE and not conn.autocommit
     try:
-        cursor = conn.cursor(row_factory=tuple_row)  # whatever rows the caller's give
-        row = cursor.execute(IDENTITY_SQL, {"table": table}, prepare=False).fetchone()
+        row = our_cursor(conn).execute(IDENTITY_SQL, {"table": table}, prepare=False).fetchone()
     except psycopg.Error as exc:
         raise ConfigurationError(
             f"cannot check where the connection points: {first_line(exc)}",
@@ -207,6 +214,72 @@ def identify(conn: Any, table: str, label: str) -> tuple[DatabaseId, bool]:
         with _IDENTIFIED_LOCK:
             _IDENTIFIED.setdefault(conn, {})[table] = (name, oid, started)
     return DatabaseId("postgres", (name, oid, started), label), bool(has_table)
+
+
+def our_cursor(conn: Any) -> psycopg.Cursor[Any]:
+    """A cursor for one statement of ours on ``conn``, which may be a caller's: it reads
+    tuples and binds ``%s`` placeholders, whatever ``row_factory`` and ``cursor_factory`` the
+    connection has (a ``RawCursor`` takes ``$1``; ``ClientCursor`` binds ``%s`` too, and is
+    kept: a connection may use it for a reason, such as a pooler), and it reads and sends
+    through psycopg's process-wide adapters where the connection registered its own for a type
+    our statements use (``our_adapters``), so a loader that reshapes text or timestamps for
+    the caller cannot reshape a job id or the database's clock for us."""
+    import psycopg
+    from psycopg.rows import tuple_row
+
+    if issubclass(conn.cursor_factory, psycopg.RawCursor):  # its placeholders are $1
+        cursor = psycopg.Cursor(conn, row_factory=tuple_row)
+    else:
+        cursor = conn.cursor(row_factory=tuple_row)
+    for register, key, adapter in our_adapters(conn):
+        getattr(cursor.adapters, register)(key, adapter)
+    return cursor
+
+
+def our_adapters(conn: Any) -> list[tuple[str, Any, Any]]:
+    """The registrations (``register_loader``/``register_dumper``, key, class) that put
+    psycopg's process-wide adapters back on a cursor of ``conn`` for the types our statements
+    read and send, where ``conn`` registered others: none for most connections. Worked out
+    once per connection object (a registration made on it later is not seen)."""
+    try:
+        known = _ADAPTERS.get(conn)
+    except TypeError:  # not weakly referenceable: ask each time
+        known = None
+    if known is not None:
+        return known
+    import psycopg
+    from psycopg import pq
+    from psycopg.adapt import PyFormat
+
+    ours, theirs = psycopg.adapters, conn.adapters
+    found: list[tuple[str, Any, Any]] = []
+    for name in _READ_TYPES:
+        oid = ours.types[name].oid
+        for fmt in (pq.Format.TEXT, pq.Format.BINARY):
+            loader = ours.get_loader(oid, fmt)
+            if loader is not None and theirs.get_loader(oid, fmt) is not loader:
+                found.append(("register_loader", oid, loader))
+    for cls in _SENT_TYPES:
+        # AUTO (a %s) last: registering a dumper also makes it its type's AUTO choice.
+        for py_fmt in (PyFormat.TEXT, PyFormat.BINARY, PyFormat.AUTO):
+            dumper = ours.get_dumper(cls, py_fmt)
+            if theirs.get_dumper(cls, py_fmt) is not dumper:
+                found.append(("register_dumper", cls, dumper))
+    try:
+        _ADAPTERS[conn] = found
+    except TypeError:
+        pass
+    return found
+
+
+#: The types our statements read, by name, and the Python types they send.
+_READ_TYPES = (
+    "text", "varchar", "name", "bool", "int2", "int4", "int8", "oid", "timestamptz",
+    "interval", "uuid", "json", "jsonb",
+)  # fmt: skip
+_SENT_TYPES: tuple[type, ...] = (str, int, bool, datetime, timedelta)
+#: our_adapters' answers, per connection object (weakly).
+_ADAPTERS: weakref.WeakKeyDictionary[Any, list[tuple[str, Any, Any]]] = weakref.WeakKeyDictionary()
 
 
 #: identify's answers, per caller connection (weakly: a closed, dropped connection goes) and

@@ -130,6 +130,7 @@ from ultimat3.jobs.dialects.postgres import (
     identify,
     masked_dsn,
     migration_plan,
+    our_cursor,
 )
 from ultimat3.jobs.dialects.postgres import first_line as _first_line
 from ultimat3.jobs.driver import (
@@ -173,7 +174,6 @@ try:
     from psycopg import pq
     from psycopg import sql as pg_sql
     from psycopg.conninfo import conninfo_to_dict
-    from psycopg.rows import tuple_row
     from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
     from ultimat3.jobs.drivers.pg_finished import FinishedListener
@@ -1443,7 +1443,7 @@ class PostgresDriver:
         due: set[str] = set()
         keys: set[tuple[str | None, str]] = set()
         try:
-            with conn.transaction(), conn.cursor() as cur, cur.copy(self._q["job_copy"]) as copy:
+            with conn.transaction(), our_cursor(conn) as cur, cur.copy(self._q["job_copy"]) as copy:
                 # COPY text is built here, cheaper than psycopg's write_row (which dumps each
                 # datetime), and sent in slices so the server works while the next is built.
                 for batch in itertools.chain((head,), slices):
@@ -1705,8 +1705,8 @@ class PostgresDriver:
         prepared behind a transaction-mode pooler, on our connections or a caller's."""
         if prepare is None and self._stateless:
             prepare = False
-        if not bounded:  # perhaps on a caller's connection: tuples, whatever rows it gives
-            return conn.cursor(row_factory=tuple_row).execute(query, params, prepare=prepare)
+        if not bounded:  # perhaps on a caller's connection, whatever cursors and rows it makes
+            return our_cursor(conn).execute(query, params, prepare=prepare)
         if self._session_bounds:
             if conn not in self._rebound:  # the session's bounds: the statement goes alone
                 cursor = self._cursors.get(conn)

@@ -53,6 +53,7 @@ from ultimat3.jobs.dialects.postgres import (
     identify,
     masked_dsn,
     migration_plan,
+    our_cursor,
 )
 from ultimat3.jobs.driver import (
     DatabaseId,
@@ -330,10 +331,10 @@ class PostgresOutboxStore(OneConnection):
         query = self._q["stage"]
         try:
             if conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE:
-                with conn.transaction(), conn.cursor() as cur:
+                with conn.transaction(), our_cursor(conn) as cur:
                     cur.executemany(query, rows)
             else:
-                with conn.cursor() as cur:
+                with our_cursor(conn) as cur:
                     cur.executemany(query, rows)
         except psycopg.Error as exc:
             translated = self._translate(exc, conn)

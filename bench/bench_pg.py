@@ -46,15 +46,18 @@ def _row(queue: str = "bare", input: str = '{"n":1}') -> tuple[Any, ...]:
     return (i, "bench.bare", queue, input, i, 0, "available", 3)
 
 
-def bare_insert_notify(conn: psycopg.Connection[Any], table: str, n: int) -> float:
+def bare_insert_notify_step(conn: psycopg.Connection[Any], table: str) -> Callable[[int], None]:
+    """One bare single enqueue on an autocommit connection: INSERT + NOTIFY + commit, one
+    statement (``run.interleaved_rates`` runs it in turns with the library's)."""
     sql = (
         f"WITH i AS (INSERT INTO {table} ({COLUMNS}) {ROW_VALUES} "
         "RETURNING id) SELECT id, pg_notify('bench', '') FROM i"
     )
-    started = time.perf_counter()
-    for _ in range(n):
+
+    def step(i: int) -> None:
         conn.execute(sql, _row()).fetchone()
-    return n / (time.perf_counter() - started)
+
+    return step
 
 
 def bare_multirow(conn: psycopg.Connection[Any], table: str, n: int) -> float:
@@ -221,8 +224,6 @@ def bench_postgres(
         dsn = bench_database(cluster)
         jobs_table = '"ultimat3_jobs".x_jobs'
         with psycopg.connect(dsn, autocommit=True) as conn:
-            n = 1000 if quick else 3000
-            insert = bare_insert_notify(conn, jobs_table, n)
             multi = bare_multirow(conn, jobs_table, 20_000 if quick else 50_000)
             copy = bare_copy(conn, jobs_table, 50_000 if quick else 200_000)
             claim = bare_claim_loop(conn, jobs_table)
@@ -235,8 +236,9 @@ def bench_postgres(
         print(
             f"  (bare: multi-row INSERT {multi:,.0f} rows/s, COPY {copy:,.0f} rows/s)", flush=True
         )
+        single = psycopg.connect(dsn, autocommit=True)
         baselines = {
-            "insert": insert,
+            "single": [("INSERT + NOTIFY", bare_insert_notify_step(single, jobs_table))],
             "bulk": copy,
             "bulk_label": f"COPY rows (multi-row INSERT {multi:,.0f}/s)",
             "claim": claim,
@@ -261,6 +263,7 @@ def bench_postgres(
                 )
             finally:
                 bouncer.close()
+        single.close()
     finally:
         cluster.close()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -63,17 +63,50 @@ def sqlite_connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def sqlite_bare_insert(path: Path, n: int) -> float:
-    conn = sqlite_connect(path)
-    conn.execute("create table if not exists t(id integer primary key, v text)")
-    started = time.perf_counter()
-    for i in range(n):
-        conn.execute("begin immediate")
-        conn.execute("insert into t(v) values (?)", (f"v{i}",))
-        conn.execute("commit")
-    elapsed = time.perf_counter() - started
-    conn.close()
-    return elapsed
+def interleaved_rates(steps: list[Callable[[int], None]], blocks: int, size: int) -> list[float]:
+    """Operations per second of each ``step(i)``, the steps taking turns in blocks of ``size``
+    (one untimed block each first), so the machine's drift and the disk's slow moments reach
+    all of them alike. ``blocks * size`` operations of each are timed."""
+    spent = [0.0] * len(steps)
+    for block in range(blocks + 1):
+        for k, step in enumerate(steps):
+            started = time.perf_counter()
+            for i in range(block * size, (block + 1) * size):
+                step(i)
+            if block:
+                spent[k] += time.perf_counter() - started
+    return [blocks * size / seconds for seconds in spent]
+
+
+def sqlite_single_steps(
+    tmp: Path,
+) -> tuple[list[tuple[str, Callable[[int], None]]], Callable[[], None]]:
+    """The bare single-enqueue loops, one step each: a one-row INSERT into a two-column table,
+    and a keyless job INSERTed into ``x_jobs`` (the library's schema in a file of its own),
+    each its own write transaction; and the function that closes their files."""
+    from ultimat3.jobs.ids import uuid7
+
+    minimal = sqlite_connect(tmp / "bare-single.sqlite3")
+    minimal.execute("create table if not exists t(id integer primary key, v text)")
+    sqlite_job_table(tmp / "bare-single-jobs.sqlite3")
+    jobs = sqlite_connect(tmp / "bare-single-jobs.sqlite3")
+
+    def one_row(i: int) -> None:
+        minimal.execute("begin immediate")
+        minimal.execute("insert into t(v) values (?)", (f"v{i}",))
+        minimal.execute("commit")
+
+    def into_jobs(i: int) -> None:
+        j = uuid7()
+        jobs.execute("begin immediate")
+        jobs.execute(BARE_JOB_INSERT, (j, j))
+        jobs.execute("commit")
+
+    def close() -> None:
+        minimal.close()
+        jobs.close()
+
+    return [("one-row INSERT", one_row), ("into x_jobs", into_jobs)], close
 
 
 def sqlite_bare_executemany(path: Path, n: int) -> float:
@@ -135,24 +168,6 @@ def sqlite_job_table(path: Path) -> None:
     driver = SqliteDriver(str(path))
     driver.migrate()
     driver.close()
-
-
-def sqlite_bare_jobs_insert(path: Path, n: int) -> float:
-    """Rows per second of bare one-row INSERTs into ``x_jobs``, each its own transaction."""
-    from ultimat3.jobs.ids import uuid7
-
-    sqlite_job_table(path)
-    conn = sqlite_connect(path)
-    started = time.perf_counter()
-    for _ in range(n):
-        i = uuid7()
-        conn.execute("begin immediate")
-        conn.execute(BARE_JOB_INSERT, (i, i))
-        conn.execute("commit")
-    elapsed = time.perf_counter() - started
-    conn.execute("delete from x_jobs")
-    conn.close()
-    return n / elapsed
 
 
 def sqlite_bare_jobs_executemany(path: Path, n: int) -> float:
@@ -330,21 +345,22 @@ def measure_library(
 ) -> None:
     bj = load_app(url, tmp)
     app = bj.app
-    n_single = 1000 if quick else 3000
-    started = time.perf_counter()
-    for i in range(n_single):
-        bj.noop.enqueue({"i": i})
-    elapsed = time.perf_counter() - started
-    single = n_single / elapsed
-    into_jobs = ""
-    if "insert_jobs" in baselines:  # SQLite: into a two-column table, and into x_jobs
-        jobs_rate = baselines["insert_jobs"]
-        into_jobs = f"; into x_jobs {jobs_rate:,.0f}/s (ratio {single / jobs_rate:.2f})"
+    # Ours and each bare loop take turns in blocks of 50, so a slow moment of the disk does
+    # not land on one side only.
+    bare_steps = baselines["single"]
+    blocks = 20 if quick else 60
+    n_single = (blocks + 1) * 50  # the untimed first block enqueues too
+    rates = interleaved_rates(
+        [lambda i: bj.noop.enqueue({"i": i}), *(step for _, step in bare_steps)], blocks, 50
+    )
+    single, bare_rates = rates[0], rates[1:]
     table.add(
-        "single enqueue (one commit each)",
-        rate(n_single, elapsed),
-        f"{baselines['insert']:,.0f}/s one-row INSERT  (ratio {single / baselines['insert']:.2f})"
-        + into_jobs,
+        "single enqueue (one commit each, interleaved)",
+        f"{single:>12,.0f}/s",
+        "; ".join(
+            f"{label} {bare:,.0f}/s (ratio {single / bare:.2f})"
+            for (label, _), bare in zip(bare_steps, bare_rates, strict=True)
+        ),
     )
 
     n_bulk = 50_000 if quick else 200_000
@@ -458,9 +474,7 @@ def bench_sqlite(quick: bool) -> None:
     table.header()
     tmp = Path(tempfile.mkdtemp(prefix="u3bench-sqlite-"))
     try:
-        n = 2000 if quick else 5000
-        insert = n / sqlite_bare_insert(tmp / "bare.sqlite3", n)
-        insert_jobs = sqlite_bare_jobs_insert(tmp / "bare-jobs.sqlite3", n)
+        single, close_single = sqlite_single_steps(tmp)
         m = 200_000 if quick else 500_000
         bulk = m / sqlite_bare_executemany(tmp / "bare.sqlite3", m)
         bulk_jobs = sqlite_bare_jobs_executemany(tmp / "bare-jobs.sqlite3", m // 4)
@@ -469,17 +483,17 @@ def bench_sqlite(quick: bool) -> None:
         claim_jobs = c / sqlite_bare_jobs_claim_loop(tmp / "bare-jobs.sqlite3", c)
         dv = [x * 1000 for x in sqlite_bare_data_version_latency(tmp / "bare.sqlite3", 50)]
         baselines = {
-            "insert": insert,
+            "single": single,
             "bulk": bulk,
             "bulk_label": f"executemany rows (into x_jobs: {bulk_jobs:,.0f}/s)",
             "claim": claim,
             "claim_jobs": claim_jobs,
-            "insert_jobs": insert_jobs,
             "wake_label": f"bare data_version poll notices a commit in {statistics.median(dv):.2f} ms p50",
         }
         measure_library(
             table, f"sqlite:///{tmp / 'jobs.sqlite3'}", tmp, quick, baselines, sqlite_in_tx
         )
+        close_single()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -729,6 +729,99 @@ def test_a_republished_job_reports_deduped_even_with_its_own_id(driver: SqliteDr
     assert driver.job_count(JobFilter()) == {("default", JobState.AVAILABLE): 3}
 
 
+#: Inputs whose text JSON must carry exactly: quotes, a backslash, the six characters of an
+#: escaped NUL as text, accents, an emoji, a line break.
+TRICKY_INPUTS = [
+    '{"s":"a \\"quoted\\" word"}',
+    '{"s":"back\\\\slash"}',
+    '{"s":"\\\\u0000 as text"}',
+    '{"s":"é\\u00e9 ünï"}',
+    '{"s":"🦊\\n"}',
+]
+
+
+def _sibling(job: NewJob, n: int) -> NewJob:
+    """A job of ``job``'s enqueue (its template's fields) with its own id, input, key, trace
+    context and limit key, as ``Builder`` makes them."""
+    job_id = uuid7()
+    return job.sibling(
+        job_id,
+        TRICKY_INPUTS[n % len(TRICKY_INPUTS)],
+        job_id if n % 2 else f"key-{n}",  # keyless and keyed
+        "00-trace-01" if n % 3 == 0 else None,
+        f"tenant-{n % 4}" if n % 5 == 0 else None,
+        None,
+    )
+
+
+def _stored(path: str) -> dict[str, tuple[object, ...]]:
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute(
+            "SELECT id, input, idempotency_key, trace_context, limit_key, name, queue, state, "
+            "priority, max_attempts, run_at, limit_max FROM x_jobs"
+        ).fetchall()
+    return {row[0]: row[1:] for row in rows}
+
+
+def _kept_counts_agree(path: str) -> None:
+    with sqlite3.connect(path) as conn:
+        kept = {(q, s): n for q, s, n in conn.execute("SELECT * FROM x_job_counts") if n}
+        grouped = "SELECT queue, state, count(*) FROM x_jobs GROUP BY queue, state"
+        actual = {(q, s): n for q, s, n in conn.execute(grouped)}
+    assert kept == actual
+
+
+@pytest.mark.parametrize("text_limit", [None, 1_000])
+def test_a_batch_of_one_enqueue_stores_each_jobs_own_fields_exactly(
+    driver: SqliteDriver, path: str, monkeypatch: pytest.MonkeyPatch, text_limit: int | None
+) -> None:
+    """The jobs of one enqueue go as one JSON array of their own fields (``job_insert_batch``),
+    or as several past ``_BATCH_TEXT``: each stored input, key, trace context and limit key is
+    the job's own, character for character, and the shared fields are the template's."""
+    import ultimat3.jobs.drivers.sqlite as sqlite_driver
+
+    template = NewJob(
+        "", "unit.batch", "batch", "", "", 7, run_at=T0 + timedelta(hours=1), priority=3,
+        limit_max=2,
+    )  # fmt: skip
+    jobs = [_sibling(template, n) for n in range(60)]
+    if text_limit is not None:
+        monkeypatch.setattr(sqlite_driver, "_BATCH_TEXT", text_limit)
+    batches = sqlite_driver._batches(jobs, 0)
+    assert batches is not None and (len(batches) == 1) == (text_limit is None)
+    results = driver.job_insert_many(jobs, now=T0)
+    assert results == [InsertResult(job.id, False) for job in jobs]
+    stored = _stored(path)
+    assert len(stored) == 60
+    for job in jobs:
+        assert stored[job.id] == (
+            job.input, job.idempotency_key, job.trace_context, job.limit_key, "unit.batch",
+            "batch", "scheduled", 3, 7, int((T0 + timedelta(hours=1)).timestamp() * 1e6), 2,
+        )  # fmt: skip
+    _kept_counts_agree(path)
+    # The same batch again: every job deduped, by its key or its id, and nothing counted twice.
+    assert driver.job_insert_many(jobs, now=T0) == [InsertResult(job.id, True) for job in jobs]
+    _kept_counts_agree(path)
+
+
+def test_a_batch_whose_jobs_differ_in_a_shared_field_is_stored_row_by_row_as_given(
+    driver: SqliteDriver, path: str
+) -> None:
+    """Jobs of several enqueues in one call (a relay's publish): no shared template, so the
+    batch goes as rows; each keeps its own queue and name, and the counts follow."""
+    import ultimat3.jobs.drivers.sqlite as sqlite_driver
+
+    jobs = [new_job(queue=f"q{n % 3}") for n in range(9)]
+    jobs.append(NewJob(uuid7(), "unit.other", "q0", "{}", "key-other", 3))
+    assert sqlite_driver._batches(jobs, 0) is None
+    assert driver.job_insert_many(jobs, now=T0) == [InsertResult(j.id, False) for j in jobs]
+    stored = _stored(path)
+    assert {job_id: row[4:6] for job_id, row in stored.items()} == {
+        job.id: (job.name, job.queue) for job in jobs
+    }
+    _kept_counts_agree(path)
+
+
 def test_claiming_several_queues_merges_them_in_claim_order(driver: SqliteDriver) -> None:
     def job(queue: str, priority: int, seconds: int) -> NewJob:
         job_id = uuid7()

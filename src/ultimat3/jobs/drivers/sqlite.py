@@ -60,6 +60,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import operator
 import os
 import random
 import sqlite3
@@ -188,6 +189,7 @@ _NETWORK_FILESYSTEMS = frozenset(
 
 _Q = queries("sqlite")
 _INSERT = _Q["job_insert"]
+_INSERT_BATCH = _Q["job_insert_batch"]
 _COUNTS_ADD = _Q["job_counts_add"]
 _CLAIM_QUEUE = _Q["job_claim_queue"]
 _COMPLETE = _Q["job_complete"]
@@ -752,43 +754,19 @@ class SqliteDriver:
         if not jobs:
             return []
         now_us = _now_us(now)
-        rows = [self._row(job, now_us) for job in jobs]
+        # Built here, before any write, so an input refused while a batch is built raises
+        # before anything is written.
+        batches = _batches(jobs, now_us) if len(jobs) > 1 else None
+        rows = None if batches is not None else [_job_row(job, now_us) for job in jobs]
 
         def body(conn: sqlite3.Connection) -> list[InsertResult]:
-            return _insert(conn, jobs, rows)
+            return _insert(conn, jobs, now_us, rows, batches)
 
         if executor is None:
             return self._write(body)
         # One INSERT is atomic on its own; a batch needs the savepoint, since its row-by-row
         # pass can fail half way.
         return self._on_executor(executor, body, savepoint=len(jobs) > 1)
-
-    @staticmethod
-    def _row(job: NewJob, now_us: int) -> tuple[Any, ...]:
-        if job.run_at is not None:
-            run_at = _us(job.run_at)
-        elif job.delay is not None:
-            run_at = now_us + job.delay // MICROSECOND
-        else:
-            run_at = now_us
-        return (
-            job.id,
-            job.tenant_id,
-            job.name,
-            job.queue,
-            job.input,
-            job.idempotency_key,
-            job.priority,
-            "scheduled" if run_at > now_us else "available",
-            job.max_attempts,
-            run_at,
-            now_us,
-            job.trace_context,
-            job.limit_key,
-            job.limit_max,
-            job.rate_max,
-            job.rate_period // MICROSECOND,
-        )
 
     def job_claim(self, params: ClaimParams) -> list[Job]:
         if params.limit <= 0 or not params.queues:
@@ -1113,13 +1091,13 @@ class SqliteDriver:
         now: datetime | None = None,
     ) -> list[InsertResult] | None:
         now_us = _now_us(now)
-        rows = [self._row(job, now_us) for job in jobs]
+        rows = [_job_row(job, now_us) for job in jobs]
         args = {"task": task, "now": now_us, "at": _us(occurrence)}
 
         def body(conn: sqlite3.Connection) -> list[InsertResult] | None:
             if conn.execute(_Q["schedule_advance"], args).rowcount == 0:
                 return None
-            return _insert(conn, jobs, rows) if jobs else []
+            return _insert(conn, jobs, now_us, rows, None) if jobs else []
 
         return self._write(body)
 
@@ -1265,14 +1243,56 @@ class SqliteDriver:
 # -- statement bodies (run inside a transaction) ------------------------------------------------
 
 
+def _job_row(job: NewJob, now_us: int) -> tuple[Any, ...]:
+    """``job`` as the values of ``job_insert``, in its order."""
+    if job.run_at is not None:
+        run_at = _us(job.run_at)
+    elif job.delay is not None:
+        run_at = now_us + job.delay // MICROSECOND
+    else:
+        run_at = now_us
+    return (
+        job.id,
+        job.tenant_id,
+        job.name,
+        job.queue,
+        job.input,
+        job.idempotency_key,
+        job.priority,
+        "scheduled" if run_at > now_us else "available",
+        job.max_attempts,
+        run_at,
+        now_us,
+        job.trace_context,
+        job.limit_key,
+        job.limit_max,
+        job.rate_max,
+        job.rate_period // MICROSECOND,
+    )
+
+
 def _insert(
-    conn: sqlite3.Connection, jobs: Sequence[NewJob], rows: list[tuple[Any, ...]]
+    conn: sqlite3.Connection,
+    jobs: Sequence[NewJob],
+    now_us: int,
+    rows: list[tuple[Any, ...]] | None,
+    batches: list[dict[str, Any]] | None,
 ) -> list[InsertResult]:
-    if len(rows) > 1 and not any(job.unique_key is not None for job in jobs):
+    """Insert ``jobs``: as ``batches`` (``_batches``) when given, else as their ``rows``
+    (made from the jobs when None) in one ``executemany``, else, when some key is taken,
+    row by row to learn which."""
+    if len(jobs) > 1 and (batches is not None or not any(j.unique_key is not None for j in jobs)):
         conn.execute(f"SAVEPOINT {_SAVEPOINT}_insert")
         try:
-            if conn.executemany(_INSERT, rows).rowcount == len(rows):
-                _count_inserted(conn, rows)
+            if batches is not None:
+                inserted = sum(conn.execute(_INSERT_BATCH, batch).rowcount for batch in batches)
+                counted = [(jobs[0].queue, batches[0]["state"], len(jobs))]
+            else:
+                assert rows is not None
+                inserted = conn.executemany(_INSERT, rows).rowcount
+                counted = _counted(rows)
+            if inserted == len(jobs):
+                conn.executemany(_COUNTS_ADD, counted)
                 conn.execute(f"RELEASE {_SAVEPOINT}_insert")
                 return [InsertResult(job.id, False) for job in jobs]
         except sqlite3.IntegrityError:
@@ -1281,9 +1301,68 @@ def _insert(
         # learn which, so a re-published job with its original id still reports deduped=True.
         conn.execute(f"ROLLBACK TO {_SAVEPOINT}_insert")
         conn.execute(f"RELEASE {_SAVEPOINT}_insert")
+    if rows is None:
+        rows = [_job_row(job, now_us) for job in jobs]
     results = [_insert_one(conn, job, row) for job, row in zip(jobs, rows, strict=True)]
     _count_inserted(conn, [row for row, r in zip(rows, results, strict=True) if not r.deduped])
     return results
+
+
+#: What the jobs of one ``job_insert_batch`` share (``_batches``).
+_SHARED = operator.attrgetter(
+    "tenant_id", "name", "queue", "priority", "max_attempts", "run_at", "delay",
+    "limit_max", "rate_max", "rate_period",
+)  # fmt: skip
+#: At most about this much JSON text per ``job_insert_batch`` statement: a big batch of big
+#: inputs goes as several, far below SQLite's limit on one value (1 GB by default).
+_BATCH_TEXT = 4 << 20
+_encode_rows = json.JSONEncoder(
+    ensure_ascii=False, separators=(",", ":"), check_circular=False
+).encode
+
+
+def _batches(jobs: Sequence[NewJob], now_us: int) -> list[dict[str, Any]] | None:
+    """``jobs`` as the parameters of ``job_insert_batch`` statements (one per
+    ``_BATCH_TEXT`` of rows), when they share every field it binds once: the jobs of one
+    ``enqueue_many``. None when two differ in one of those, or a job has a uniqueness key
+    (each is resolved by a statement of its own)."""
+    first = jobs[0]
+    shared = _SHARED(first)
+    chunks: list[list[tuple[Any, ...]]] = []
+    chunk: list[tuple[Any, ...]] = []
+    size = 0
+    for job in jobs:
+        if job.unique_key is not None or _SHARED(job) != shared:
+            return None
+        job_id, key = job.id, job.idempotency_key
+        if key == job_id and job.trace_context is None and job.limit_key is None:
+            chunk.append((job_id, job.input))
+        else:
+            chunk.append(
+                (job_id, job.input, None if key == job_id else key, job.trace_context,
+                 job.limit_key)
+            )  # fmt: skip
+        size += len(job.input) + 100
+        if size > _BATCH_TEXT:
+            chunks.append(chunk)
+            chunk, size = [], 0
+    if chunk:
+        chunks.append(chunk)
+    head = _job_row(first, now_us)
+    shared_values = {
+        "tenant_id": head[1],
+        "name": head[2],
+        "queue": head[3],
+        "priority": head[6],
+        "state": head[7],
+        "max_attempts": head[8],
+        "run_at": head[9],
+        "created_at": head[10],
+        "limit_max": head[13],
+        "rate_max": head[14],
+        "rate_period": head[15],
+    }
+    return [{**shared_values, "rows": _encode_rows(chunk)} for chunk in chunks]
 
 
 def _count_inserted(conn: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]) -> None:
@@ -1292,8 +1371,13 @@ def _count_inserted(conn: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]) -
         row = rows[0]
         conn.execute(_COUNTS_ADD, (row[3], row[7], 1))
         return
-    added = Counter((row[3], row[7]) for row in rows)  # (queue, state)
-    conn.executemany(_COUNTS_ADD, [(q, s, n) for (q, s), n in added.items()])
+    conn.executemany(_COUNTS_ADD, _counted(rows))
+
+
+def _counted(rows: Sequence[tuple[Any, ...]]) -> list[tuple[str, str, int]]:
+    """``job_counts_add``'s values for ``rows`` of ``job_insert``: one per (queue, state)."""
+    added = Counter((row[3], row[7]) for row in rows)
+    return [(queue, state, n) for (queue, state), n in added.items()]
 
 
 def _insert_one(conn: sqlite3.Connection, job: NewJob, row: tuple[Any, ...]) -> InsertResult:

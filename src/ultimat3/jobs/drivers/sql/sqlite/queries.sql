@@ -27,6 +27,26 @@ ON CONFLICT (idempotency_key, tenant_id IS NULL, ifnull(tenant_id, ''))
     WHERE idempotency_key <> id DO NOTHING
 ON CONFLICT (id) DO NOTHING;
 
+-- name: job_insert_batch
+-- A batch of jobs that share every field but their id, input, key, trace context and limit
+-- key (one enqueue_many): those come as one JSON array of [id, input] or [id, input, key or
+-- null for the id, trace context, limit key] rows, the rest bound once. SQLite walks the
+-- array in C, about twice as fast as an executemany of job_insert, which binds sixteen
+-- values a row. `WHERE true`: an upsert after SELECT ... FROM needs it, or its ON reads as a
+-- join's.
+INSERT INTO x_jobs (id, tenant_id, name, queue, input, idempotency_key, priority, state,
+                    max_attempts, run_at, created_at, trace_context, limit_key, limit_max,
+                    rate_max, rate_period)
+SELECT json_extract(r.value, '$[0]'), :tenant_id, :name, :queue, json_extract(r.value, '$[1]'),
+       ifnull(json_extract(r.value, '$[2]'), json_extract(r.value, '$[0]')), :priority,
+       :state, :max_attempts, :run_at, :created_at, json_extract(r.value, '$[3]'),
+       json_extract(r.value, '$[4]'), :limit_max, :rate_max, :rate_period
+FROM json_each(:rows) AS r
+WHERE true
+ON CONFLICT (idempotency_key, tenant_id IS NULL, ifnull(tenant_id, ''))
+    WHERE idempotency_key <> id DO NOTHING
+ON CONFLICT (id) DO NOTHING;
+
 -- name: job_insert_unique
 -- job_insert for a job with a uniqueness window (limits.Unique): a second conflict target, the
 -- partial index x_jobs_unique, whose predicate is repeated here word for word.

@@ -17,6 +17,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Literal, TypeVar
@@ -755,7 +756,7 @@ def _sibling(job: NewJob, n: int) -> NewJob:
 
 
 def _stored(path: str) -> dict[str, tuple[object, ...]]:
-    with sqlite3.connect(path) as conn:
+    with closing(sqlite3.connect(path)) as conn:
         rows = conn.execute(
             "SELECT id, input, idempotency_key, trace_context, limit_key, name, queue, state, "
             "priority, max_attempts, run_at, limit_max FROM x_jobs"
@@ -764,7 +765,7 @@ def _stored(path: str) -> dict[str, tuple[object, ...]]:
 
 
 def _kept_counts_agree(path: str) -> None:
-    with sqlite3.connect(path) as conn:
+    with closing(sqlite3.connect(path)) as conn:
         kept = {(q, s): n for q, s, n in conn.execute("SELECT * FROM x_job_counts") if n}
         grouped = "SELECT queue, state, count(*) FROM x_jobs GROUP BY queue, state"
         actual = {(q, s): n for q, s, n in conn.execute(grouped)}

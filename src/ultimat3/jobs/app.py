@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import Token
 from datetime import timedelta
 from types import ModuleType
@@ -297,8 +297,7 @@ class App(Enqueuer):
         with driver.transaction() as joined, bind(joined), self._current():
             yield joined.connection
 
-    @contextmanager
-    def using(self, connection: Any) -> Iterator[Any]:
+    def using(self, connection: Any) -> AbstractContextManager[Any]:
         """Join a transaction on your own connection (``sqlite3``, psycopg): enqueues in the
         block become part of it and commit or roll back with it, and this app is the current
         one for ``handle.enqueue``. You commit it, as usual.
@@ -309,15 +308,21 @@ class App(Enqueuer):
         publishes it after your commit. SQLAlchemy sessions, Django and async connections go
         through ``ultimat3.jobs.integrations``. Any other App on the same database joins the
         same transaction: joining is decided by database identity."""
-        with self._using(connection, None):
-            yield connection
+        return self._using(connection, None)
 
     @contextmanager
-    def _using(self, connection: Any, serial: asyncio.Lock | None) -> Iterator[None]:
-        with bind(self._join(connection, serial=serial)), self._current():
+    def _using(self, connection: Any, serial: asyncio.Lock | None) -> Iterator[Any]:
+        # The two context variables are set here, not by nested context managers: a request
+        # pays for this block on every enqueue inside a transaction.
+        tx = current_tx.set(self._join(connection, serial=serial))
+        app = current_app.set(self)
+        try:
             if self._migrate:
                 self.open()  # a read when the schema is current; raises at once otherwise
-            yield
+            yield connection
+        finally:
+            current_app.reset(app)
+            current_tx.reset(tx)
 
     def _join(self, connection: Any, *, serial: asyncio.Lock | None = None) -> Joined:
         """The caller's connection as a ``Joined`` on the job database or the outbox's."""

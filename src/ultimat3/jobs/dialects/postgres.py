@@ -25,6 +25,7 @@ touches the objects they pass.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import threading
@@ -39,6 +40,7 @@ from ultimat3.jobs.errors import ConfigurationError
 
 if TYPE_CHECKING:
     import psycopg
+
 
 __all__ = [
     "CONNECT_DEFAULTS",
@@ -58,6 +60,19 @@ __all__ = [
     "seconds",
     "split_url",
 ]
+
+
+@functools.cache
+def _psycopg() -> Any:
+    """psycopg (with ``pq``, ``rows`` and ``adapt``), imported on first use: this module is
+    imported without the ``[postgres]`` extra too (a URL is read before the driver that needs
+    it), and an import statement in a function costs a microsecond on every call."""
+    import psycopg
+    import psycopg.adapt
+    import psycopg.rows
+
+    return psycopg
+
 
 #: libpq settings applied unless the DSN sets them: detect dead peers within about 30 s.
 CONNECT_DEFAULTS = {
@@ -156,22 +171,20 @@ def masked_dsn(dsn: str) -> str:
 
 def check_joinable(conn: Any, *, fix: str) -> None:
     """Raise ``ConfigurationError`` unless we may write in ``conn``'s transaction."""
-    import psycopg
-    from psycopg import pq
-
-    if isinstance(conn, psycopg.AsyncConnection):
+    pg = _psycopg()
+    if isinstance(conn, pg.AsyncConnection):
         raise ConfigurationError(
             "an async psycopg connection cannot be joined directly",
             fix="use `async with ultimat3.jobs.integrations.psycopg.using(app, conn):` and "
             "`await app.enqueue_async(...)`",
         )
-    if not isinstance(conn, psycopg.Connection):
+    if not isinstance(conn, pg.Connection):
         raise ConfigurationError(f"cannot join a {type(conn).__name__}", fix=fix)
     if conn.closed:
         raise ConfigurationError(
             "the connection is closed", fix="enqueue on an open connection, inside its transaction"
         )
-    if conn.info.transaction_status == pq.TransactionStatus.INERROR:
+    if conn.pgconn.transaction_status == pg.pq.TransactionStatus.INERROR:
         raise ConfigurationError(
             "the connection's transaction has failed and can only be rolled back, so a job "
             "written in it could never commit",
@@ -188,19 +201,17 @@ def identify(conn: Any, table: str, label: str) -> tuple[DatabaseId, bool]:
     positive answer is kept with the connection object: joining the same connection again,
     request after request, costs no round trip. A missing table is asked again each time,
     since a migration may create it meanwhile."""
-    import psycopg
-    from psycopg import pq
-
     try:
         known = _IDENTIFIED.get(conn)
     except TypeError:  # not weakly referenceable: not a psycopg connection, asked below
         known = None
     if known is not None and table in known:
         return DatabaseId("postgres", known[table], label), True
-    idle = conn.info.transaction_status == pq.TransactionStatus.IDLE and not conn.autocommit
+    pg = _psycopg()
+    idle = conn.pgconn.transaction_status == pg.pq.TransactionStatus.IDLE and not conn.autocommit
     try:
         row = our_cursor(conn).execute(IDENTITY_SQL, {"table": table}, prepare=False).fetchone()
-    except psycopg.Error as exc:
+    except pg.Error as exc:
         raise ConfigurationError(
             f"cannot check where the connection points: {first_line(exc)}",
             fix="pass an open psycopg 3 Connection",
@@ -224,13 +235,12 @@ def our_cursor(conn: Any) -> psycopg.Cursor[Any]:
     through psycopg's process-wide adapters where the connection registered its own for a type
     our statements use (``our_adapters``), so a loader that reshapes text or timestamps for
     the caller cannot reshape a job id or the database's clock for us."""
-    import psycopg
-    from psycopg.rows import tuple_row
-
-    if issubclass(conn.cursor_factory, psycopg.RawCursor):  # its placeholders are $1
-        cursor = psycopg.Cursor(conn, row_factory=tuple_row)
+    pg = _psycopg()
+    cursor: psycopg.Cursor[Any]
+    if issubclass(conn.cursor_factory, pg.RawCursor):  # its placeholders are $1
+        cursor = pg.Cursor(conn, row_factory=pg.rows.tuple_row)
     else:
-        cursor = conn.cursor(row_factory=tuple_row)
+        cursor = conn.cursor(row_factory=pg.rows.tuple_row)
     for register, key, adapter in our_adapters(conn):
         getattr(cursor.adapters, register)(key, adapter)
     return cursor
@@ -247,11 +257,9 @@ def our_adapters(conn: Any) -> list[tuple[str, Any, Any]]:
         known = None
     if known is not None:
         return known
-    import psycopg
-    from psycopg import pq
-    from psycopg.adapt import PyFormat
-
-    ours, theirs = psycopg.adapters, conn.adapters
+    pg = _psycopg()
+    pq, PyFormat = pg.pq, pg.adapt.PyFormat
+    ours, theirs = pg.adapters, conn.adapters
     found: list[tuple[str, Any, Any]] = []
     for name in _READ_TYPES:
         oid = ours.types[name].oid

@@ -1874,7 +1874,7 @@ class PostgresDriver:
             conn: Conn = executor.connection
         else:
             conn = self.adopt(executor).connection
-        status = conn.info.transaction_status
+        status = conn.pgconn.transaction_status
         if status != pq.TransactionStatus.INTRANS and status != pq.TransactionStatus.IDLE:
             check_joinable(conn, fix=_ADOPT_FIX)  # closed, or failed: says so
         try:

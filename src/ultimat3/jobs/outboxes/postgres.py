@@ -330,7 +330,7 @@ class PostgresOutboxStore(OneConnection):
         ]
         query = self._q["stage"]
         try:
-            if conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE:
+            if conn.autocommit and conn.pgconn.transaction_status == pq.TransactionStatus.IDLE:
                 with conn.transaction(), our_cursor(conn) as cur:
                     cur.executemany(query, rows)
             else:

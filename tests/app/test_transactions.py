@@ -132,6 +132,38 @@ def test_a_connection_that_makes_dicts_of_rows_is_joined_as_any_other(
         reopened.close()
 
 
+@pytest.mark.parametrize("declared", ["TEXT", "INTEGER"])
+def test_a_sqlite3_connection_that_converts_our_column_types_is_refused_with_a_fix(
+    tmp_path: Path, make_module: Any, monkeypatch: pytest.MonkeyPatch, declared: str
+) -> None:
+    """A converter registered for ``TEXT`` or ``INTEGER`` applies, on a connection made with
+    ``detect_types=PARSE_DECLTYPES``, to the job tables' columns too: a deduped enqueue would
+    hand back a converted job id. Such a connection is refused with a fix, and nothing is
+    written; one whose converters are for other types (Django's: ``timestamp``, ``bool``...)
+    is joined, and reads our ids unchanged."""
+    path = tmp_path / "jobs.sqlite3"
+    app = App(f"sqlite:///{path}", modules=[make_module("tx_converted", in_a=in_a)])
+    app.open()
+    # monkeypatch puts sqlite3's process-wide converters back as they were
+    monkeypatch.setitem(sqlite3.converters, "JSON", lambda raw: ("json", raw))
+    with closing(sqlite3.connect(path, detect_types=sqlite3.PARSE_DECLTYPES)) as conn:
+        with app.using(conn):
+            first = in_a.enqueue({"n": 1}, idempotency_key="k")
+            again = in_a.enqueue({"n": 1}, idempotency_key="k")
+        conn.commit()
+        assert again.deduped and again.id == first.id and isinstance(again.id, str)
+        monkeypatch.setitem(sqlite3.converters, declared, lambda raw: ("converted", raw))
+        with pytest.raises(ConfigurationError) as refused, app.using(conn):
+            in_a.enqueue({"n": 2})
+        conn.commit()
+    message = str(refused.value)
+    assert f"converter registered for {declared!r}" in message
+    assert "detect_types=sqlite3.PARSE_DECLTYPES" in message
+    assert "register the converter under a type name of your own" in message
+    assert app.count_jobs() == 1
+    app.close()
+
+
 def _connection_of_its_own_kind(dsn: str, kind: str) -> Any:
     """A psycopg connection as some apps make them: another cursor class, or loaders and
     dumpers of its own that reshape text and timestamps (for the caller's rows only)."""

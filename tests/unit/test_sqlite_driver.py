@@ -470,6 +470,61 @@ def test_autocommit_connection_outside_a_transaction_commits_at_once(driver: Sql
         conn.close()
 
 
+_PEP_249_MODE = pytest.mark.skipif(
+    sys.version_info < (3, 12), reason="sqlite3.connect(autocommit=...) arrived in Python 3.12"
+)
+
+
+def _always_in_a_transaction(path: str) -> sqlite3.Connection:
+    """Python 3.12's recommended mode: sqlite3 keeps a (deferred) transaction open at all
+    times, opened at connect and again after each commit or rollback."""
+    conn = sqlite3.connect(path, autocommit=False)  # type: ignore[call-arg,unused-ignore]
+    conn.execute("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, item TEXT)")
+    conn.commit()
+    return conn
+
+
+@_PEP_249_MODE
+def test_a_connection_always_in_a_transaction_commits_or_rolls_back_the_job_with_it(
+    driver: SqliteDriver,
+) -> None:
+    joined = driver.adopt(_always_in_a_transaction(driver.path))
+    conn = joined.connection
+    try:
+        for finish in (conn.rollback, conn.commit):
+            job = new_job()
+            assert conn.in_transaction
+            conn.execute("INSERT INTO orders (item) VALUES ('x')")
+            driver.job_insert_many([job], executor=joined, now=T0)
+            assert not visible(driver, job.id), "the job waits for the caller's commit()"
+            finish()
+            assert visible(driver, job.id) is (finish == conn.commit)
+        assert conn.execute("SELECT count(*) FROM orders").fetchone()[0] == 1
+    finally:
+        conn.close()
+
+
+@_PEP_249_MODE
+def test_a_read_then_write_in_a_connection_always_in_a_transaction_gets_a_fix_that_applies(
+    driver: SqliteDriver,
+) -> None:
+    """Its transactions open with a plain BEGIN whatever ``isolation_level`` says, so the fix
+    for a read-then-write transaction is not ``isolation_level='IMMEDIATE'``."""
+    joined = driver.adopt(_always_in_a_transaction(driver.path))
+    conn = joined.connection
+    try:
+        conn.execute("SELECT count(*) FROM x_jobs").fetchone()  # takes a read snapshot
+        driver.job_insert_many([new_job()])  # another connection commits meanwhile
+        with pytest.raises(DriverUnavailableError) as raised:
+            driver.job_insert_many([new_job()], executor=joined, now=T0)
+        assert "SQLITE_BUSY_SNAPSHOT" in raised.value.cause
+        assert "write before you read" in raised.value.fix
+        assert "LEGACY_TRANSACTION_CONTROL" in raised.value.fix
+        conn.rollback()
+    finally:
+        conn.close()
+
+
 def test_a_read_then_write_caller_transaction_gets_a_fix_not_busy_snapshot(
     driver: SqliteDriver,
 ) -> None:

@@ -21,9 +21,11 @@ from functools import lru_cache
 from typing import Protocol, TypeVar
 
 from ultimat3.jobs.driver import DatabaseId
+from ultimat3.jobs.errors import ConfigurationError
 
 __all__ = [
     "apply_migrations",
+    "check_unconverted",
     "close_quietly",
     "connection_file",
     "dt",
@@ -106,6 +108,42 @@ def connection_file(conn: sqlite3.Connection) -> str:
     with plain_rows(conn):
         rows = conn.execute("PRAGMA database_list").fetchall()
     return next((str(row[2]) for row in rows if row[1] == "main"), "")
+
+
+#: The declared types of our columns, and a statement reading a column of each, to see whether
+#: a connection reads it through a converter. ``sqlite_schema`` declares ``type`` as text;
+#: ``x_migrations`` exists once the job file is migrated (before that, nothing of ours is read).
+_CONVERTIBLE = (
+    ("TEXT", "SELECT type FROM sqlite_schema LIMIT 1", str),
+    ("INTEGER", "SELECT version FROM x_migrations LIMIT 1", int),
+)
+
+
+def check_unconverted(conn: sqlite3.Connection) -> None:
+    """Raise ``ConfigurationError`` when ``conn`` reads our columns through a converter: a
+    converter registered for ``TEXT`` or ``INTEGER`` (``sqlite3.register_converter``) applies
+    on a connection made with ``detect_types=PARSE_DECLTYPES``, to every column so declared,
+    and it would hand the library a job id, a key or a count it does not know. ``detect_types``
+    is fixed at connect and cannot be read, so a registered converter for one of our types
+    costs one read of a column of that type; none (the usual case) costs two dict look-ups."""
+    converters = getattr(sqlite3, "converters", {})
+    for name, probe, kind in _CONVERTIBLE:
+        if name not in converters:
+            continue
+        try:
+            with plain_rows(conn):
+                row = conn.execute(probe).fetchone()
+        except sqlite3.OperationalError:  # no x_migrations yet: the job file is not migrated
+            continue
+        if row is not None and not isinstance(row[0], kind):
+            raise ConfigurationError(
+                f"the connection reads {name} columns through the converter registered for "
+                f"{name!r} (detect_types=sqlite3.PARSE_DECLTYPES), and the job tables' columns "
+                f"are {name}: the ids and keys the library reads back would be converted too",
+                fix="register the converter under a type name of your own and declare your "
+                "columns with it (sqlite3.register_converter('json', ...), then a JSON column), "
+                "or join a connection made without detect_types=sqlite3.PARSE_DECLTYPES",
+            )
 
 
 @contextmanager

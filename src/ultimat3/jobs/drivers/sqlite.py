@@ -84,6 +84,7 @@ from ultimat3.jobs.dialects.sqlite import (
     NOTADB,
     READONLY,
     apply_migrations,
+    check_unconverted,
     close_quietly,
     connection_file,
     file_identity,
@@ -501,7 +502,7 @@ class SqliteDriver:
         retryable = is_busy(exc) or code in (FULL, IOERR)
         return DriverUnavailableError(cause, driver="sqlite", fix=fix, retryable=retryable)
 
-    def _caller_busy(self, exc: sqlite3.Error) -> DriverUnavailableError:
+    def _caller_busy(self, exc: sqlite3.Error, conn: sqlite3.Connection) -> DriverUnavailableError:
         """The caller's own transaction could not take the write lock: only it can retry."""
         if getattr(exc, "sqlite_errorcode", 0) == BUSY_SNAPSHOT:
             cause = (
@@ -513,13 +514,21 @@ class SqliteDriver:
                 f"your transaction on {self.path} could not take the write lock "
                 f"from another writer ({exc})"
             )
-        return DriverUnavailableError(
-            cause,
-            driver="sqlite",
-            fix="start write transactions with BEGIN IMMEDIATE (sqlite3.connect(..., "
+        fix = (
+            "start write transactions with BEGIN IMMEDIATE (sqlite3.connect(..., "
             "isolation_level='IMMEDIATE')) so they hold the lock from the start, and retry the "
-            "whole transaction",
+            "whole transaction"
         )
+        if getattr(conn, "autocommit", None) is False:
+            # Python 3.12's autocommit=False opens every transaction with a plain BEGIN, and
+            # isolation_level is not used: that fix would change nothing.
+            fix = (
+                "with autocommit=False, sqlite3 opens each transaction with a plain BEGIN, "
+                "which takes the write lock only at the first write: write before you read in "
+                "the transaction, or connect with autocommit=sqlite3.LEGACY_TRANSACTION_CONTROL "
+                "and isolation_level='IMMEDIATE'; and retry the whole transaction"
+            )
+        return DriverUnavailableError(cause, driver="sqlite", fix=fix)
 
     # -- retry loops -------------------------------------------------------------------------
 
@@ -604,7 +613,7 @@ class SqliteDriver:
             if not _translatable(exc):
                 raise
             if is_busy(exc) and conn.in_transaction:
-                raise self._caller_busy(exc) from exc
+                raise self._caller_busy(exc, conn) from exc
             raise self._unavailable(exc) from exc
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -740,6 +749,7 @@ class SqliteDriver:
                 fix=f"connect to {self.path} (the job tables must be in the same file to share "
                 "a transaction), or enqueue through the outbox when your data lives elsewhere",
             )
+        check_unconverted(connection)
         return Joined(connection, self.identity())
 
     # -- jobs --------------------------------------------------------------------------------

@@ -414,6 +414,26 @@ def test_one_node_maintains_and_pruning_keeps_up(
     assert second.maintenance.leading
 
 
+def test_a_standby_asks_for_the_leadership_at_its_rescue_cadence_not_in_a_busy_loop(
+    make_app: Callable[..., App], make_module: Callable[..., types.ModuleType]
+) -> None:
+    """Each ask is an upsert of the leadership row, which waits on the leader's own renewal:
+    standbys that asked every 50 ms made worker processes wait on one another."""
+    app = make_app(make_module("exec_standby", noop=noop))
+    leader, standby = app.worker(), app.worker()
+    leader.maintenance.tick(rescue_every=60, prune_every=60)
+    assert leader.maintenance.leading
+    standby.maintenance.tick(rescue_every=60, prune_every=60)
+    assert not standby.maintenance.leading
+    assert standby.maintenance.next_in() == 5.0, "a third of the default 15 s leadership"
+    standby.maintenance.tick(rescue_every=0.5, prune_every=60)
+    assert standby.maintenance.next_in() == 0.5, "a faster rescue cadence, asked as often"
+    leader.maintenance.resign()
+    standby.maintenance.tick(rescue_every=60, prune_every=60)
+    assert standby.maintenance.leading
+    assert standby.maintenance.next_in() <= 5.0
+
+
 def test_prune_stops_at_its_time_budget_and_comes_back_at_once(
     make_app: Callable[..., App], make_module: Callable[..., types.ModuleType]
 ) -> None:

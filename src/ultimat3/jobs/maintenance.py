@@ -134,6 +134,7 @@ class Maintenance:
         self._next_prune = 0.0
         self._backlog = False
         self._deferred = False
+        self._standby_every = leader_ttl.total_seconds() / 3
 
     def tick(self, *, rescue_every: float, prune_every: float) -> int:
         """One pass: keep or take leadership; on the leader, rescue and prune when due.
@@ -142,6 +143,10 @@ class Maintenance:
             LEADERSHIP, self.holder, self.leader_ttl, now=self.clock.pinned()
         )
         if not self.leading:
+            # A standby asks again at the rescue cadence (at most a third of the leadership's
+            # time to live): each ask is an upsert that waits on the leader's row.
+            self._standby_every = min(rescue_every, self.leader_ttl.total_seconds() / 3)
+            self._backlog = False  # the next leader's to find
             return 0
         now = time.monotonic()
         rescued = 0
@@ -155,10 +160,14 @@ class Maintenance:
         return rescued
 
     def next_in(self) -> float:
-        """Seconds until the next pass: at once while a prune backlog remains, else when the
-        next rescue is due, and at least often enough to keep the leadership."""
+        """Seconds until the next pass: at once while a prune backlog remains; on a standby,
+        its rescue cadence (a leader that dies is replaced once its leadership expires, within
+        one cadence more); on the leader, when the next rescue is due, and at least often
+        enough to keep the leadership."""
         if self._backlog:
             return 0.05
+        if not self.leading:
+            return max(0.05, self._standby_every)
         due = min(self._next_rescue, self._next_prune) - time.monotonic()
         return max(0.05, min(due, self.leader_ttl.total_seconds() / 3))
 

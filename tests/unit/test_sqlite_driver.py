@@ -505,6 +505,29 @@ def test_a_connection_always_in_a_transaction_commits_or_rolls_back_the_job_with
 
 
 @_PEP_249_MODE
+def test_a_connection_in_autocommit_true_mode_writes_each_job_at_once_or_in_its_transaction(
+    driver: SqliteDriver,
+) -> None:
+    """``autocommit=True``: outside an explicit BEGIN the job is a transaction of its own,
+    committed at once, as the caller's own INSERT would be; inside one, part of it."""
+    conn = sqlite3.connect(driver.path, autocommit=True)  # type: ignore[call-arg,unused-ignore]
+    joined = driver.adopt(conn)
+    try:
+        alone = new_job()
+        driver.job_insert_many([alone], executor=joined, now=T0)
+        assert not conn.in_transaction
+        assert visible(driver, alone.id)
+        conn.execute("BEGIN")
+        inside = new_job()
+        driver.job_insert_many([inside], executor=joined, now=T0)
+        assert conn.in_transaction and not visible(driver, inside.id)
+        conn.execute("ROLLBACK")
+        assert not visible(driver, inside.id)
+    finally:
+        conn.close()
+
+
+@_PEP_249_MODE
 def test_a_read_then_write_in_a_connection_always_in_a_transaction_gets_a_fix_that_applies(
     driver: SqliteDriver,
 ) -> None:

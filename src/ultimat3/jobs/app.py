@@ -46,7 +46,6 @@ from ultimat3.jobs.outbox import (
     Builder,
     EnqueueOptions,
     Mode,
-    bind,
     build_batch,
     build_job,
     insert,
@@ -293,8 +292,7 @@ class App(Enqueuer):
         """A connection to the job database inside a transaction, for business SQL; every
         enqueue in the block joins it, and this app is the current one for ``handle.enqueue``.
         Commits on normal exit, rolls back on an exception."""
-        driver = self.driver
-        with driver.transaction() as joined, bind(joined), self._current():
+        with self.driver.transaction() as joined, self._current(joined, joined.connection):
             yield joined.connection
 
     def using(self, connection: Any) -> AbstractContextManager[Any]:
@@ -310,16 +308,22 @@ class App(Enqueuer):
         same transaction: joining is decided by database identity."""
         return self._using(connection, None)
 
+    def _using(self, connection: Any, serial: asyncio.Lock | None) -> AbstractContextManager[Any]:
+        return self._current(self._join(connection, serial=serial), connection)
+
     @contextmanager
-    def _using(self, connection: Any, serial: asyncio.Lock | None) -> Iterator[Any]:
-        # The two context variables are set here, not by nested context managers: a request
-        # pays for this block on every enqueue inside a transaction.
-        tx = current_tx.set(self._join(connection, serial=serial))
+    def _current(self, joined: Joined, value: Any) -> Iterator[Any]:
+        """For the block (which gets ``value``), ``joined`` is the transaction every enqueue
+        joins and this app the current one. Both context variables are set here, not by
+        nested context managers: a request pays for this on every enqueue in a transaction."""
+        tx = current_tx.set(joined)
         app = current_app.set(self)
         try:
             if self._migrate:
-                self.open()  # a read when the schema is current; raises at once otherwise
-            yield connection
+                # A read when the schema is current (through ``joined`` on SQLite); raises at
+                # once otherwise. Already done for ``transaction()``.
+                self.open()
+            yield value
         finally:
             current_app.reset(app)
             current_tx.reset(tx)
@@ -349,14 +353,6 @@ class App(Enqueuer):
         if serial is not None:
             joined = Joined(joined.connection, joined.database, serial)
         return joined
-
-    @contextmanager
-    def _current(self) -> Iterator[None]:
-        token = current_app.set(self)
-        try:
-            yield
-        finally:
-            current_app.reset(token)
 
     def _open_outbox(self) -> OutboxStore:
         """The outbox store, opened and migrated on first use."""

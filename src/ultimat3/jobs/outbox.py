@@ -17,14 +17,13 @@ so identical inputs are never merged but a re-publish of the same built job coll
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from ultimat3.jobs import events
-from ultimat3.jobs.driver import DatabaseId, Driver, Joined, current_tx
+from ultimat3.jobs.driver import DatabaseId, Driver, current_tx
 from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError, OutboxNoTxError
 from ultimat3.jobs.ids import uuid7_many
@@ -35,16 +34,6 @@ from ultimat3.jobs.retry import MAX_ATTEMPTS
 from ultimat3.jobs.serialization import Serializer
 
 Mode = Literal["default", "required"]
-
-
-@contextmanager
-def bind(joined: Joined) -> Iterator[Joined]:
-    """Make ``joined`` the transaction that enqueues in this context join."""
-    token = current_tx.set(joined)
-    try:
-        yield joined
-    finally:
-        current_tx.reset(token)
 
 
 def reaches(database: DatabaseId, target: Driver | OutboxStore) -> bool:

@@ -10,6 +10,8 @@ rendered page) that says otherwise:
 - ``<!-- test: background -->``: a shell block of one long-running command (``worker``,
   ``scheduler``, ``run``, ``relay``, ``dashboard``), started and left running while the page goes on; at the
   page's end it gets SIGTERM and must exit 0.
+- ``<!-- test: stop, REASON -->``: the page's background commands get SIGTERM (and must exit
+  0) before the block runs, as the page tells the reader to stop them (REASON says where).
 - ``<!-- test: retry 30s -->``: the block is run again until it passes or the time is up (a
   check that waits for a background worker).
 - ``<!-- test: postgres -->``: the page runs with ``$ULTIMAT3_JOBS_URL`` on a PostgreSQL
@@ -55,7 +57,7 @@ def pages() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
-MARK_WORDS = ("file", "fragment", "background", "retry", "postgres")
+MARK_WORDS = ("file", "fragment", "background", "stop", "retry", "postgres")
 
 
 def parse_marks(text: str) -> dict[str, str]:

@@ -58,6 +58,9 @@ class Project:
             )
         if block.lang in PROSE_LANGUAGES:
             return
+        if "stop" in block.marks:
+            while self.background:
+                self.stop(*self.background.pop())
         retry = block.marks.get("retry")
         deadline = time.monotonic() + float(retry.rstrip("s")) if retry else 0.0
         while True:

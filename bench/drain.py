@@ -8,8 +8,10 @@ claim-10/ack-10 loop measured in the same run.
     python bench/drain.py --returning              # each job returns its input: a stored result
 
 Each figure is jobs per second from the first claim to the last completion; read it as the
-ratio beside it. The bare loop and the library take turns (``--rounds``, 3 by default), each on
-a fresh table, and the median ratio is printed last. Not a test: nothing here asserts.
+ratio beside it. Each round (``--rounds``, 3 by default) runs the bare loop once, then the
+library at each process count of the sweep, each on a fresh table; the median ratios come last,
+to the bare loop and, for a sweep, of each process count to the first one (``--processes 1,2``:
+how much faster two processes drain than one). Not a test: nothing here asserts.
 """
 
 from __future__ import annotations
@@ -75,23 +77,42 @@ def rounds_report(label: str, rounds: list[tuple[float, float, float]]) -> None:
     print(f"  {label}: median ratio {statistics.median(ratios):.2f} of {len(rounds)} rounds")
 
 
+def scaling_report(label: str, measured: dict[int, list[tuple[float, float, float]]]) -> None:
+    """Each process count beside the first of the sweep (``--processes 1,2``: 2 beside 1), as
+    the median of the rounds' ratios: in a round the counts run one after the other, so a
+    machine that drifts moves them alike."""
+    counts = list(measured)
+    for n in counts[1:]:
+        ratios = [
+            ours / first[0]
+            for (ours, _, _), first in zip(measured[n], measured[counts[0]], strict=True)
+        ]
+        each = ", ".join(f"{r:.2f}" for r in ratios)
+        print(
+            f"  {label}, {n} process(es) beside {counts[0]}: median ratio "
+            f"{statistics.median(ratios):.2f} (rounds {each})"
+        )
+
+
 def bench_sqlite(jobs: int, sweep: list[int], returning: bool, rounds: int) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="u3drain-sqlite-"))
     try:
         print("== SQLite (WAL, synchronous=FULL)")
-        for n in sweep:
-            minimal: list[tuple[float, float, float]] = []
-            on_jobs: list[tuple[float, float, float]] = []
-            for r in range(rounds):
-                bare = jobs / sqlite_bare_claim_loop(tmp / f"bare{r}.sqlite3", jobs)
-                bare_jobs = jobs / sqlite_bare_jobs_claim_loop(tmp / f"bare-jobs{r}.sqlite3", jobs)
+        minimal: dict[int, list[tuple[float, float, float]]] = {n: [] for n in sweep}
+        on_jobs: dict[int, list[tuple[float, float, float]]] = {n: [] for n in sweep}
+        for r in range(rounds):
+            bare = jobs / sqlite_bare_claim_loop(tmp / f"bare{r}.sqlite3", jobs)
+            bare_jobs = jobs / sqlite_bare_jobs_claim_loop(tmp / f"bare-jobs{r}.sqlite3", jobs)
+            for n in sweep:
                 url = f"sqlite:///{tmp / f'jobs{n}-{r}.sqlite3'}"
                 ours, cpu = drain(url, tmp, jobs, n, returning)
-                minimal.append((ours, cpu, bare))
-                on_jobs.append((ours, cpu, bare_jobs))
-            label = f"drain {jobs:,} {_kind(returning)} jobs, {n} process(es)"
-            rounds_report(label + ", bare loop on a minimal table", minimal)
-            rounds_report(label + ", bare loop on x_jobs", on_jobs)
+                minimal[n].append((ours, cpu, bare))
+                on_jobs[n].append((ours, cpu, bare_jobs))
+        label = f"drain {jobs:,} {_kind(returning)} jobs"
+        for n in sweep:
+            rounds_report(f"{label}, {n} process(es), bare loop on a minimal table", minimal[n])
+            rounds_report(f"{label}, {n} process(es), bare loop on x_jobs", on_jobs[n])
+        scaling_report(label, minimal)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -108,17 +129,21 @@ def bench_postgres(jobs: int, sweep: list[int], returning: bool, rounds: int) ->
         dsn = bench_database(cluster)
         table = '"ultimat3_jobs".x_jobs'
         print("== PostgreSQL (throwaway cluster, fsync on)")
-        for n in sweep:
-            measured: list[tuple[float, float, float]] = []
-            for _ in range(rounds):
+        measured: dict[int, list[tuple[float, float, float]]] = {n: [] for n in sweep}
+        for _ in range(rounds):
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("TRUNCATE ultimat3_jobs.x_jobs")
+                bare_copy(conn, table, jobs)
+                bare = bare_claim_loop(conn, table)
+            for n in sweep:
                 with psycopg.connect(dsn, autocommit=True) as conn:
-                    conn.execute("TRUNCATE ultimat3_jobs.x_jobs")
-                    bare_copy(conn, table, jobs)
-                    bare = bare_claim_loop(conn, table)
                     conn.execute("TRUNCATE ultimat3_jobs.x_jobs")  # a fresh table for each
                 ours, cpu = drain(_url(dsn), tmp, jobs, n, returning)
-                measured.append((ours, cpu, bare))
-            rounds_report(f"drain {jobs:,} {_kind(returning)} jobs, {n} process(es)", measured)
+                measured[n].append((ours, cpu, bare))
+        label = f"drain {jobs:,} {_kind(returning)} jobs"
+        for n in sweep:
+            rounds_report(f"{label}, {n} process(es)", measured[n])
+        scaling_report(label, measured)
     finally:
         cluster.close()
         shutil.rmtree(tmp, ignore_errors=True)

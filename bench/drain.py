@@ -9,9 +9,10 @@ claim-10/ack-10 loop measured in the same run.
 
 Each figure is jobs per second from the first claim to the last completion; read it as the
 ratio beside it. Each round (``--rounds``, 3 by default) runs the bare loop once, then the
-library at each process count of the sweep, each on a fresh table; the median ratios come last,
-to the bare loop and, for a sweep, of each process count to the first one (``--processes 1,2``:
-how much faster two processes drain than one). Not a test: nothing here asserts.
+library at each process count of the sweep (in the reverse order every other round), each on a
+fresh table; the median ratios come last, to the bare loop and, for a sweep, of each process
+count to the first one (``--processes 1,2``: how much faster two processes drain than one).
+Not a test: nothing here asserts.
 """
 
 from __future__ import annotations
@@ -77,6 +78,12 @@ def rounds_report(label: str, rounds: list[tuple[float, float, float]]) -> None:
     print(f"  {label}: median ratio {statistics.median(ratios):.2f} of {len(rounds)} rounds")
 
 
+def in_turn(sweep: list[int], round_: int) -> list[int]:
+    """The sweep's process counts in the order round ``round_`` runs them: reversed every
+    other round, so that no count always runs first (on a colder machine) or last."""
+    return sweep if round_ % 2 == 0 else sweep[::-1]
+
+
 def scaling_report(label: str, measured: dict[int, list[tuple[float, float, float]]]) -> None:
     """Each process count beside the first of the sweep (``--processes 1,2``: 2 beside 1), as
     the median of the rounds' ratios: in a round the counts run one after the other, so a
@@ -103,7 +110,7 @@ def bench_sqlite(jobs: int, sweep: list[int], returning: bool, rounds: int) -> N
         for r in range(rounds):
             bare = jobs / sqlite_bare_claim_loop(tmp / f"bare{r}.sqlite3", jobs)
             bare_jobs = jobs / sqlite_bare_jobs_claim_loop(tmp / f"bare-jobs{r}.sqlite3", jobs)
-            for n in sweep:
+            for n in in_turn(sweep, r):
                 url = f"sqlite:///{tmp / f'jobs{n}-{r}.sqlite3'}"
                 ours, cpu = drain(url, tmp, jobs, n, returning)
                 minimal[n].append((ours, cpu, bare))
@@ -130,12 +137,12 @@ def bench_postgres(jobs: int, sweep: list[int], returning: bool, rounds: int) ->
         table = '"ultimat3_jobs".x_jobs'
         print("== PostgreSQL (throwaway cluster, fsync on)")
         measured: dict[int, list[tuple[float, float, float]]] = {n: [] for n in sweep}
-        for _ in range(rounds):
+        for r in range(rounds):
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute("TRUNCATE ultimat3_jobs.x_jobs")
                 bare_copy(conn, table, jobs)
                 bare = bare_claim_loop(conn, table)
-            for n in sweep:
+            for n in in_turn(sweep, r):
                 with psycopg.connect(dsn, autocommit=True) as conn:
                     conn.execute("TRUNCATE ultimat3_jobs.x_jobs")  # a fresh table for each
                 ours, cpu = drain(_url(dsn), tmp, jobs, n, returning)

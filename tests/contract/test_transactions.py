@@ -66,6 +66,23 @@ def test_dedupe_inside_a_transaction(driver: Driver) -> None:
     assert get(driver, staged.id).idempotency_key == "new"
 
 
+def test_the_usual_enqueue_inside_a_transaction(driver: Driver) -> None:
+    """One due job at a time on the database's clock (no ``now``): what an enqueue in a
+    business transaction passes (PostgreSQL's flat path). A job published again and a stored
+    key return the stored job; nothing is seen before the commit."""
+    committed = new_job(key="old")
+    insert(driver, committed)
+    fresh, dup = new_job(), new_job(key="old")
+    with driver.transaction() as tx:
+        assert driver.job_insert_many([fresh], executor=tx) == [InsertResult(fresh.id, False)]
+        assert driver.job_insert_many([fresh], executor=tx) == [InsertResult(fresh.id, True)]
+        assert driver.job_insert_many([dup], executor=tx) == [InsertResult(committed.id, True)]
+        assert elsewhere(lambda: driver.job_get(fresh.id)) is None
+    assert get(driver, fresh.id).state is JobState.AVAILABLE
+    assert driver.job_get(dup.id) is None
+    assert len(driver.job_list(JobFilter())) == 2
+
+
 def test_complete_is_visible_only_after_commit(driver: Driver) -> None:
     insert(driver, new_job())
     job = claim_one(driver, at(1))

@@ -427,23 +427,32 @@ def test_retry_resume_and_snooze_notify(driver: Any, listener: Any) -> None:
 # -- joining a caller's connection -------------------------------------------------------------
 
 
+#: ``now`` of an insert: pinned (a test clock), or None, the database's clock, as the usual
+#: enqueue passes (the flat path of ``_insert_plain_joined`` for one due job).
+NOWS = pytest.mark.parametrize("now", [T0, None], ids=["pinned", "database-clock"])
+
+
+@NOWS
 def test_insert_on_a_callers_transaction_commits_and_rolls_back_with_it(
-    driver: Any, pg_dsn: str
+    driver: Any, pg_dsn: str, now: datetime | None
 ) -> None:
     kept, dropped = new_job(), new_job()
     with psycopg.connect(pg_dsn) as conn:
         conn.execute("CREATE TABLE orders (id int)")
         conn.execute("INSERT INTO orders VALUES (1)")
-        driver.job_insert_many([kept], executor=driver.adopt(conn), now=T0)
+        driver.job_insert_many([kept], executor=driver.adopt(conn), now=now)
         assert driver.job_get(kept.id) is None, "invisible before the caller commits"
         conn.commit()
         assert driver.job_get(kept.id) is not None
-        driver.job_insert_many([dropped], executor=driver.adopt(conn), now=T0)
+        driver.job_insert_many([dropped], executor=driver.adopt(conn), now=now)
         conn.rollback()
     assert driver.job_get(dropped.id) is None
 
 
-def test_a_failed_insert_aborts_the_callers_transaction(driver: Any, pg_dsn: str) -> None:
+@NOWS
+def test_a_failed_insert_aborts_the_callers_transaction(
+    driver: Any, pg_dsn: str, now: datetime | None
+) -> None:
     # No savepoint around our one statement: like a failed statement of the caller's own, a
     # failed insert aborts the transaction, so the business rows cannot commit without the job.
     existing = new_job()
@@ -454,12 +463,29 @@ def test_a_failed_insert_aborts_the_callers_transaction(driver: Any, pg_dsn: str
         conn.commit()
         conn.execute("INSERT INTO orders VALUES (1)")
         with pytest.raises(ValueError, match="another key"):
-            driver.job_insert_many([clash], executor=driver.adopt(conn), now=T0)
+            driver.job_insert_many([clash], executor=driver.adopt(conn), now=now)
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
         with pytest.raises(ConfigurationError, match="rolled back"):
-            driver.job_insert_many([new_job()], executor=driver.adopt(conn), now=T0)
+            driver.job_insert_many([new_job()], executor=driver.adopt(conn), now=now)
         conn.rollback()
         assert conn.execute("SELECT count(*) FROM orders").fetchone() == (0,)
+
+
+@NOWS
+def test_a_refused_value_in_a_callers_transaction_says_so_and_aborts_it(
+    driver: Any, pg_dsn: str, now: datetime | None
+) -> None:
+    from ultimat3.jobs.errors import SerializationError
+
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute("SELECT 1")
+        with pytest.raises(SerializationError, match="PostgreSQL refused the job"):
+            driver.job_insert_many(
+                [new_job(input="{not json")], executor=driver.adopt(conn), now=now
+            )
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+        conn.rollback()
+    assert driver.job_count(JobFilter()) == {}
 
 
 def test_an_idle_connection_gets_a_transaction_the_caller_commits(driver: Any, pg_dsn: str) -> None:

@@ -206,7 +206,9 @@ class App(Enqueuer):
         ``max_attempts``, ``idempotency_key``, ``outbox`` (see ``EnqueueKwargs``).
         """
         opts = EnqueueOptions(**options) if options else _NO_OPTIONS
-        return self._insert([self._build(handle, input, opts)], opts.outbox, handle.name)[0]
+        builder = self._builder(handle, opts)
+        job = builder.one(input, self.clock.now() if builder.dated else None)
+        return self._insert([job], opts.outbox, handle.name)[0]
 
     def enqueue_many(
         self, handle: JobHandle[Any], inputs: Iterable[Any], /, **options: Unpack[EnqueueKwargs]
@@ -218,7 +220,6 @@ class App(Enqueuer):
                 "enqueue_many got one idempotency_key for many jobs",
                 fix="give the job an idempotency_key function of its input, or enqueue one by one",
             )
-        self._check_handle(handle)
         jobs = build_batch(self._builder(handle, opts), inputs, now=self.clock.now())
         return self._insert(jobs, opts.outbox, handle.name) if jobs else []
 
@@ -236,27 +237,28 @@ class App(Enqueuer):
         values = list(inputs)
         return await _off_loop(lambda: self.enqueue_many(handle, values, **options))
 
-    def _build(self, handle: JobHandle[Any], input: Any, options: EnqueueOptions) -> NewJob:
-        self._check_handle(handle)
-        return self._builder(handle, options)((input,), self.clock.now())[0]
-
     def _builder(self, handle: JobHandle[Any], options: EnqueueOptions) -> Builder:
-        """The builder of ``handle``'s jobs with ``options``. Without options it is kept, and
-        used again while it ``fits`` the handle's settings and the serializer (compared on
-        each use, so a changed setting is never missed)."""
-        if options is not _NO_OPTIONS:
-            return Builder(handle, options, serializer=self.serializer)
-        kept = self._builders.get(handle)
-        if kept is None or not kept.fits(handle, self.serializer):
-            kept = self._builders[handle] = Builder(handle, options, serializer=self.serializer)
-        return kept
-
-    def _check_handle(self, handle: JobHandle[Any]) -> None:
+        """The builder of ``handle``'s jobs with ``options``, once ``handle`` is known to be
+        one of this app's. Without options it is kept, and used again while it ``fits`` the
+        handle's settings and the serializer (compared on each use, so a changed setting is
+        never missed). A kept builder's handle was checked when it was made, and stays
+        registered: a registry only grows, and never gives a name to another handle."""
         if not isinstance(handle, JobHandle):
             raise RegistrationError(
                 f"enqueue needs a job handle, got {type(handle).__name__}",
                 fix="decorate the function with @job and register its module with app.register()",
             )
+        if options is _NO_OPTIONS:
+            kept = self._builders.get(handle)
+            if kept is not None and kept.fits(handle, self.serializer):
+                return kept
+        self._check_registered(handle)
+        builder = Builder(handle, options, serializer=self.serializer)
+        if options is _NO_OPTIONS:
+            self._builders[handle] = builder
+        return builder
+
+    def _check_registered(self, handle: JobHandle[Any]) -> None:
         if not self.registry.knows(handle):
             label = handle.bound_name or getattr(handle.fn, "__qualname__", "?")
             raise RegistrationError(

@@ -26,7 +26,7 @@ from ultimat3.jobs import events
 from ultimat3.jobs.driver import DatabaseId, Driver, current_tx
 from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError, OutboxNoTxError
-from ultimat3.jobs.ids import uuid7_many
+from ultimat3.jobs.ids import uuid7, uuid7_many
 from ultimat3.jobs.job import JobHandle, check_queue_name
 from ultimat3.jobs.outbox_store import OutboxStore
 from ultimat3.jobs.records import InsertResult, NewJob, NewJobs
@@ -97,9 +97,11 @@ class Builder:
         "_handle",
         "_key_of",
         "_limit",
+        "_plain",
         "_settings",
         "_template",
         "_unique",
+        "dated",
     )
 
     def __init__(
@@ -162,6 +164,14 @@ class Builder:
         self._limit = limit
         self._unique = unique
         self._given_key = options.idempotency_key
+        #: Whether a job of this builder takes nothing of its input but the JSON text: no
+        #: key, no limit partition, no uniqueness key (``one``'s short way).
+        self._plain = (
+            self._key_of is None and limit is None and unique is None and self._given_key is None
+        )
+        #: Whether a call needs ``now``: only a uniqueness window reads it (a clock read costs
+        #: several µs right after a round trip, on the usual enqueue's path).
+        self.dated = unique is not None
         # The fields every job of these options shares; each job is a sibling of it.
         self._template = NewJob(
             id="",
@@ -186,9 +196,17 @@ class Builder:
         still the ones it was built with (a builder without options may then be used again)."""
         return self._settings == _settings(handle, serializer)
 
-    def __call__(self, values: Sequence[Any], now: datetime) -> list[NewJob]:
+    def one(self, input: Any, now: datetime | None) -> NewJob:
+        """``self((input,), now)[0]``: the usual enqueue's job, made without the loop of a
+        batch when there is nothing to work out from ``input`` but its JSON text."""
+        if not self._plain or events.trace_context_for is not None:
+            return self((input,), now)[0]
+        job_id = uuid7()
+        return self._template.sibling(job_id, self._dumps(input), job_id, None, None, None)
+
+    def __call__(self, values: Sequence[Any], now: datetime | None) -> list[NewJob]:
         """The jobs of ``values``, in order (``now``: the instant a uniqueness window counts
-        from)."""
+        from; None when not ``dated``)."""
         template = self._template
         name, queue, tenant = template.name, template.queue, template.tenant_id
         dumps, key_of, given_key = self._dumps, self._key_of, self._given_key
@@ -212,11 +230,17 @@ class Builder:
                     None
                     if unique is None
                     else unique.key_for(
-                        job=name, payload=payload, input=input, tenant_id=tenant, now=now
+                        job=name, payload=payload, input=input, tenant_id=tenant, now=_dated(now)
                     ),
                 )
             )
         return jobs
+
+
+def _dated(now: datetime | None) -> datetime:
+    if now is None:
+        raise AssertionError("a builder with a uniqueness window was called without now")
+    return now
 
 
 def _settings(handle: JobHandle[Any], serializer: Serializer) -> tuple[Any, ...]:

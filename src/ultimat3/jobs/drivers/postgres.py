@@ -179,6 +179,7 @@ try:
     from ultimat3.jobs.drivers.pg_finished import FinishedListener
 
     _IDLE = pq.TransactionStatus.IDLE
+    _INTRANS = pq.TransactionStatus.INTRANS
 except ImportError as _exc:  # pragma: no cover - exercised only without the extra
     _MISSING: ImportError | None = _exc
 else:
@@ -375,6 +376,7 @@ class PostgresDriver:
             assert unique_one.count(old) == 1, old
             unique_one = unique_one.replace(old, new)
         self._q["job_insert_unique"] = unique_one
+        self._insert_plain_sql = self._q["job_insert_plain"]
         self._migrations, self._migrate_key = migration_plan(
             sql_files.migrations(_NAME),
             quoted_schema=quoted,
@@ -507,6 +509,9 @@ class PostgresDriver:
 
     def identity(self, *, refresh: bool = False) -> DatabaseId:
         """The database of the jobs (its name, oid and the server's start time)."""
+        known = self._identity
+        if known is not None and not refresh:  # every enqueue in a transaction asks
+            return known
         return self._own_identity(refresh=refresh)
 
     def migrate(self) -> list[int]:
@@ -594,6 +599,10 @@ class PostgresDriver:
         if not jobs:
             return []
         if executor is not None:
+            if len(jobs) == 1 and now is None:
+                flat = self._insert_plain_joined(executor, jobs[0])
+                if flat is not None:
+                    return flat
             # A deadlock here is the caller's to handle: their transaction holds other locks.
             with self._joined(executor) as conn:
                 if len(jobs) == 1:  # the common case: one statement, look-ups on a conflict
@@ -634,6 +643,53 @@ class PostgresDriver:
                 if attempt == 2 or not isinstance(exc.__cause__, pg_errors.DeadlockDetected):
                     raise
         raise AssertionError("unreachable")
+
+    def _insert_plain_joined(self, executor: Joined, job: NewJob) -> list[InsertResult] | None:
+        """The usual enqueue inside a caller's transaction, flat: a plain job (``_plain``) on
+        the connection of a transaction ``adopt`` joined and that is still open, as one
+        statement with positional parameters. None for anything else: ``job_insert_many``
+        then takes the general path (``_joined``), which decides and says what is wrong.
+        Nothing here can end the caller's transaction (see ``_joined``).
+
+        Its own path because this is the product's signature call, and on a 2-core machine
+        each layer between the caller and the statement costs several times its hot figure
+        right after the round trip before it (the caches are cold): the general path's
+        context manager, identity look-up and named parameters cost more than the
+        statement's own client work."""
+        conn = executor.connection
+        if (
+            type(executor) is not Joined
+            or not _plain(job)
+            or executor.database != self._identity
+            or conn.pgconn.transaction_status != _INTRANS
+        ):
+            return None
+        try:
+            cursor = our_cursor(conn)
+            params = self._plain_params(job)
+            rows = cursor.execute(self._insert_plain_sql, params, prepare=self._prepare).fetchall()
+            if rows:
+                return [InsertResult(rows[0][0], deduped=False)]
+            return self._insert(conn, [job], None, bounded=False)  # a duplicate: look it up
+        except psycopg.DataError as exc:
+            raise _refused(exc) from None
+        except psycopg.Error as exc:
+            self._reraise(exc, conn)
+
+    def _plain_params(self, job: NewJob) -> tuple[Any, ...]:
+        """The parameters of ``job_insert_plain``, in its order."""
+        return (
+            job.id,
+            job.name,
+            job.queue,
+            job.input,
+            job.tenant_id,
+            job.idempotency_key,
+            job.priority,
+            job.max_attempts,
+            job.trace_context,
+            self._channel,
+        )
 
     def _woke(self, jobs: Sequence[NewJob]) -> None:
         """Jobs of ours committed: wake this process's waiters at once when polling (with
@@ -1488,10 +1544,7 @@ class PostgresDriver:
         except (_NotCopyable, pg_errors.UniqueViolation):
             return None
         except psycopg.DataError as exc:
-            raise SerializationError(
-                f"PostgreSQL refused the job: {_first_line(exc)}",
-                fix="pass the JSON text the serializer made, and numbers that fit in 32 bits",
-            ) from None
+            raise _refused(exc) from None
         if due:
             self._exec(
                 conn,
@@ -1504,14 +1557,17 @@ class PostgresDriver:
         self, conn: Conn, jobs: Sequence[NewJob], now: datetime | None, *, bounded: bool
     ) -> list[Row]:
         query: bytes
-        params: dict[str, Any]
+        params: dict[str, Any] | tuple[Any, ...]
         if len(jobs) > 1 and any(j.unique_key is not None for j in jobs):
             # One by one: each unique key is resolved by its own statement.
             return [
                 row for j in jobs for row in self._execute_insert(conn, [j], now, bounded=bounded)
             ]
-        if len(jobs) == 1:
+        if len(jobs) == 1 and now is None and _plain(jobs[0]):
+            query, params = self._insert_plain_sql, self._plain_params(jobs[0])
+        elif len(jobs) == 1:
             [j] = jobs
+            query = self._q["job_insert_one" if j.unique_key is None else "job_insert_unique"]
             params = {
                 "id": j.id,
                 "name": j.name,
@@ -1523,28 +1579,16 @@ class PostgresDriver:
                 "max_attempts": j.max_attempts,
                 "trace_context": j.trace_context,
                 "channel": self._channel,
+                "run_at": j.run_at,
+                "delay": j.delay,
+                "now": now,
+                "limit_key": j.limit_key,
+                "limit_max": j.limit_max,
+                "rate_max": j.rate_max,
+                "rate_period": j.rate_period // _MICROSECOND,
+                "unique_key": j.unique_key,
+                "unique_states": j.unique_states,
             }
-            if (
-                j.run_at is None
-                and j.delay is None
-                and now is None
-                and j.limit_key is None
-                and j.unique_key is None
-            ):  # the usual job: due now, no limit, no uniqueness window
-                query = self._q["job_insert_plain"]
-            else:
-                query = self._q["job_insert_one" if j.unique_key is None else "job_insert_unique"]
-                params.update(
-                    run_at=j.run_at,
-                    delay=j.delay,
-                    now=now,
-                    limit_key=j.limit_key,
-                    limit_max=j.limit_max,
-                    rate_max=j.rate_max,
-                    rate_period=j.rate_period // _MICROSECOND,
-                    unique_key=j.unique_key,
-                    unique_states=j.unique_states,
-                )
         else:
             rows = [
                 [
@@ -1571,10 +1615,7 @@ class PostgresDriver:
         try:
             return self._exec(conn, query, params, bounded=bounded).fetchall()
         except psycopg.DataError as exc:
-            raise SerializationError(
-                f"PostgreSQL refused the job: {_first_line(exc)}",
-                fix="pass the JSON text the serializer made, and numbers that fit in 32 bits",
-            ) from None
+            raise _refused(exc) from None
 
     def _unique_holder(
         self, conn: Conn, job: NewJob, now: datetime | None, *, bounded: bool
@@ -1694,7 +1735,7 @@ class PostgresDriver:
         self,
         conn: Conn,
         query: bytes,
-        params: dict[str, Any] | None = None,
+        params: dict[str, Any] | tuple[Any, ...] | None = None,
         *,
         bounded: bool = False,
         prepare: bool | None = None,
@@ -1958,6 +1999,25 @@ class PostgresDriver:
                 self._bound(conn)
                 self._identity, _ = identify(conn, self._jobs_table, self.display_url)
         return self._identity
+
+
+def _plain(job: NewJob) -> bool:
+    """Whether ``job_insert_plain`` stores ``job``: due now, with no limit and no uniqueness
+    window (the usual job)."""
+    return (
+        job.run_at is None
+        and job.delay is None
+        and job.limit_key is None
+        and job.unique_key is None
+    )
+
+
+def _refused(exc: psycopg.DataError) -> SerializationError:
+    """What to raise when PostgreSQL refuses a job's values."""
+    return SerializationError(
+        f"PostgreSQL refused the job: {_first_line(exc)}",
+        fix="pass the JSON text the serializer made, and numbers that fit in 32 bits",
+    )
 
 
 def _copyable(job: NewJob) -> bool:

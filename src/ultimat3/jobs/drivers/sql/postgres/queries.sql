@@ -109,19 +109,20 @@ SELECT id, CASE WHEN state = 'available' THEN pg_notify(%(channel)s, queue) END 
 -- name: job_insert_plain
 -- job_insert_one for the usual job: due now on the database's clock, with no limit, no rate
 -- and no uniqueness window. Ten parameters instead of seventeen, and no expressions to work
--- out: the enqueue inside a business transaction is where these few microseconds show.
+-- out: the enqueue inside a business transaction is where these few microseconds show. The
+-- parameters are positional (no name to look up per call), in this order: id, name, queue,
+-- input, tenant_id, idempotency key, priority, max_attempts, trace_context, channel.
 WITH inserted AS (
     INSERT INTO {schema}.x_jobs AS j
         (id, name, queue, input, tenant_id, idempotency_key, priority, state,
          max_attempts, run_at, created_at, trace_context)
     VALUES (
-        %(id)s, %(name)s, %(queue)s, %(input)s::json, %(tenant_id)s, %(key)s, %(priority)s,
-        'available', %(max_attempts)s, now(), now(), %(trace_context)s
+        %s, %s, %s, %s::json, %s, %s, %s, 'available', %s, now(), now(), %s
     )
     ON CONFLICT DO NOTHING  -- the id of a keyless job, or a caller's key
     RETURNING j.id, j.queue
 )
-SELECT id, pg_notify(%(channel)s, queue) FROM inserted
+SELECT id, pg_notify(%s, queue) FROM inserted
 
 -- name: job_unique_holder
 -- The job holding a unique key (limits.Unique): the predicate of x_jobs_unique_idx.

@@ -15,6 +15,7 @@ an internal one (``LWLock``), plus deadlocks and rollbacks. Not a test: nothing 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
             sampler = threading.Thread(target=sample_waits, args=(dsn, stop, waits))
             sampler.start()
             try:
-                rate, cpu = drain(_url(dsn), tmp, args.jobs, n)
+                rate, cpu, cores = drain(_url(dsn), tmp, args.jobs, n)
             finally:
                 stop.set()
                 sampler.join()
@@ -112,7 +113,8 @@ def main(argv: list[str] | None = None) -> None:
             assert before is not None and after is not None
             samples = max(1, waits["samples"])
             print(
-                f"  {n} process(es): {rate:>8,.0f} jobs/s (worker CPU {cpu:.0%} of a core)\n"
+                f"  {n} process(es): {rate:>8,.0f} jobs/s (worker CPU {cpu:.0%} of a core; "
+                f"machine {cores:.2f} of {os.cpu_count()} cores busy)\n"
                 f"    claims {claims:,}, rows per claim {claimed / max(1, claims):.2f},"
                 f" claim exec mean {mean:.3f} ms max {peak:.1f} ms\n"
                 f"    backends active per sample {waits['active'] / samples:.2f}, waiting on"

@@ -35,12 +35,27 @@ from run import (
     tree_cpu_seconds,
 )
 
+#: One round's figures for one process count: jobs per second, the worker processes' CPU (in
+#: cores), the bare loop's jobs per second, and the whole machine's busy cores meanwhile.
+Round = tuple[float, float, float, float]
+
+
+def machine_jiffies() -> tuple[int, int]:
+    """(busy, all) CPU time of the whole machine so far, in clock ticks, from ``/proc/stat``:
+    everything but idle and I/O wait is busy (the database server's work included)."""
+    with open("/proc/stat") as stat:
+        fields = [int(value) for value in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
 
 def drain(
     url: str, tmp: Path, jobs: int, processes: int, returning: bool = False
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     """Jobs per second from the first claim to the last completion, as the database recorded
-    them (``drained_span``), and the worker processes' CPU share meanwhile. Progress is polled
+    them (``drained_span``); the worker processes' CPU share meanwhile; and how many cores of
+    the machine were busy meanwhile (``machine_jiffies``, over the polling window, which ends
+    up to half a second after the last completion: the figure errs low). Progress is polled
     rarely: a count every few milliseconds would load the database it measures."""
     bj = load_app(url, tmp)
     app = bj.app
@@ -52,28 +67,33 @@ def drain(
         args += ["--processes", str(processes)]
     worker = spawn_worker(url, tmp, *args)
     cpu = 0.0
+    busy = (0, 0)
     deadline = time.monotonic() + 600
     while app.count_jobs(state="completed") < jobs and time.monotonic() < deadline:
         if not cpu:
             cpu = tree_cpu_seconds(worker.pid)  # once the app is loaded: about the first claim
+            busy = machine_jiffies()
         time.sleep(0.5)
     cpu = tree_cpu_seconds(worker.pid) - cpu
+    busy_now, all_now = machine_jiffies()
+    cores = (busy_now - busy[0]) / max(1, all_now - busy[1]) * (os.cpu_count() or 1)
     worker.terminate()
     worker.wait()
     app.close()
     first, last = drained_span(url)
-    return jobs / (last - first), cpu / (last - first)
+    return jobs / (last - first), cpu / (last - first), cores
 
 
-def rounds_report(label: str, rounds: list[tuple[float, float, float]]) -> None:
-    """One line per round (ours, cpu, bare), then the median ratio: the bare loop and the
-    library take turns, so a machine that drifts moves both."""
+def rounds_report(label: str, rounds: list[Round]) -> None:
+    """One line per round, then the median ratio: the bare loop and the library take turns,
+    so a machine that drifts moves both."""
     ratios = []
-    for i, (ours, cpu, bare) in enumerate(rounds, 1):
+    for i, (ours, cpu, bare, cores) in enumerate(rounds, 1):
         ratios.append(ours / bare)
         print(
             f"  {label} round {i}: {ours:>10,.0f}/s   bare {bare:>9,.0f}/s   "
-            f"ratio {ours / bare:.2f}   (worker CPU {cpu:.0%} of a core)"
+            f"ratio {ours / bare:.2f}   (worker CPU {cpu:.0%} of a core; "
+            f"machine {cores:.2f} of {os.cpu_count()} cores busy)"
         )
     print(f"  {label}: median ratio {statistics.median(ratios):.2f} of {len(rounds)} rounds")
 
@@ -84,20 +104,25 @@ def in_turn(sweep: list[int], round_: int) -> list[int]:
     return sweep if round_ % 2 == 0 else sweep[::-1]
 
 
-def scaling_report(label: str, measured: dict[int, list[tuple[float, float, float]]]) -> None:
+def scaling_report(label: str, measured: dict[int, list[Round]]) -> None:
     """Each process count beside the first of the sweep (``--processes 1,2``: 2 beside 1), as
     the median of the rounds' ratios: in a round the counts run one after the other, so a
-    machine that drifts moves them alike."""
+    machine that drifts moves them alike. Beside it, the ceiling the machine allows: all its
+    cores over the cores the first count kept busy. Work that is all CPU (the worker's and
+    the server's) cannot drain faster than that, unless each job costs less CPU with more
+    processes."""
     counts = list(measured)
+    first = measured[counts[0]]
+    busy = statistics.median(cores for _, _, _, cores in first)
+    ceiling = (os.cpu_count() or 1) / busy
     for n in counts[1:]:
-        ratios = [
-            ours / first[0]
-            for (ours, _, _), first in zip(measured[n], measured[counts[0]], strict=True)
-        ]
+        ratios = [ours / base[0] for (ours, *_), base in zip(measured[n], first, strict=True)]
         each = ", ".join(f"{r:.2f}" for r in ratios)
         print(
             f"  {label}, {n} process(es) beside {counts[0]}: median ratio "
-            f"{statistics.median(ratios):.2f} (rounds {each})"
+            f"{statistics.median(ratios):.2f} (rounds {each}); the machine's ceiling "
+            f"{ceiling:.2f} ({counts[0]} process(es) kept {busy:.2f} of {os.cpu_count()} "
+            "cores busy)"
         )
 
 
@@ -105,16 +130,16 @@ def bench_sqlite(jobs: int, sweep: list[int], returning: bool, rounds: int) -> N
     tmp = Path(tempfile.mkdtemp(prefix="u3drain-sqlite-"))
     try:
         print("== SQLite (WAL, synchronous=FULL)")
-        minimal: dict[int, list[tuple[float, float, float]]] = {n: [] for n in sweep}
-        on_jobs: dict[int, list[tuple[float, float, float]]] = {n: [] for n in sweep}
+        minimal: dict[int, list[Round]] = {n: [] for n in sweep}
+        on_jobs: dict[int, list[Round]] = {n: [] for n in sweep}
         for r in range(rounds):
             bare = jobs / sqlite_bare_claim_loop(tmp / f"bare{r}.sqlite3", jobs)
             bare_jobs = jobs / sqlite_bare_jobs_claim_loop(tmp / f"bare-jobs{r}.sqlite3", jobs)
             for n in in_turn(sweep, r):
                 url = f"sqlite:///{tmp / f'jobs{n}-{r}.sqlite3'}"
-                ours, cpu = drain(url, tmp, jobs, n, returning)
-                minimal[n].append((ours, cpu, bare))
-                on_jobs[n].append((ours, cpu, bare_jobs))
+                ours, cpu, cores = drain(url, tmp, jobs, n, returning)
+                minimal[n].append((ours, cpu, bare, cores))
+                on_jobs[n].append((ours, cpu, bare_jobs, cores))
         label = f"drain {jobs:,} {_kind(returning)} jobs"
         for n in sweep:
             rounds_report(f"{label}, {n} process(es), bare loop on a minimal table", minimal[n])
@@ -136,7 +161,7 @@ def bench_postgres(jobs: int, sweep: list[int], returning: bool, rounds: int) ->
         dsn = bench_database(cluster)
         table = '"ultimat3_jobs".x_jobs'
         print("== PostgreSQL (throwaway cluster, fsync on)")
-        measured: dict[int, list[tuple[float, float, float]]] = {n: [] for n in sweep}
+        measured: dict[int, list[Round]] = {n: [] for n in sweep}
         for r in range(rounds):
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute("TRUNCATE ultimat3_jobs.x_jobs")
@@ -145,8 +170,8 @@ def bench_postgres(jobs: int, sweep: list[int], returning: bool, rounds: int) ->
             for n in in_turn(sweep, r):
                 with psycopg.connect(dsn, autocommit=True) as conn:
                     conn.execute("TRUNCATE ultimat3_jobs.x_jobs")  # a fresh table for each
-                ours, cpu = drain(_url(dsn), tmp, jobs, n, returning)
-                measured[n].append((ours, cpu, bare))
+                ours, cpu, cores = drain(_url(dsn), tmp, jobs, n, returning)
+                measured[n].append((ours, cpu, bare, cores))
         label = f"drain {jobs:,} {_kind(returning)} jobs"
         for n in sweep:
             rounds_report(f"{label}, {n} process(es)", measured[n])

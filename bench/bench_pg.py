@@ -5,12 +5,14 @@ through PgBouncer in transaction mode (``?pooler=transaction``)."""
 
 from __future__ import annotations
 
+import multiprocessing
 import shutil
 import statistics
 import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -99,21 +101,53 @@ def bare_claim(table: str, queue: str, returning: str) -> str:
 
 
 def bare_claim_loop(conn: psycopg.Connection[Any], table: str) -> float:
+    """Jobs per second of the bare claim-10/ack-10 loop on ``conn`` until queue ``bare`` is
+    empty."""
+    started = time.perf_counter()
+    done = bare_claim_drain(conn, table)
+    return done / (time.perf_counter() - started)
+
+
+def bare_claim_drain(conn: psycopg.Connection[Any], table: str) -> int:
+    """Claim 10 of queue ``bare`` (``SKIP LOCKED``), complete them, again until none is left;
+    how many it completed."""
     claim = bare_claim(table, "bare", "j.id")
     ack = (
         f"UPDATE {table} SET state = 'completed', finished_at = now(), lease_token = NULL, "
         "lease_expires_at = NULL WHERE id = ANY(%s) AND lease_token = %s"
     )
     done = 0
-    started = time.perf_counter()
     while True:
         tok = token()
         ids = [r[0] for r in conn.execute(claim, (tok,)).fetchall()]
         if not ids:
-            break
+            return done
         conn.execute(ack, (ids, tok))
         done += len(ids)
-    return done / (time.perf_counter() - started)
+
+
+def bare_claim_processes(dsn: str, table: str, processes: int) -> float:
+    """Jobs per second of ``processes`` processes running the bare loop at once on one queue,
+    from their common start to the last one's end: the floor a worker pool of as many
+    processes is measured against (the same machine, the same contention on the rows)."""
+    start_at = time.time() + 5.0  # each process connects first, then they start together
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+        ran = list(
+            pool.map(_bare_drainer, [dsn] * processes, [table] * processes, [start_at] * processes)
+        )
+    if any(late for _, _, late in ran):
+        raise RuntimeError("a bare-loop process started late: the machine is too slow for 5 s")
+    return sum(done for done, _, _ in ran) / (max(end for _, end, _ in ran) - start_at)
+
+
+def _bare_drainer(dsn: str, table: str, start_at: float) -> tuple[int, float, bool]:
+    """One process of ``bare_claim_processes``: (jobs, when it ended, whether it was late)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT 1")
+        late = time.time() > start_at
+        time.sleep(max(0.0, start_at - time.time()))
+        done = bare_claim_drain(conn, table)
+        return done, time.time(), late
 
 
 def bare_notify_latency(dsn: str, samples: int) -> list[float]:

@@ -104,25 +104,30 @@ def in_turn(sweep: list[int], round_: int) -> list[int]:
     return sweep if round_ % 2 == 0 else sweep[::-1]
 
 
-def scaling_report(label: str, measured: dict[int, list[Round]]) -> None:
+def scaling_report(label: str, measured: dict[int, list[Round]], *, bare_too: bool = False) -> None:
     """Each process count beside the first of the sweep (``--processes 1,2``: 2 beside 1), as
     the median of the rounds' ratios: in a round the counts run one after the other, so a
-    machine that drifts moves them alike. Beside it, the ceiling the machine allows: all its
-    cores over the cores the first count kept busy. Work that is all CPU (the worker's and
-    the server's) cannot drain faster than that, unless each job costs less CPU with more
-    processes."""
+    machine that drifts moves them alike. ``bare_too``: the bare loop ran in as many
+    processes as the library, and its own ratio is the floor of the library's. Last, the CPU
+    ceiling: all the machine's cores over the cores the first count kept busy (work that is
+    all CPU, the worker's and the server's, cannot drain faster than that)."""
     counts = list(measured)
     first = measured[counts[0]]
     busy = statistics.median(cores for _, _, _, cores in first)
-    ceiling = (os.cpu_count() or 1) / busy
     for n in counts[1:]:
-        ratios = [ours / base[0] for (ours, *_), base in zip(measured[n], first, strict=True)]
+        pairs = list(zip(measured[n], first, strict=True))
+        ratios = [ours / base[0] for (ours, *_), base in pairs]
         each = ", ".join(f"{r:.2f}" for r in ratios)
-        print(
+        line = (
             f"  {label}, {n} process(es) beside {counts[0]}: median ratio "
-            f"{statistics.median(ratios):.2f} (rounds {each}); the machine's ceiling "
-            f"{ceiling:.2f} ({counts[0]} process(es) kept {busy:.2f} of {os.cpu_count()} "
-            "cores busy)"
+            f"{statistics.median(ratios):.2f} (rounds {each})"
+        )
+        if bare_too:
+            bare = [round_[2] / base[2] for round_, base in pairs]
+            line += f"; the bare loop's {statistics.median(bare):.2f}"
+        print(
+            f"{line}; the CPU ceiling {(os.cpu_count() or 1) / busy:.2f} ({counts[0]} "
+            f"process(es) kept {busy:.2f} of {os.cpu_count()} cores busy)"
         )
 
 
@@ -151,7 +156,7 @@ def bench_sqlite(jobs: int, sweep: list[int], returning: bool, rounds: int) -> N
 
 def bench_postgres(jobs: int, sweep: list[int], returning: bool, rounds: int) -> None:
     import psycopg
-    from bench_pg import _url, bare_claim_loop, bare_copy, bench_database
+    from bench_pg import _url, bare_claim_processes, bare_copy, bench_database
 
     from pgcluster import Cluster
 
@@ -163,19 +168,20 @@ def bench_postgres(jobs: int, sweep: list[int], returning: bool, rounds: int) ->
         print("== PostgreSQL (throwaway cluster, fsync on)")
         measured: dict[int, list[Round]] = {n: [] for n in sweep}
         for r in range(rounds):
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute("TRUNCATE ultimat3_jobs.x_jobs")
-                bare_copy(conn, table, jobs)
-                bare = bare_claim_loop(conn, table)
             for n in in_turn(sweep, r):
+                # The bare loop in as many processes, then the library, each on a fresh table.
                 with psycopg.connect(dsn, autocommit=True) as conn:
-                    conn.execute("TRUNCATE ultimat3_jobs.x_jobs")  # a fresh table for each
+                    conn.execute("TRUNCATE ultimat3_jobs.x_jobs")
+                    bare_copy(conn, table, jobs)
+                bare = bare_claim_processes(dsn, table, n)
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    conn.execute("TRUNCATE ultimat3_jobs.x_jobs")
                 ours, cpu, cores = drain(_url(dsn), tmp, jobs, n, returning)
                 measured[n].append((ours, cpu, bare, cores))
         label = f"drain {jobs:,} {_kind(returning)} jobs"
         for n in sweep:
-            rounds_report(f"{label}, {n} process(es)", measured[n])
-        scaling_report(label, measured)
+            rounds_report(f"{label}, {n} process(es), bare loop in as many", measured[n])
+        scaling_report(label, measured, bare_too=True)
     finally:
         cluster.close()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -286,7 +286,7 @@ def test_stray_notifications_behind_a_transaction_pooler_are_not_kept(pgb_dsn: s
 
 
 def test_a_joined_connection_is_identified_once_and_a_missing_table_asked_again(
-    pg_dsn: str,
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Where a caller's connection points is read once per connection (it never changes); a
     # missing job table is asked again, so migrating meanwhile is seen at the next join.
@@ -298,22 +298,16 @@ def test_a_joined_connection_is_identified_once_and_a_missing_table_asked_again(
                 pass
             app.driver.migrate()
             asked: list[str] = []
-            real_cursor = conn.cursor
+            real_execute = psycopg.Cursor.execute
 
-            class Counting:
+            def counting(cursor: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
                 # The library's statements on a caller's connection go through a cursor of
-                # its own (tuple rows, whatever the caller's row factory).
-                def __init__(self, cursor: Any) -> None:
-                    self._cursor = cursor
-
-                def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+                # its own (tuple rows, whatever the caller's row factory): count those on it.
+                if cursor.connection is conn:
                     asked.append(query.decode() if isinstance(query, bytes) else str(query))
-                    return self._cursor.execute(query, *args, **kwargs)
+                return real_execute(cursor, query, *args, **kwargs)
 
-                def __getattr__(self, name: str) -> Any:
-                    return getattr(self._cursor, name)
-
-            conn.cursor = lambda *a, **k: Counting(real_cursor(*a, **k))  # type: ignore[method-assign]
+            monkeypatch.setattr(psycopg.Cursor, "execute", counting)
             for _ in range(3):
                 with app.using(conn):
                     pass

@@ -237,7 +237,10 @@ def our_cursor(conn: Any) -> psycopg.Cursor[Any]:
     the caller cannot reshape a job id or the database's clock for us."""
     pg = _psycopg()
     cursor: psycopg.Cursor[Any]
-    if issubclass(conn.cursor_factory, pg.RawCursor):  # its placeholders are $1
+    factory = conn.cursor_factory
+    if (factory is pg.Cursor and not conn.closed) or issubclass(factory, pg.RawCursor):
+        # $1 placeholders, or the usual factory, without Connection.cursor's checks: a few µs
+        # on the enqueue's path (a closed connection goes there, for psycopg's own error).
         cursor = pg.Cursor(conn, row_factory=pg.rows.tuple_row)
     else:
         cursor = conn.cursor(row_factory=pg.rows.tuple_row)

@@ -585,7 +585,9 @@ class PostgresDriver:
                 f"the job tables ({self._jobs_table}) are not in the connection's database",
                 fix=_MIGRATE_FIX,
             )
-        return Joined(connection, theirs)
+        # The driver's own identity object (equal to theirs, as checked): the enqueue's
+        # flat path tells it by `is` (``_insert_plain_joined``).
+        return Joined(connection, self.identity())
 
     # -- jobs --------------------------------------------------------------------------------
 
@@ -657,10 +659,11 @@ class PostgresDriver:
         context manager, identity look-up and named parameters cost more than the
         statement's own client work."""
         conn = executor.connection
+        database = executor.database
         if (
             type(executor) is not Joined
             or not _plain(job)
-            or executor.database != self._identity
+            or (database is not self._identity and database != self._identity)
             or conn.pgconn.transaction_status != _INTRANS
         ):
             return None

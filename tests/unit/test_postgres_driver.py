@@ -988,6 +988,35 @@ def test_a_big_batch_keeps_every_text_exactly(driver: Any) -> None:
         )
 
 
+def test_a_big_batch_of_one_shape_escapes_each_line_that_needs_it(driver: Any) -> None:
+    # The jobs of one enqueue share the text of their line but for the id, input and key
+    # (made once for the run): a tenant that needs escapes makes every line take the slow
+    # path, an input or key that needs them only its own; a delay is worked out once.
+    tenant = "t\\en\tant"
+    odd = ["tab\there", "back\\slash", "new\nline", "plain"]
+    jobs = [
+        new_job(
+            input=json.dumps({"s": odd[i % len(odd)]}),
+            idempotency_key=f"{odd[(i // 4) % len(odd)]} {i}",
+            tenant_id=tenant if i < 300 else None,
+            delay=timedelta(minutes=5) if i % 600 >= 500 else None,
+        )
+        for i in range(1200)
+    ]
+    assert driver.job_insert_many(jobs, now=T0) == [InsertResult(j.id, False) for j in jobs]
+    stored = {job.id: job for job in driver.job_list(JobFilter(), limit=2000)}
+    for job in jobs:
+        got = stored[job.id]
+        assert (got.input, got.idempotency_key, got.tenant_id) == (
+            job.input,
+            job.idempotency_key,
+            job.tenant_id,
+        )
+        delayed = job.delay is not None
+        assert got.state is (JobState.SCHEDULED if delayed else JobState.AVAILABLE)
+        assert got.run_at == (T0 + timedelta(minutes=5) if delayed else T0)
+
+
 def test_a_big_batch_with_stored_or_repeated_keys_dedupes(driver: Any) -> None:
     stored = new_job(idempotency_key="taken")
     driver.job_insert_many([stored], now=T0)

@@ -1505,42 +1505,46 @@ class PostgresDriver:
             with conn.transaction(), our_cursor(conn) as cur, cur.copy(self._q["job_copy"]) as copy:
                 # COPY text is built here, cheaper than psycopg's write_row (which dumps each
                 # datetime), and sent in slices so the server works while the next is built.
+                # The jobs of one enqueue share all but their id, input and key: the rest of
+                # their line is made once for each run of jobs alike (``_CopyShape``), told
+                # apart from the job before by identity (a builder's jobs share the objects).
+                shape: _CopyShape | None = None
+                last: NewJob | None = None
                 for batch in itertools.chain((head,), slices):
                     lines = []
                     for j in batch:
                         key = (j.tenant_id, j.idempotency_key)
-                        if key in keys or not _copyable(j):
+                        if (
+                            key in keys
+                            or j.limit_key is not None  # not _copyable, inline: once per row
+                            or j.unique_key is not None
+                            or j.trace_context is not None
+                        ):
                             raise _NotCopyable
                         keys.add(key)
-                        run_at = j.run_at
-                        if run_at is None and j.delay is not None:
-                            run_at = at + j.delay  # `at` is the database's clock
-                        if run_at is None or run_at <= at:
-                            state = "available"
-                            due.add(j.queue)
-                        else:
-                            state = "scheduled"
-                        fields = (
-                            j.id,
-                            j.name,
-                            j.queue,
-                            j.input,
-                            "\\N" if j.tenant_id is None else j.tenant_id,
-                            j.idempotency_key,
-                            str(int(j.priority)),
-                            state,
-                            str(int(j.max_attempts)),
-                            at_text if run_at is None else run_at.isoformat(),
-                            at_text,
-                        )
-                        line = "\t".join(fields)
                         if (
-                            line.count("\\") != (j.tenant_id is None)  # the \N of no tenant
-                            or line.count("\t") != len(fields) - 1
+                            shape is None
+                            or last is None
+                            or j.name is not last.name
+                            or j.queue is not last.queue
+                            or j.tenant_id is not last.tenant_id
+                            or j.priority is not last.priority
+                            or j.max_attempts is not last.max_attempts
+                            or j.run_at is not last.run_at
+                            or j.delay is not last.delay
+                        ):
+                            shape = _CopyShape(j, at, at_text)
+                            if shape.due:
+                                due.add(j.queue)
+                        last = j
+                        line = f"{j.id}{shape.middle}{j.input}{shape.tenant}{j.idempotency_key}{shape.tail}"
+                        if (
+                            line.count("\\") != shape.backslashes
+                            or line.count("\t") != _COPY_TABS
                             or "\n" in line
                             or "\r" in line
                         ):
-                            line = "\t".join(_copy_escaped(j, fields))
+                            line = _copy_escaped(j, shape.tail)
                         lines.append(line)
                     lines.append("")
                     copy.write("\n".join(lines).encode(encoding))
@@ -2174,12 +2178,42 @@ def _utc(moment: datetime) -> datetime:
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 
-def _copy_escaped(job: NewJob, fields: tuple[str, ...]) -> list[str]:
-    """A COPY text row whose values need backslash escapes (the slow path: translate is
-    slow, so rows are escaped only when their joined text shows a special character)."""
+#: Tabs in a COPY line of ``job_copy``'s eleven columns.
+_COPY_TABS = 10
+
+
+class _CopyShape:
+    """What the COPY lines of jobs alike share (the same name, queue, tenant, priority,
+    attempts, run_at and delay, as the jobs of one enqueue have): the text between the id
+    and the input (name, queue), around the tenant, and after the key (priority, state,
+    attempts, run_at, created_at: ``at`` is the database's clock, read in the transaction);
+    whether such a job is due now; and how many backslashes a line of theirs holds when no
+    value needs escaping (the ``\\N`` of no tenant)."""
+
+    __slots__ = ("backslashes", "due", "middle", "tail", "tenant")
+
+    def __init__(self, job: NewJob, at: datetime, at_text: str) -> None:
+        run_at = job.run_at
+        if run_at is None and job.delay is not None:
+            run_at = at + job.delay
+        self.due = run_at is None or run_at <= at
+        self.middle = f"\t{job.name}\t{job.queue}\t"
+        self.tenant = "\t\\N\t" if job.tenant_id is None else f"\t{job.tenant_id}\t"
+        state = "available" if self.due else "scheduled"
+        run_at_text = at_text if run_at is None else run_at.isoformat()
+        self.tail = (
+            f"\t{int(job.priority)}\t{state}\t{int(job.max_attempts)}\t{run_at_text}\t{at_text}"
+        )
+        self.backslashes = int(job.tenant_id is None)
+
+
+def _copy_escaped(job: NewJob, tail: str) -> str:
+    """The COPY line of a job whose values need backslash escapes (the slow path: translate
+    is slow, so lines are escaped only when their text shows a special character); ``tail``:
+    the shape's, which holds no text of the caller's."""
     texts = [job.id, job.name, job.queue, job.input, job.tenant_id, job.idempotency_key]
     escaped = ["\\N" if t is None else t.translate(_COPY_ESCAPES) for t in texts]
-    return [*escaped, *fields[len(texts) :]]
+    return "\t".join(escaped) + tail
 
 
 def _json(value: Any) -> str:

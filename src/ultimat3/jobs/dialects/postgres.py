@@ -239,8 +239,9 @@ def our_cursor(conn: Any) -> psycopg.Cursor[Any]:
     cursor: psycopg.Cursor[Any]
     factory = conn.cursor_factory
     if (factory is pg.Cursor and not conn.closed) or issubclass(factory, pg.RawCursor):
-        # $1 placeholders, or the usual factory, without Connection.cursor's checks: a few µs
-        # on the enqueue's path (a closed connection goes there, for psycopg's own error).
+        # $1 placeholders, or the usual factory made without Connection.cursor's checks (a
+        # few µs on the enqueue's path); a closed connection takes Connection.cursor, which
+        # raises psycopg's own error.
         cursor = pg.Cursor(conn, row_factory=pg.rows.tuple_row)
     else:
         cursor = conn.cursor(row_factory=pg.rows.tuple_row)

@@ -653,11 +653,10 @@ class PostgresDriver:
         then takes the general path (``_joined``), which decides and says what is wrong.
         Nothing here can end the caller's transaction (see ``_joined``).
 
-        Its own path because this is the product's signature call, and on a 2-core machine
-        each layer between the caller and the statement costs several times its hot figure
-        right after the round trip before it (the caches are cold): the general path's
-        context manager, identity look-up and named parameters cost more than the
-        statement's own client work."""
+        A path of its own because it is the product's signature call, made right after a
+        round trip of the caller's, when the caches are cold and each layer costs several
+        times its hot figure: the general path's context manager, identity look-up and
+        named parameters cost as much as the statement's own client work."""
         conn = executor.connection
         database = executor.database
         if (

@@ -1513,12 +1513,7 @@ class PostgresDriver:
                     lines = []
                     for j in batch:
                         key = (j.tenant_id, j.idempotency_key)
-                        if (
-                            key in keys
-                            or j.limit_key is not None  # not _copyable, inline: once per row
-                            or j.unique_key is not None
-                            or j.trace_context is not None
-                        ):
+                        if key in keys or not _copyable(j):
                             raise _NotCopyable
                         keys.add(key)
                         if (

@@ -1052,7 +1052,10 @@ def test_a_big_batch_rolls_back_with_the_callers_transaction(driver: Any, pg_dsn
 def test_a_batch_that_loses_a_deadlock_is_retried(driver: Any, pg_dsn: str, size: int) -> None:
     """A caller's open transaction holds key k2 and then asks for k1, while the driver's batch
     holds k1 and waits for k2: PostgreSQL aborts the batch (it waited first, so its deadlock
-    check runs first) and the driver runs it again once the caller is done."""
+    check runs first) and the driver runs it again once the caller is done. It pauses before
+    it does, so the caller's insert of k1 (woken by the abort) goes first: a batch that ran
+    again at once could take k1 back and deadlock a second time, with the caller as likely to
+    lose as the batch (a third of the runs lost so, before the pause)."""
     keys = ["k1", *(f"filler{i}" for i in range(size - 2)), "k2"]
     batch = [new_job(idempotency_key=key) for key in keys]
     outcome: list[Any] = []

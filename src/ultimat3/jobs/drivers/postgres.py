@@ -102,6 +102,7 @@ import hashlib
 import itertools
 import json
 import os
+import random
 import re
 import select
 import socket
@@ -196,6 +197,8 @@ _CHUNK = 5000
 #: From this many jobs, a batch first tries COPY (see ``_copy``), sent this many rows at a time.
 _COPY_FROM = 200
 _COPY_SLICE = 500
+#: Seconds a batch that lost a deadlock waits (times its attempt, with jitter) to run again.
+_DEADLOCK_PAUSE = 0.05
 #: How long a call waits for a pooled connection before it checks that the server is up, and
 #: then how much longer before it raises (the pool is exhausted).
 _QUICK_WAIT = 0.5
@@ -629,7 +632,12 @@ class PostgresDriver:
                 self._putconn(conn)
         for attempt in range(3):
             # Two batches sharing keys in different orders can deadlock on the unique index;
-            # the loser's transaction was rolled back whole, so it can run again.
+            # the loser's transaction was rolled back whole, so it can run again: after a
+            # pause, which lets the winner's statement (it was waiting for ours) take the
+            # keys first. At once, ours could take the first key back before the winner woke,
+            # and the two would deadlock again, this time with either one losing.
+            if attempt:
+                time.sleep(_DEADLOCK_PAUSE * (attempt + random.random()))
             try:
                 with self._connection() as conn:
                     if len(jobs) < _COPY_FROM:

@@ -13,7 +13,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from ultimat3.jobs.driver import Driver
-from ultimat3.jobs.records import ClaimParams, InsertResult, JobFilter, JobState, NewJob
+from ultimat3.jobs.ids import uuid7_many
+from ultimat3.jobs.records import (
+    ClaimParams,
+    InsertResult,
+    JobFilter,
+    JobState,
+    NewJob,
+    NewJobs,
+)
 
 from .helpers import LEASE, T0, assert_utc, at, claim, claim_one, get, insert, new_job
 
@@ -242,3 +250,52 @@ def test_a_keyed_jobs_id_inserted_again_without_its_key_is_refused(driver: Drive
     assert driver.job_insert_many([new_job(key="k")], now=at(3)) == [
         InsertResult(keyed.id, deduped=True)
     ]
+
+
+def _plain_batch(texts: list[str], **fields: object) -> NewJobs:
+    """A batch as a plain enqueue makes it (``outbox.Builder.plain_template``): every job is
+    the template with its own id and JSON text, and its id for its key, kept as columns."""
+    template = new_job(job_id="", **fields)  # type: ignore[arg-type]
+    template = replace(template, idempotency_key="")
+    return NewJobs(texts, template=template, encode=lambda part: (uuid7_many(len(part)), part))
+
+
+@pytest.mark.parametrize("size", [2, 600])  # a batch statement, PostgreSQL's COPY
+@pytest.mark.parametrize(
+    "odd",
+    ['{"s":"back\\\\slash \\"q\\""}', '{\t"tab":1}', '{"n":\n1}', '{"cr":\r1}'],
+    ids=["backslash", "tab", "newline", "return"],
+)
+def test_a_plain_batch_is_stored_like_its_jobs_and_dedupes_when_published_again(
+    driver: Driver, size: int, odd: str
+) -> None:
+    # JSON texts with a character COPY escapes (raw whitespace is valid JSON between tokens)
+    # among plain ones, each kind on its own, and a tenant that needs escapes too: each is
+    # stored as the exact text given.
+    texts = [odd if i % 3 == 1 else '{"n":1}' for i in range(size)]
+    batch = _plain_batch(texts, tenant_id="t\\en\tant", queue="mail", priority=3)
+    results = driver.job_insert_many(batch, now=T0)  # a driver may read only the columns
+    ids = [job.id for job in batch]  # read as jobs afterwards: the same ids
+    assert results == [InsertResult(i, False) for i in ids] and len(set(ids)) == size
+    assert all(job.idempotency_key == job.id for job in batch)
+    stored = {job.id: job for job in driver.job_list(JobFilter(), limit=size + 1)}
+    assert sorted(stored) == sorted(ids)
+    for job_id, text in zip(ids, texts, strict=True):
+        got = stored[job_id]
+        assert (got.input, got.idempotency_key, got.tenant_id) == (text, job_id, "t\\en\tant")
+        assert (got.queue, got.priority, got.state, got.run_at) == (
+            "mail",
+            3,
+            JobState.AVAILABLE,
+            T0,
+        )
+    again = driver.job_insert_many(batch, now=at(1))
+    assert again == [InsertResult(i, True) for i in ids]
+    assert sum(driver.job_count(JobFilter()).values()) == size
+
+
+def test_a_delayed_plain_batch_is_scheduled(driver: Driver) -> None:
+    batch = _plain_batch(['{"n":1}'] * 300, run_at=at(60))
+    driver.job_insert_many(batch, now=T0)
+    assert driver.job_count(JobFilter()) == {("default", JobState.SCHEDULED): 300}
+    assert {get(driver, job.id).run_at for job in batch[:3]} == {at(60)}

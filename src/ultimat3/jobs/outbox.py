@@ -79,6 +79,9 @@ def build_batch(
     encoded when a driver reads the jobs (``NewJobs``: all before it writes, or a slice at a
     time inside its transaction)."""
     values = inputs if isinstance(inputs, list | tuple) else list(inputs)
+    template = builder.plain_template()
+    if template is not None:
+        return NewJobs(values, template=template, encode=builder.encode)
     return NewJobs(values, lambda part: builder(part, now))
 
 
@@ -203,6 +206,20 @@ class Builder:
             return self((input,), now)[0]
         job_id = uuid7()
         return self._template.sibling(job_id, self._dumps(input), job_id, None, None, None)
+
+    def plain_template(self) -> NewJob | None:
+        """The job that each job of this builder copies with its own id, JSON text, and its id
+        for its key, when nothing else depends on the input (no key, no limit partition, no
+        uniqueness key, no tracing integration on); None otherwise. A batch of such jobs is
+        kept as two columns (``NewJobs``, ``encode``)."""
+        if not self._plain or events.trace_context_for is not None:
+            return None
+        return self._template
+
+    def encode(self, values: Sequence[Any]) -> tuple[list[str], list[str]]:
+        """The ids and JSON texts of jobs of ``values``, in order (a plain batch's columns)."""
+        dumps = self._dumps
+        return uuid7_many(len(values)), [dumps(value) for value in values]
 
     def __call__(self, values: Sequence[Any], now: datetime | None) -> list[NewJob]:
         """The jobs of ``values``, in order (``now``: the instant a uniqueness window counts

@@ -161,9 +161,11 @@ from ultimat3.jobs.records import (
     JobState,
     Lease,
     NewJob,
+    NewJobs,
     QueueInfo,
     ScheduleState,
     WorkerInfo,
+    ids_of,
     in_slices,
     job_from_row,
 )
@@ -705,7 +707,7 @@ class PostgresDriver:
         """Jobs of ours committed: wake this process's waiters at once when polling (with
         LISTEN, the NOTIFY does), and let the next look know they are not news."""
         if jobs and not self._listen:
-            newest = max(j.id for j in jobs)
+            newest = max(ids_of(jobs))
             if self._looked and (self._newest is None or newest > self._newest):
                 self._newest = newest
             self._signal()
@@ -1495,61 +1497,27 @@ class PostgresDriver:
         and the caller takes the ON CONFLICT path, which dedupes. Runs inside the caller's
         transaction, in a savepoint of its own. Jobs that are built as they are read
         (``NewJobs``) are built a slice at a time, while the server stores the last one; an
-        input refused meanwhile rolls the savepoint back and raises."""
-        slices = in_slices(jobs, _COPY_SLICE)
-        head = next(slices)
-        first = head[0]
-        if not _copyable(first):
-            return None  # the usual case of a batch COPY cannot take: say so before any I/O
+        input refused meanwhile rolls the savepoint back and raises. A plain batch is written
+        from its columns, without a ``NewJob`` per row (``_copy_columns``)."""
+        plain = jobs if isinstance(jobs, NewJobs) and jobs.template is not None else None
+        slices: Iterable[Sequence[NewJob]] = ()
+        if plain is None:
+            rest = in_slices(jobs, _COPY_SLICE)
+            head = next(rest)
+            if not _copyable(head[0]):
+                return None  # the usual case of a batch COPY cannot take: say so before any I/O
+            slices = itertools.chain((head,), rest)
         row = self._exec(conn, self._q["clock"], {"now": now}).fetchone()
         assert row is not None
         at: datetime = row[0]
-        at_text = at.isoformat()
-        encoding = conn.info.encoding
         due: set[str] = set()
-        keys: set[tuple[str | None, str]] = set()
+        texts = _copy_lines(slices, at, due) if plain is None else _copy_columns(plain, at, due)
+        encoding = conn.info.encoding
         try:
             with conn.transaction(), our_cursor(conn) as cur, cur.copy(self._q["job_copy"]) as copy:
-                # COPY text is built here, cheaper than psycopg's write_row (which dumps each
-                # datetime), and sent in slices so the server works while the next is built.
-                # The jobs of one enqueue share all but their id, input and key: the rest of
-                # their line is made once for each run of jobs alike (``_CopyShape``), told
-                # apart from the job before by identity (a builder's jobs share the objects).
-                shape: _CopyShape | None = None
-                last: NewJob | None = None
-                for batch in itertools.chain((head,), slices):
-                    lines = []
-                    for j in batch:
-                        key = (j.tenant_id, j.idempotency_key)
-                        if key in keys or not _copyable(j):
-                            raise _NotCopyable
-                        keys.add(key)
-                        if (
-                            shape is None
-                            or last is None
-                            or j.name is not last.name
-                            or j.queue is not last.queue
-                            or j.tenant_id is not last.tenant_id
-                            or j.priority is not last.priority
-                            or j.max_attempts is not last.max_attempts
-                            or j.run_at is not last.run_at
-                            or j.delay is not last.delay
-                        ):
-                            shape = _CopyShape(j, at, at_text)
-                            if shape.due:
-                                due.add(j.queue)
-                        last = j
-                        line = f"{j.id}{shape.middle}{j.input}{shape.tenant}{j.idempotency_key}{shape.tail}"
-                        if (
-                            line.count("\\") != shape.backslashes
-                            or line.count("\t") != _COPY_TABS
-                            or "\n" in line
-                            or "\r" in line
-                        ):
-                            line = _copy_escaped(j, shape.tail)
-                        lines.append(line)
-                    lines.append("")
-                    copy.write("\n".join(lines).encode(encoding))
+                # Sent a slice at a time, so the server works while the next is built.
+                for text in texts:
+                    copy.write(text.encode(encoding))
         except (_NotCopyable, pg_errors.UniqueViolation):
             return None
         except psycopg.DataError as exc:
@@ -1560,7 +1528,7 @@ class PostgresDriver:
                 self._q["notify_queues"],
                 {"channel": self._channel, "queues": _text_array(sorted(due))},
             )
-        return [InsertResult(j.id, False) for j in jobs]
+        return [InsertResult(job_id, False) for job_id in ids_of(jobs)]
 
     def _execute_insert(
         self, conn: Conn, jobs: Sequence[NewJob], now: datetime | None, *, bounded: bool
@@ -2188,9 +2156,10 @@ class _CopyShape:
     """What the COPY lines of jobs alike share (the same name, queue, tenant, priority,
     attempts, run_at and delay, as the jobs of one enqueue have): the text between the id
     and the input (name, queue), around the tenant, and after the key (priority, state,
-    attempts, run_at, created_at: ``at`` is the database's clock, read in the transaction);
-    whether such a job is due now; and how many backslashes a line of theirs holds when no
-    value needs escaping (the ``\\N`` of no tenant)."""
+    attempts, run_at, created_at: ``at`` is the database's clock, read in the transaction),
+    each escaped for COPY; whether such a job is due now; and how many backslashes a line of
+    theirs holds when the id, input and key need no escaping (the ``\\N`` of no tenant, and
+    the escapes of the shape's own text)."""
 
     __slots__ = ("backslashes", "due", "middle", "tail", "tenant")
 
@@ -2199,23 +2168,113 @@ class _CopyShape:
         if run_at is None and job.delay is not None:
             run_at = at + job.delay
         self.due = run_at is None or run_at <= at
-        self.middle = f"\t{job.name}\t{job.queue}\t"
-        self.tenant = "\t\\N\t" if job.tenant_id is None else f"\t{job.tenant_id}\t"
+        self.middle = f"\t{_escaped(job.name)}\t{_escaped(job.queue)}\t"
+        self.tenant = "\t\\N\t" if job.tenant_id is None else f"\t{_escaped(job.tenant_id)}\t"
         state = "available" if self.due else "scheduled"
         run_at_text = at_text if run_at is None else run_at.isoformat()
         self.tail = (
             f"\t{int(job.priority)}\t{state}\t{int(job.max_attempts)}\t{run_at_text}\t{at_text}"
         )
-        self.backslashes = int(job.tenant_id is None)
+        self.backslashes = self.middle.count("\\") + self.tenant.count("\\")
 
 
-def _copy_escaped(job: NewJob, tail: str) -> str:
-    """The COPY line of a job whose values need backslash escapes (the slow path: translate
-    is slow, so lines are escaped only when their text shows a special character); ``tail``:
-    the shape's, which holds no text of the caller's."""
-    texts = [job.id, job.name, job.queue, job.input, job.tenant_id, job.idempotency_key]
-    escaped = ["\\N" if t is None else t.translate(_COPY_ESCAPES) for t in texts]
-    return "\t".join(escaped) + tail
+def _copy_lines(slices: Iterable[Sequence[NewJob]], at: datetime, due: set[str]) -> Iterator[str]:
+    """The COPY text of ``slices`` of jobs, one text a slice (each slice built as it is
+    reached, when the jobs are a ``NewJobs``), adding the queue of each due job to ``due``.
+    Raises ``_NotCopyable`` at a job COPY cannot take, or a key repeated in the batch.
+
+    The jobs of one enqueue share all but their id, input and key: the rest of their line is
+    made once for each run of jobs alike (``_CopyShape``), told apart from the job before by
+    identity (a builder's jobs share the objects). This is cheaper than psycopg's
+    ``write_row``, which dumps each datetime."""
+    at_text = at.isoformat()
+    keys: set[tuple[str | None, str]] = set()
+    shape: _CopyShape | None = None
+    last: NewJob | None = None
+    for batch in slices:
+        lines = []
+        for j in batch:
+            key = (j.tenant_id, j.idempotency_key)
+            if key in keys or not _copyable(j):
+                raise _NotCopyable
+            keys.add(key)
+            if (
+                shape is None
+                or last is None
+                or j.name is not last.name
+                or j.queue is not last.queue
+                or j.tenant_id is not last.tenant_id
+                or j.priority is not last.priority
+                or j.max_attempts is not last.max_attempts
+                or j.run_at is not last.run_at
+                or j.delay is not last.delay
+            ):
+                shape = _CopyShape(j, at, at_text)
+                if shape.due:
+                    due.add(j.queue)
+            last = j
+            line = f"{j.id}{shape.middle}{j.input}{shape.tenant}{j.idempotency_key}{shape.tail}"
+            if (
+                line.count("\\") != shape.backslashes
+                or line.count("\t") != _COPY_TABS
+                or "\n" in line
+                or "\r" in line
+            ):
+                line = _copy_escaped(j, shape)
+            lines.append(line)
+        lines.append("")
+        yield "\n".join(lines)
+
+
+def _copy_columns(jobs: NewJobs, at: datetime, due: set[str]) -> Iterator[str]:
+    """The COPY text of a plain batch (``NewJobs.columns``), one text a slice: a line is the
+    id, the shape's text (the template's), the JSON text, the tenant, the id again (a plain
+    job's key) and the shape's tail. Only the JSON text is the caller's, so a slice is
+    checked whole: when it holds exactly the backslashes, tabs and newlines its shape has,
+    none of its texts needs an escape; otherwise its texts are escaped one by one. A plain
+    job is one COPY can take (no limit, uniqueness key or trace context), and its key is its
+    fresh id, which no other job of the batch has."""
+    template = jobs.template
+    assert template is not None
+    shape = _CopyShape(template, at, at.isoformat())
+    if shape.due:
+        due.add(template.queue)
+    middle, tenant, tail = shape.middle, shape.tenant, shape.tail
+    for slice_ids, texts in jobs.columns(_COPY_SLICE):
+        lines = [
+            f"{i}{middle}{text}{tenant}{i}{tail}" for i, text in zip(slice_ids, texts, strict=True)
+        ]
+        lines.append("")
+        chunk = "\n".join(lines)
+        rows = len(slice_ids)
+        if (
+            chunk.count("\\") != rows * shape.backslashes
+            or chunk.count("\t") != rows * _COPY_TABS
+            or chunk.count("\n") != rows
+            or "\r" in chunk
+        ):
+            lines = [
+                f"{i}{middle}{_escaped(t)}{tenant}{i}{tail}"
+                for i, t in zip(slice_ids, texts, strict=True)
+            ]
+            lines.append("")
+            chunk = "\n".join(lines)
+        yield chunk
+
+
+def _copy_escaped(job: NewJob, shape: _CopyShape) -> str:
+    """The COPY line of a job whose id, input or key needs backslash escapes (the slow path:
+    translate is slow, so lines are escaped only when their text shows a special character);
+    the shape's text is escaped already."""
+    return (
+        f"{_escaped(job.id)}{shape.middle}{_escaped(job.input)}{shape.tenant}"
+        f"{_escaped(job.idempotency_key)}{shape.tail}"
+    )
+
+
+def _escaped(text: str) -> str:
+    """``text`` as a COPY text value: backslashes, tabs and line ends escaped."""
+    return text.translate(_COPY_ESCAPES)
 
 
 def _json(value: Any) -> str:

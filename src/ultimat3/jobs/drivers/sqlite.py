@@ -123,9 +123,11 @@ from ultimat3.jobs.records import (
     JobState,
     Lease,
     NewJob,
+    NewJobs,
     QueueInfo,
     ScheduleState,
     WorkerInfo,
+    ids_of,
     job_from_row,
 )
 from ultimat3.jobs.sql import migrations, queries
@@ -1296,7 +1298,7 @@ def _insert(
         try:
             if batches is not None:
                 inserted = sum(conn.execute(_INSERT_BATCH, batch).rowcount for batch in batches)
-                counted = [(jobs[0].queue, batches[0]["state"], len(jobs))]
+                counted = [(batches[0]["queue"], batches[0]["state"], len(jobs))]
             else:
                 assert rows is not None
                 inserted = conn.executemany(_INSERT, rows).rowcount
@@ -1304,7 +1306,7 @@ def _insert(
             if inserted == len(jobs):
                 conn.executemany(_COUNTS_ADD, counted)
                 conn.execute(f"RELEASE {_SAVEPOINT}_insert")
-                return [InsertResult(job.id, False) for job in jobs]
+                return [InsertResult(job_id, False) for job_id in ids_of(jobs)]
         except sqlite3.IntegrityError:
             pass  # the row-by-row pass below names the offending job
         # Some keys were already stored or repeat within the batch: redo it row by row to
@@ -1335,24 +1337,34 @@ def _batches(jobs: Sequence[NewJob], now_us: int) -> list[dict[str, Any]] | None
     """``jobs`` as the parameters of ``job_insert_batch`` statements (one per
     ``_BATCH_TEXT`` of rows), when they share every field it binds once: the jobs of one
     ``enqueue_many``. None when two differ in one of those, or a job has a uniqueness key
-    (each is resolved by a statement of its own)."""
-    first = jobs[0]
-    shared = _SHARED(first)
+    (each is resolved by a statement of its own). A plain batch (``NewJobs.template``) gives
+    its columns, without a ``NewJob`` per row."""
+    rows: list[tuple[Any, ...]]
+    if isinstance(jobs, NewJobs) and jobs.template is not None:
+        first = jobs.template
+        ids, texts = next(jobs.columns(len(jobs)))
+        rows = list(zip(ids, texts, strict=True))
+    else:
+        first = jobs[0]
+        shared = _SHARED(first)
+        rows = []
+        for job in jobs:
+            if job.unique_key is not None or _SHARED(job) != shared:
+                return None
+            job_id, key = job.id, job.idempotency_key
+            if key == job_id and job.trace_context is None and job.limit_key is None:
+                rows.append((job_id, job.input))
+            else:
+                rows.append(
+                    (job_id, job.input, None if key == job_id else key, job.trace_context,
+                     job.limit_key)
+                )  # fmt: skip
     chunks: list[list[tuple[Any, ...]]] = []
     chunk: list[tuple[Any, ...]] = []
     size = 0
-    for job in jobs:
-        if job.unique_key is not None or _SHARED(job) != shared:
-            return None
-        job_id, key = job.id, job.idempotency_key
-        if key == job_id and job.trace_context is None and job.limit_key is None:
-            chunk.append((job_id, job.input))
-        else:
-            chunk.append(
-                (job_id, job.input, None if key == job_id else key, job.trace_context,
-                 job.limit_key)
-            )  # fmt: skip
-        size += len(job.input) + 100
+    for row in rows:  # (id, input, ...)
+        chunk.append(row)
+        size += len(row[1]) + 100
         if size > _BATCH_TEXT:
             chunks.append(chunk)
             chunk, size = [], 0

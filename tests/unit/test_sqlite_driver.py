@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import pytest
 
@@ -435,6 +435,54 @@ def test_a_failed_insert_does_not_poison_the_callers_transaction(driver: SqliteD
         assert driver.job_get(fresh.id) is None, "the savepoint undid the whole batch"
     finally:
         conn.close()
+
+
+def test_one_job_in_an_open_caller_transaction_is_two_statements(
+    driver: SqliteDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The usual enqueue in a caller's open transaction takes the flat path
+    (``_insert_joined_one``): the insert and the count, no savepoint. A job published again,
+    a taken key and an id taken under another key go the general way, which finds the stored
+    job or names the clash, and leave the counts true."""
+    flat = driver._insert_joined_one
+    took: list[bool] = []
+
+    def spy(*args: Any) -> object:
+        result = flat(*args)
+        took.append(result is not None)
+        return result
+
+    monkeypatch.setattr(driver, "_insert_joined_one", spy)
+    taken = new_job(key="taken")
+    driver.job_insert_many([taken])
+    joined = driver.adopt(app_connection(driver.path, None))
+    conn = joined.connection
+    sent: list[str] = []
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO orders (item) VALUES ('one')")
+        conn.set_trace_callback(sent.append)
+        fresh = new_job()
+        assert driver.job_insert_many([fresh], executor=joined) == [InsertResult(fresh.id, False)]
+        assert len(sent) == 2, sent
+        assert "INSERT INTO x_jobs " in sent[0] and "INSERT INTO x_job_counts " in sent[1]
+        sent.clear()
+        assert driver.job_insert_many([fresh], executor=joined) == [InsertResult(fresh.id, True)]
+        again = new_job(key="taken")
+        assert driver.job_insert_many([again], executor=joined) == [InsertResult(taken.id, True)]
+        assert any("SELECT" in s for s in sent), "a duplicate is looked up by the general path"
+        clash = NewJob(taken.id, "unit.job", "default", "{}", "another-key", 3)
+        with pytest.raises(ValueError, match="already stored under another key"):
+            driver.job_insert_many([clash], executor=joined)
+        conn.set_trace_callback(None)
+        assert took == [True, False, False, False]
+        assert conn.in_transaction
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    assert visible(driver, fresh.id)
+    assert driver.job_get(again.id) is None
+    _kept_counts_agree(driver.path)
 
 
 def test_legacy_mode_connection_joins_the_transaction_its_insert_would_open(

@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from ultimat3.jobs import events
-from ultimat3.jobs.driver import DatabaseId, Driver, current_tx
+from ultimat3.jobs.driver import DatabaseId, Driver, Joined, current_tx
 from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError, OutboxNoTxError
 from ultimat3.jobs.ids import uuid7, uuid7_many
@@ -40,7 +40,7 @@ def reaches(database: DatabaseId, target: Driver | OutboxStore) -> bool:
     """True when ``target`` lives in ``database``. A PostgreSQL identity carries the server's
     start time, so after a restart the cached one is read again before saying no."""
     own = target.identity()
-    if database == own:
+    if database is own or database == own:  # a driver's Joined carries its own identity
         return True
     return database.kind == own.kind and database == target.identity(refresh=True)
 
@@ -101,7 +101,8 @@ class Builder:
         "_key_of",
         "_limit",
         "_plain",
-        "_settings",
+        "_revision",
+        "_serializer",
         "_template",
         "_unique",
         "dated",
@@ -161,7 +162,8 @@ class Builder:
         limit = handle.concurrency or (rate.as_limit() if rate is not None else None)
         unique = handle.unique
         self._handle = handle
-        self._settings = _settings(handle, serializer)
+        self._revision = handle._revision
+        self._serializer = serializer
         self._dumps = serializer.dumps
         self._key_of = handle.idempotency_key
         self._limit = limit
@@ -195,9 +197,10 @@ class Builder:
         )
 
     def fits(self, handle: JobHandle[Any], serializer: Serializer) -> bool:
-        """Whether every setting of ``handle`` this builder read, and the serializer, are
-        still the ones it was built with (a builder without options may then be used again)."""
-        return self._settings == _settings(handle, serializer)
+        """Whether ``handle`` is unchanged since this builder read it (no attribute of it has
+        been set since: ``JobHandle._revision``) and the serializer is the one it was built
+        with: a builder without options may then be used again."""
+        return handle._revision == self._revision and serializer is self._serializer
 
     def one(self, input: Any, now: datetime | None) -> NewJob:
         """``self((input,), now)[0]``: the usual enqueue's job, made without the loop of a
@@ -260,21 +263,6 @@ def _dated(now: datetime | None) -> datetime:
     return now
 
 
-def _settings(handle: JobHandle[Any], serializer: Serializer) -> tuple[Any, ...]:
-    """What ``Builder`` reads of a handle (and the serializer it encodes with)."""
-    return (
-        handle.name,
-        handle.queue,
-        handle.priority,
-        handle.retry,
-        handle.idempotency_key,
-        handle.concurrency,
-        handle.rate,
-        handle.unique,
-        serializer,
-    )
-
-
 def _key_of(handle: JobHandle[Any], key_of: Callable[[Any], str], input: Any) -> str:
     """The job's idempotency key for ``input``, from its ``idempotency_key`` function."""
     try:
@@ -319,7 +307,15 @@ def insert(
 ) -> list[InsertResult]:
     """Insert built jobs under the one rule (``_insert``), then emit ``jobs.job.enqueued`` for
     each (``staged``: written to an outbox, published by its relay after commit)."""
-    results = _insert(driver, jobs, mode=mode, outbox=outbox, now=now, label=label, store=store)
+    joined = current_tx.get()
+    if joined is not None and outbox is None and joined.database is driver.identity():
+        # The rule's usual case, told without its look-ups: a transaction a driver of this
+        # database joined carries the driver's own identity object.
+        results = driver.job_insert_many(jobs, executor=joined, now=now)
+    else:
+        results = _insert(
+            driver, jobs, joined, mode=mode, outbox=outbox, now=now, label=label, store=store
+        )
     if events.wanted("jobs.job.enqueued", events.DEBUG):
         staged = bool(results) and _staged(driver, store)
         for job, result in zip(jobs, results, strict=True):
@@ -349,6 +345,7 @@ def _staged(driver: Driver, store: OutboxStore | None) -> bool:
 def _insert(
     driver: Driver,
     jobs: Sequence[NewJob],
+    joined: Joined | None,
     *,
     mode: Mode,
     outbox: bool | None,
@@ -361,7 +358,6 @@ def _insert(
     The current transaction is joined when it is on this job database (any App, any driver
     object: identity decides), or staged in ``store`` when it is on the outbox's database.
     A transaction on any other database is an error, never a silent commit of its own."""
-    joined = current_tx.get()
     if outbox is False:
         if joined is not None and driver.single_writer and reaches(joined.database, driver):
             raise ConfigurationError(

@@ -195,11 +195,15 @@ with open(out, "a") as f:
 """
 
 
-def bare_latency(dsn: str, table: str, tmp: Path, samples: int) -> list[float]:
+def bare_latency(
+    dsn: str, table: str, tmp: Path, samples: int, idle: int = 0
+) -> tuple[list[float], list[float]]:
     """Enqueue-to-start of the bare loop, seconds: one-row INSERT whose statement NOTIFYs,
     autocommit, at 50 a second; a consumer in its own process LISTENs and claims with the
     bare claim statement (its commit not flushed, as the library's claim-only turn), and
-    records when each row came back to it. The library's figure is measured the same way."""
+    records when each row came back to it. Then ``idle`` more, each the first after 5 s with
+    nothing sent, as the library's "first job after 5 s idle". The library's figures are
+    measured the same way. Returns (steady, after idle)."""
     import subprocess
     import sys
 
@@ -224,16 +228,19 @@ def bare_latency(dsn: str, table: str, tmp: Path, samples: int) -> list[float]:
             "SELECT pg_notify('bare_latency', queue) FROM i"
         )
         with psycopg.connect(dsn, autocommit=True) as conn:
-            for _ in range(samples):
+            for k in range(samples + idle):
+                if k >= samples:
+                    time.sleep(5)
                 i = uuid7()
                 conn.execute(insert, (i, f'{{"t": {time.time()!r}}}', i))
-                time.sleep(1 / 50)
+                time.sleep(1 / 50 if k < samples else 0.5)
             time.sleep(0.5)
             conn.execute("NOTIFY bare_latency, 'stop'")
         consumer.wait(timeout=10)
     finally:
         consumer.kill()
-    return [float(x) for x in out.read_text().split()]
+    seen = [float(x) for x in out.read_text().split()]
+    return seen[: len(seen) - idle], seen[len(seen) - idle :]
 
 
 def bench_database(cluster: Cluster, name: str = "bench") -> str:
@@ -262,7 +269,11 @@ def bench_postgres(
             copy = bare_copy(conn, jobs_table, 50_000 if quick else 200_000)
             claim = bare_claim_loop(conn, jobs_table)
         notify = [x * 1000 for x in bare_notify_latency(dsn, 30)]
-        lat = [x * 1000 for x in bare_latency(dsn, jobs_table, tmp, 250 if quick else 500)]
+        steady, after_idle = bare_latency(
+            dsn, jobs_table, tmp, 250 if quick else 500, idle=3 if quick else 5
+        )
+        lat = [x * 1000 for x in steady]
+        idle_ms = [x * 1000 for x in after_idle]
         with psycopg.connect(dsn, autocommit=True) as conn:
             # A fresh table for the library, as each bare loop had one: a DELETE would leave
             # every bare row dead in the heap and the indexes until autovacuum came by.
@@ -277,6 +288,8 @@ def bench_postgres(
             "bulk_label": f"COPY rows (multi-row INSERT {multi:,.0f}/s)",
             "claim": claim,
             "wake_label": f"bare loop {_pcts(lat)} ms (NOTIFY alone {statistics.median(notify):.2f} ms p50)",
+            "idle_label": f"bare loop {statistics.median(idle_ms):.2f}/{max(idle_ms):.2f} ms "
+            f"({statistics.median(idle_ms) / statistics.median(lat):.2f}x its p50)",
         }
         measure_library(table, _url(dsn), tmp, quick, baselines, _pg_in_tx(dsn))
         if pgbouncer:

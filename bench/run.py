@@ -415,6 +415,8 @@ def measure_library(
     table.add(
         f"first job after 5 s idle ({len(idle_samples)} samples) median/max",
         f"{statistics.median(idle_samples):.2f}/{max(idle_samples):.2f} ms",
+        f"{statistics.median(idle_samples) / pct(lat, 50):.2f}x the p50 above; "
+        + baselines.get("idle_label", ""),
     )
     table.add("idle worker CPU (share of one core)", f"{cpu_idle * 100:.2f} %")
     worker.terminate()

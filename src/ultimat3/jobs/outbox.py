@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from ultimat3.jobs import events
-from ultimat3.jobs.driver import DatabaseId, Driver, Joined, current_tx
+from ultimat3.jobs.driver import DatabaseId, Driver, current_tx
 from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError, OutboxNoTxError
 from ultimat3.jobs.ids import uuid7, uuid7_many
@@ -307,15 +307,7 @@ def insert(
 ) -> list[InsertResult]:
     """Insert built jobs under the one rule (``_insert``), then emit ``jobs.job.enqueued`` for
     each (``staged``: written to an outbox, published by its relay after commit)."""
-    joined = current_tx.get()
-    if joined is not None and outbox is None and joined.database is driver.identity():
-        # The rule's usual case, told without its look-ups: a transaction a driver of this
-        # database joined carries the driver's own identity object.
-        results = driver.job_insert_many(jobs, executor=joined, now=now)
-    else:
-        results = _insert(
-            driver, jobs, joined, mode=mode, outbox=outbox, now=now, label=label, store=store
-        )
+    results = _insert(driver, jobs, mode=mode, outbox=outbox, now=now, label=label, store=store)
     if events.wanted("jobs.job.enqueued", events.DEBUG):
         staged = bool(results) and _staged(driver, store)
         for job, result in zip(jobs, results, strict=True):
@@ -345,7 +337,6 @@ def _staged(driver: Driver, store: OutboxStore | None) -> bool:
 def _insert(
     driver: Driver,
     jobs: Sequence[NewJob],
-    joined: Joined | None,
     *,
     mode: Mode,
     outbox: bool | None,
@@ -358,6 +349,7 @@ def _insert(
     The current transaction is joined when it is on this job database (any App, any driver
     object: identity decides), or staged in ``store`` when it is on the outbox's database.
     A transaction on any other database is an error, never a silent commit of its own."""
+    joined = current_tx.get()
     if outbox is False:
         if joined is not None and driver.single_writer and reaches(joined.database, driver):
             raise ConfigurationError(

@@ -440,23 +440,22 @@ def test_a_failed_insert_does_not_poison_the_callers_transaction(driver: SqliteD
 def test_one_job_in_an_open_caller_transaction_is_two_statements(
     driver: SqliteDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The usual enqueue in a caller's open transaction takes the flat path
-    (``_insert_joined_one``): the insert and the count, no savepoint. A job published again,
-    a taken key and an id taken under another key go the general way, which finds the stored
-    job or names the clash, and leave the counts true."""
-    flat = driver._insert_joined_one
-    took: list[bool] = []
-
-    def spy(*args: Any) -> object:
-        result = flat(*args)
-        took.append(result is not None)
-        return result
-
-    monkeypatch.setattr(driver, "_insert_joined_one", spy)
+    """The usual enqueue in a caller's open transaction: the insert and the count, no
+    savepoint, and no look-up of a ``Joined`` this driver made (``_on_executor`` asks
+    ``adopt`` only about others). A job published again, a taken key and an id taken under
+    another key find the stored job or name the clash, and leave the counts true."""
     taken = new_job(key="taken")
     driver.job_insert_many([taken])
     joined = driver.adopt(app_connection(driver.path, None))
     conn = joined.connection
+    adopted: list[object] = []
+    adopt = driver.adopt
+
+    def spy(connection: Any) -> Any:
+        adopted.append(connection)
+        return adopt(connection)
+
+    monkeypatch.setattr(driver, "adopt", spy)
     sent: list[str] = []
     try:
         conn.execute("BEGIN IMMEDIATE")
@@ -470,12 +469,12 @@ def test_one_job_in_an_open_caller_transaction_is_two_statements(
         assert driver.job_insert_many([fresh], executor=joined) == [InsertResult(fresh.id, True)]
         again = new_job(key="taken")
         assert driver.job_insert_many([again], executor=joined) == [InsertResult(taken.id, True)]
-        assert any("SELECT" in s for s in sent), "a duplicate is looked up by the general path"
+        assert any("SELECT" in s for s in sent), "a duplicate is looked up"
         clash = NewJob(taken.id, "unit.job", "default", "{}", "another-key", 3)
         with pytest.raises(ValueError, match="already stored under another key"):
             driver.job_insert_many([clash], executor=joined)
         conn.set_trace_callback(None)
-        assert took == [True, False, False, False]
+        assert adopted == []
         assert conn.in_transaction
         conn.execute("COMMIT")
     finally:

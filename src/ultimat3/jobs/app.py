@@ -205,16 +205,8 @@ class App(Enqueuer):
         Options: ``run_at`` or ``delay``, ``tenant_id``, ``queue``, ``priority``,
         ``max_attempts``, ``idempotency_key``, ``outbox`` (see ``EnqueueKwargs``).
         """
-        if options:
-            opts = EnqueueOptions(**options)
-            builder = self._builder(handle, opts)
-        else:  # the usual enqueue: the kept builder, when it still fits (see ``_builder``)
-            opts = _NO_OPTIONS
-            kept = self._builders.get(handle) if isinstance(handle, JobHandle) else None
-            if kept is not None and kept.fits(handle, self.serializer):
-                builder = kept
-            else:
-                builder = self._builder(handle, opts)
+        opts = EnqueueOptions(**options) if options else _NO_OPTIONS
+        builder = self._builder(handle, opts)
         job = builder.one(input, self.clock.now() if builder.dated else None)
         return self._insert([job], opts.outbox, job.name)[0]
 
@@ -246,16 +238,20 @@ class App(Enqueuer):
         return await _off_loop(lambda: self.enqueue_many(handle, values, **options))
 
     def _builder(self, handle: JobHandle[Any], options: EnqueueOptions) -> Builder:
-        """A new builder of ``handle``'s jobs with ``options``, once ``handle`` is known to be
-        one of this app's. Without options it is kept, and ``enqueue`` uses it again while it
-        ``fits`` the handle and the serializer (checked on each use, so a changed setting is
-        never missed). A kept builder's handle was checked when it was made, and stays
+        """The builder of ``handle``'s jobs with ``options``, once ``handle`` is known to be
+        one of this app's. Without options it is kept, and used again while it ``fits`` the
+        handle and the serializer (checked on each use, so a changed setting is never
+        missed). A kept builder's handle was checked when it was made, and stays
         registered: a registry only grows, and never gives a name to another handle."""
         if not isinstance(handle, JobHandle):
             raise RegistrationError(
                 f"enqueue needs a job handle, got {type(handle).__name__}",
                 fix="decorate the function with @job and register its module with app.register()",
             )
+        if options is _NO_OPTIONS:
+            kept = self._builders.get(handle)
+            if kept is not None and kept.fits(handle, self.serializer):
+                return kept
         self._check_registered(handle)
         builder = Builder(handle, options, serializer=self.serializer)
         if options is _NO_OPTIONS:

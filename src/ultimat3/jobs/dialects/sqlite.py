@@ -231,6 +231,8 @@ def write_in(
     the caller translates them.
     """
     if conn.row_factory is None and conn.text_factory is str:
+        if savepoint is None and conn.in_transaction:
+            return body(conn)  # the usual enqueue in a transaction: ``_write_in``'s shortest way
         return _write_in(conn, body, savepoint=savepoint, retry=retry)
     with plain_rows(conn):
         return _write_in(conn, body, savepoint=savepoint, retry=retry)

@@ -606,21 +606,23 @@ class SqliteDriver:
         ``savepoint=False`` is for bodies that are atomic on their own (one statement, or their
         own savepoint): SQLite undoes a failed statement without touching the transaction
         around it, so the extra SAVEPOINT/RELEASE round trips would buy nothing."""
-        conn = self.adopt(executor).connection
+        conn = executor.connection
+        if (
+            type(executor) is not Joined
+            or executor.database is not self._identity
+            or not isinstance(conn, sqlite3.Connection)
+        ):  # the usual one, a Joined this driver made, needs no look-ups: ``adopt`` decides
+            conn = self.adopt(executor).connection
         try:
             return write_in(
                 conn, body, savepoint=_SAVEPOINT if savepoint else None, retry=self._retry
             )
         except sqlite3.Error as exc:
-            raise self._callers(exc, conn) from exc
-
-    def _callers(self, exc: sqlite3.Error, conn: sqlite3.Connection) -> BaseException:
-        """What to raise for ``exc``, raised by a statement of ours on a caller's connection."""
-        if not _translatable(exc):
-            return exc
-        if is_busy(exc) and conn.in_transaction:
-            return self._caller_busy(exc, conn)
-        return self._unavailable(exc)
+            if not _translatable(exc):
+                raise
+            if is_busy(exc) and conn.in_transaction:
+                raise self._caller_busy(exc, conn) from exc
+            raise self._unavailable(exc) from exc
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -780,44 +782,9 @@ class SqliteDriver:
 
         if executor is None:
             return self._write(body)
-        if rows is not None and len(rows) == 1:
-            flat = self._insert_joined_one(executor, jobs[0], rows[0])
-            if flat is not None:
-                return flat
         # One INSERT is atomic on its own; a batch needs the savepoint, since its row-by-row
         # pass can fail half way.
         return self._on_executor(executor, body, savepoint=len(jobs) > 1)
-
-    def _insert_joined_one(
-        self, executor: Joined, job: NewJob, row: tuple[Any, ...]
-    ) -> list[InsertResult] | None:
-        """The usual enqueue inside a caller's transaction, flat: one job without a uniqueness
-        key, on the ``sqlite3`` connection of a ``Joined`` of this file whose transaction is
-        open, as its two statements (``job_insert``, ``job_counts_add``) with no savepoint:
-        SQLite undoes a failed statement alone. None for anything else, and for a job whose
-        id or key is taken: ``job_insert_many`` then takes the general path (``_on_executor``),
-        which decides, looks the stored job up, and says what is wrong.
-
-        A path of its own for the reason PostgreSQL's ``_insert_plain_joined`` has one: each
-        layer of the general path costs a few µs right after the caller's own statement."""
-        conn = executor.connection
-        if (
-            type(executor) is not Joined
-            or job.unique_key is not None
-            or executor.database is not self._identity
-            or not isinstance(conn, sqlite3.Connection)
-            or not conn.in_transaction
-        ):
-            return None
-        try:
-            if conn.execute(_INSERT, row).rowcount != 1:
-                return None  # a duplicate
-            conn.execute(_COUNTS_ADD, (row[3], row[7], 1))
-        except sqlite3.IntegrityError:
-            return None  # the statement was undone; the general path names the conflict
-        except sqlite3.Error as exc:
-            raise self._callers(exc, conn) from exc
-        return [InsertResult(job.id, False)]
 
     def job_claim(self, params: ClaimParams) -> list[Job]:
         if params.limit <= 0 or not params.queues:

@@ -29,7 +29,7 @@ from typing import Any, Literal, TypeVar, Unpack
 from ultimat3.jobs import events
 from ultimat3.jobs.clock import Clock, SystemClock
 from ultimat3.jobs.driver import Driver, Joined, current_tx
-from ultimat3.jobs.drivers import default_url, open_driver, url_from_env
+from ultimat3.jobs.drivers import canonical_url, default_url, open_driver, url_from_env
 from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError, JobNotFoundError, RegistrationError
 from ultimat3.jobs.job import (
@@ -94,7 +94,8 @@ class App(Enqueuer):
             )
         if driver is not None and url is not None:
             raise ConfigurationError("App got both url= and driver=", fix="pass one of them")
-        self.url = url or (None if driver is not None else url_from_env() or default_url())
+        url = url or (None if driver is not None else url_from_env() or default_url())
+        self.url = canonical_url(url) if url is not None else None
         self.mode: Mode = mode
         self.clock: Clock = clock or SystemClock()
         self.serializer = Serializer(codecs=codecs, payload_limit=payload_limit)
@@ -154,7 +155,7 @@ class App(Enqueuer):
                 fix="drop --url, or build the App without opening it at import time (no "
                 "app.open() or enqueue at module level), so that --url can choose its database",
             )
-        self.url = url
+        self.url = canonical_url(url)
 
     def _unopened_driver(self) -> Driver:
         """The driver, opened but not yet migrated (to identify a connection first)."""

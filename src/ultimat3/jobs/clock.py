@@ -16,6 +16,9 @@ from typing import Protocol, runtime_checkable
 
 @runtime_checkable
 class Clock(Protocol):
+    """Where the library reads time: ``App(clock=...)``. ``SystemClock`` is the real one;
+    ``ultimat3.jobs.testing.FakeClock`` moves only when told."""
+
     def now(self) -> datetime:
         """The current time, timezone-aware, in UTC."""
         ...
@@ -38,16 +41,23 @@ def utcnow() -> datetime:
 
 
 class SystemClock:
+    """The real clock: the system's time (``pinned()`` is None: a driver uses its database's
+    clock where it can, as PostgreSQL's ``now()``)."""
+
     def now(self) -> datetime:
+        """The current time, timezone-aware, in UTC."""
         return datetime.now(UTC)
 
     def pinned(self) -> datetime | None:
+        """None: the database reads its own clock."""
         return None
 
     def monotonic(self) -> float:
+        """``time.monotonic()``."""
         return time.monotonic()
 
     def sleep(self, seconds: float, wake: threading.Event | None = None) -> bool:
+        """Wait ``seconds`` or until ``wake`` is set; True when woken."""
         if wake is None:
             time.sleep(max(0.0, seconds))
             return False

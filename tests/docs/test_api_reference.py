@@ -63,12 +63,15 @@ def load_package() -> Any:
     return loader.modules_collection
 
 
-def public_members(cls: Any) -> list[Any]:
-    """The methods and properties a class defines (inherited ones are documented on their
-    own class), without private names and dunders."""
+def public_members(cls: Any, public_classes: set[str]) -> list[Any]:
+    """The methods and properties of a class, without private names and dunders: those it
+    defines, and those it inherits from a private class (one inherited from a public class
+    is documented there)."""
     found = []
-    for name, member in cls.members.items():
-        if name.startswith("_") or member.inherited:
+    for name, member in cls.all_members.items():
+        if name.startswith("_"):
+            continue
+        if member.inherited and member.target.parent.path in public_classes:
             continue
         if member.is_function or (member.is_attribute and "property" in member.labels):
             found.append(member)
@@ -84,11 +87,12 @@ def public_api() -> dict[str, Any]:
         exports = module.exports
         assert exports, f"{module_path} has no __all__"
         for name in exports:
-            obj = module.members[name]
-            api[f"{module_path}.{name}"] = obj
-            if obj.is_class:
-                for member in public_members(obj):
-                    api[f"{module_path}.{name}.{member.name}"] = member
+            api[f"{module_path}.{name}"] = module.members[name]
+    public_classes = {obj.canonical_path for obj in api.values() if obj.is_class}
+    for path, obj in list(api.items()):
+        if obj.is_class:
+            for member in public_members(obj, public_classes):
+                api[f"{path}.{member.name}"] = member
     return api
 
 

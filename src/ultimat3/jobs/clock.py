@@ -82,17 +82,21 @@ class FakeClock:
         self._lock = threading.Lock()
 
     def now(self) -> datetime:
+        """The fake time, timezone-aware, in UTC."""
         with self._lock:
             return self._now
 
     def pinned(self) -> datetime | None:
+        """The fake time: drivers use it instead of the database's clock."""
         return self.now()
 
     def monotonic(self) -> float:
+        """Seconds moved forward so far (``advance``, and ``set`` forward)."""
         with self._lock:
             return self._mono
 
     def sleep(self, seconds: float, wake: threading.Event | None = None) -> bool:
+        """Return at once, advancing nothing: True when ``wake`` is set."""
         return wake.is_set() if wake is not None else False
 
     def advance(self, by: timedelta | float) -> datetime:
@@ -107,6 +111,8 @@ class FakeClock:
             return self._now
 
     def set(self, to: datetime) -> None:
+        """Jump to ``to`` (timezone-aware), forward or back; ``monotonic()`` only moves
+        forward."""
         if to.tzinfo is None:
             raise ValueError("FakeClock.set needs a timezone-aware datetime")
         with self._lock:

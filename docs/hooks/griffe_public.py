@@ -7,16 +7,36 @@ submodule, so ``::: ultimat3.jobs.job`` would render the private module. Once th
 loaded, this extension resolves every alias that points into a shadowed submodule (so that
 ``ultimat3.jobs.JobContext`` still finds ``ultimat3.jobs.job.JobContext``), then gives the
 package's name to the exported object, as Python does.
+
+It also reads reST's literal-block marker in docstrings as Markdown does not: a paragraph
+ending in ``::`` ends in ``:``, and a lone ``::`` goes, the indented block after it staying
+a code block.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import griffe
 
+_LONE_MARKER = re.compile(r"(?m)^[ \t]*::[ \t]*\n(?:[ \t]*\n)?")
+_TRAILING_MARKER = re.compile(r"(?m)(\S)::[ \t]*$")
+
 #: package path -> names in its ``__all__`` that are both a submodule and the exported object.
 SHADOWED = {"ultimat3.jobs": ("job",)}
+
+
+def _markdown(obj: griffe.Object, seen: set[int]) -> None:
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if obj.docstring is not None:
+        text = _LONE_MARKER.sub("", obj.docstring.value)
+        obj.docstring.value = _TRAILING_MARKER.sub(r"\1:", text)
+    for member in obj.members.values():
+        if not member.is_alias:
+            _markdown(member, seen)  # type: ignore[arg-type]
 
 
 def _walk(obj: griffe.Object, seen: set[int]) -> Any:
@@ -34,6 +54,7 @@ class PublicPaths(griffe.Extension):
     """Give a shadowed name of a package's ``__all__`` to the object it exports."""
 
     def on_package(self, *, pkg: griffe.Module, loader: griffe.GriffeLoader, **kwargs: Any) -> None:
+        _markdown(pkg, set())
         for package_path, names in SHADOWED.items():
             if not package_path.startswith(pkg.path):
                 continue

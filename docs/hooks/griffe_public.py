@@ -8,7 +8,9 @@ loaded, this extension resolves every alias that points into a shadowed submodul
 ``ultimat3.jobs.JobContext`` still finds ``ultimat3.jobs.job.JobContext``), then gives the
 package's name to the exported object, as Python does.
 
-It also reads reST's literal-block marker in docstrings as Markdown does not: a paragraph
+It also reads the ``#:`` comments above an attribute as its docstring (Sphinx's convention,
+used across the package for dataclass fields and constants), and reads reST's literal-block
+marker in docstrings as Markdown does not: a paragraph
 ending in ``::`` ends in ``:``, and a lone ``::`` goes, the indented block after it staying
 a code block.
 """
@@ -52,6 +54,27 @@ def _walk(obj: griffe.Object, seen: set[int]) -> Any:
 
 class PublicPaths(griffe.Extension):
     """Give a shadowed name of a package's ``__all__`` to the object it exports."""
+
+    def on_attribute(
+        self, *, attr: griffe.Attribute, loader: griffe.GriffeLoader, **kwargs: Any
+    ) -> None:
+        if attr.docstring is not None or attr.lineno is None or attr.filepath is None:
+            return
+        lines = attr.lines_collection[attr.filepath]  # type: ignore[index]
+        comment: list[str] = []
+        at = attr.lineno - 2
+        while at >= 0 and lines[at].lstrip().startswith("#:"):
+            comment.insert(0, lines[at].lstrip()[2:].strip())
+            at -= 1
+        if comment:
+            attr.docstring = griffe.Docstring(
+                " ".join(comment),
+                lineno=at + 2,
+                endlineno=attr.lineno - 1,
+                parent=attr,
+                parser=loader.docstring_parser,
+                parser_options=loader.docstring_options,
+            )
 
     def on_package(self, *, pkg: griffe.Module, loader: griffe.GriffeLoader, **kwargs: Any) -> None:
         _markdown(pkg, set())

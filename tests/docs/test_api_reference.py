@@ -39,6 +39,12 @@ PUBLIC_MODULES = (
     "ultimat3.jobs.integrations.psycopg",
 )
 
+#: Public by name, private by nature: left out of the reference, each with the reason. A
+#: name here that stops existing fails ``test_not_api_names_exist``.
+NOT_API = {
+    "ultimat3.jobs.Worker.outcome_of": "the worker's own step: it takes a private _Held",
+}
+
 HEADING = re.compile(r'<h[1-6] id="(?P<id>ultimat3[\w.]*)" class="doc doc-heading"')
 IMPORT = re.compile(
     r"^\s*(?:from\s+(ultimat3\.jobs[\w.]*)\s+import|import\s+(ultimat3\.jobs[\w.]*))", re.M
@@ -97,8 +103,13 @@ def public_api() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def api() -> dict[str, Any]:
+def everything() -> dict[str, Any]:
     return public_api()
+
+
+@pytest.fixture(scope="module")
+def api(everything: dict[str, Any]) -> dict[str, Any]:
+    return {path: obj for path, obj in everything.items() if path not in NOT_API}
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +149,11 @@ def test_every_public_name_is_in_the_reference_once(api: dict[str, Any], site: P
     assert not twice, f"shown more than once: {twice}"
 
 
+def test_not_api_names_exist(everything: dict[str, Any]) -> None:
+    stale = sorted(set(NOT_API) - set(everything))
+    assert not stale, f"NOT_API names that no longer exist (remove them): {stale}"
+
+
 def test_the_reference_shows_nothing_private(api: dict[str, Any], site: Path) -> None:
     """Each heading is a public module, a public name under its public path, or a member of
     a public class (its methods, and attributes or enum members its docstrings describe)."""
@@ -146,7 +162,7 @@ def test_the_reference_shows_nothing_private(api: dict[str, Any], site: Path) ->
     private = sorted(
         heading
         for heading in reference_headings(site)
-        if heading not in allowed and not heading.startswith(classes)
+        if heading in NOT_API or (heading not in allowed and not heading.startswith(classes))
     )
     assert not private, f"the reference shows private names or paths: {private}"
 

@@ -185,3 +185,14 @@ def test_cli_reference_has_no_sentinel(site: Path) -> None:
     page = (site / "cli" / "index.html").read_text()
     assert "Sentinel" not in page and "UNSET" not in page
     assert "<td><code>--app</code></td>" in page  # the options table is there at all
+
+
+def test_the_reference_speaks_to_users(site: Path) -> None:
+    """No wording from the project's history (the "seed" it was ported from, its
+    ``registerJobs``) on a reference page."""
+    leaks = [
+        str(page.relative_to(site))
+        for page in site.glob("api*/index.html")
+        if re.search(r"\bseed\b|registerJobs", page.read_text(), re.I)
+    ]
+    assert not leaks

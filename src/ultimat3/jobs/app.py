@@ -175,6 +175,7 @@ class App(Enqueuer):
         return registered
 
     def knows(self, handle: JobHandle[Any]) -> bool:
+        """Whether ``handle`` is one of this app's registered jobs."""
         return self.registry.knows(handle)
 
     def close(self) -> None:
@@ -235,6 +236,8 @@ class App(Enqueuer):
     async def enqueue_many_async(
         self, handle: JobHandle[Any], inputs: Iterable[Any], /, **options: Unpack[EnqueueKwargs]
     ) -> list[EnqueueResult]:
+        """``enqueue_many`` for async code: the event loop is never blocked; inside an async
+        connection's transaction the jobs are part of it, as with ``enqueue_async``."""
         values = list(inputs)
         return await _off_loop(lambda: self.enqueue_many(handle, values, **options))
 
@@ -515,11 +518,14 @@ class App(Enqueuer):
         )
 
     def queues_of_jobs(self) -> tuple[str, ...]:
+        """The queues of the registered jobs, sorted: what a worker serves by default."""
         return tuple(sorted({h.queue for h in self.registry.jobs.values()}))
 
     # -- inspecting and operating ------------------------------------------------------------
 
     def get_job(self, job_id: str, *, tenant_id: str | None = None) -> Job:
+        """The job with this id, as it stands now; ``JobNotFoundError`` when there is none (or
+        it was pruned)."""
         found = self.driver.job_get(job_id, tenant_id=tenant_id)
         if found is None:
             raise JobNotFoundError(f"no job has the id {job_id!r}")
@@ -540,6 +546,8 @@ class App(Enqueuer):
         limit: int = 50,
         before_id: str | None = None,
     ) -> list[Job]:
+        """Jobs, newest id first, filtered by state (one or several), queue, job name and tenant:
+        at most ``limit``, older than ``before_id`` (the last id of the previous page)."""
         return self.driver.job_list(
             _filter(state, queue, name, tenant_id), limit=limit, before_id=before_id
         )
@@ -552,6 +560,7 @@ class App(Enqueuer):
         name: str | None = None,
         tenant_id: str | None = None,
     ) -> int:
+        """How many jobs match the filters (as ``list_jobs``'s, without paging)."""
         counts = self.driver.job_count(_filter(state, queue, name, tenant_id))
         return sum(counts.values())
 
@@ -596,12 +605,16 @@ class App(Enqueuer):
         )
 
     def pause_queue(self, queue: str) -> None:
+        """Stop workers from claiming the queue's jobs (running ones finish; enqueues go on)
+        until ``resume_queue``."""
         self.driver.queue_set_paused(queue, True)
 
     def resume_queue(self, queue: str) -> None:
+        """Let workers claim a paused queue's jobs again."""
         self.driver.queue_set_paused(queue, False)
 
     def queues(self) -> list[QueueInfo]:
+        """Every queue that has jobs or a pause setting, with its jobs counted by state."""
         return self.driver.queue_list()
 
     def workers(self) -> list[WorkerInfo]:

@@ -94,6 +94,8 @@ CATALOGUE: dict[str, str] = {
     "jobs.postgres.pooler": "what the PostgreSQL driver found about a connection pooler",
     "jobs.postgres.replanned": "a slow statement made its connection plan every statement again",
 }
+"""Every event name a service emits, with what it means: the names ``subscribe(names=...)``
+takes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +123,7 @@ class Subscription:
         self.names = names
 
     def close(self) -> None:
+        """Unsubscribe: the handler gets no event emitted after this returns."""
         with _lock:
             global _subscriptions
             _subscriptions = tuple(s for s in _subscriptions if s is not self)

@@ -154,6 +154,7 @@ class JobContext:
 
     @property
     def is_last_attempt(self) -> bool:
+        """True on the job's last attempt: if it fails now, it goes to dead-letter."""
         return self.attempt >= self.max_attempts
 
 
@@ -245,6 +246,8 @@ class JobHandle(Generic[InputT]):
 
     @property
     def name(self) -> str:
+        """The job's registered name (its export name, or ``@job(name=...)``);
+        ``RegistrationError`` before it is registered."""
         if self._name is None:
             qual = getattr(self.fn, "__qualname__", repr(self.fn))
             raise RegistrationError(
@@ -255,6 +258,7 @@ class JobHandle(Generic[InputT]):
 
     @property
     def bound_name(self) -> str | None:
+        """The registered name, or None before registration (``name`` raises then)."""
         return self._name
 
     def _bind_name(self, name: str) -> None:
@@ -311,6 +315,7 @@ class JobHandle(Generic[InputT]):
         return self._app().enqueue(self, input, **options)
 
     async def enqueue_async(self, input: InputT, **options: Unpack[EnqueueKwargs]) -> EnqueueResult:
+        """``enqueue`` for async code (see ``App.enqueue_async``)."""
         return await self._app().enqueue_async(self, input, **options)
 
     def result(
@@ -332,6 +337,7 @@ class JobHandle(Generic[InputT]):
         timeout: DurationInput | None = None,
         tenant_id: str | None = None,
     ) -> Any:
+        """``result`` for async code: the event loop is never blocked."""
         job_id = job.id if isinstance(job, EnqueueResult) else job
         return await self._app().result_async(job_id, timeout=timeout, tenant_id=tenant_id)
 

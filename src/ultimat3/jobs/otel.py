@@ -52,6 +52,8 @@ class Tracing:
         self._subscription: events.Subscription | None = None
 
     def install(self) -> Tracing:
+        """Start tracing this process's enqueues and attempts (``instrument()`` calls it);
+        ``ConfigurationError`` when tracing is already installed."""
         if events.trace_context_for is not None:
             raise ConfigurationError(
                 "tracing is already instrumented in this process",
@@ -64,6 +66,7 @@ class Tracing:
         return self
 
     def uninstall(self) -> None:
+        """Stop tracing (what ``install`` did is undone)."""
         if events.trace_context_for == self.produce:
             events.trace_context_for = None
         if self._subscription is not None:
@@ -92,6 +95,8 @@ class Tracing:
         return f"{parent} {state}" if state else parent
 
     def consume(self, event: events.Event) -> None:
+        """The subscriber: opens a job attempt's ``process {queue}`` span when it starts and
+        ends it, with the outcome, when it finishes."""
         job = event.job
         if job is None:
             return
@@ -148,6 +153,7 @@ def instrument(tracer_provider: Any = None) -> Tracing:
 
 
 def uninstrument() -> None:
+    """Undo ``instrument()`` (nothing when it was not called)."""
     global _installed
     if _installed is not None:
         _installed.uninstall()

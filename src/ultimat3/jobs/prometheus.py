@@ -101,6 +101,7 @@ class Metrics:
         self._subscription: events.Subscription | None = None
 
     def subscribe(self) -> Metrics:
+        """Start counting this process's job events; returns self."""
         names = [
             "jobs.job.enqueued",
             "jobs.job.started",
@@ -112,6 +113,7 @@ class Metrics:
         return self
 
     def close(self) -> None:
+        """Stop counting (the metrics keep their values)."""
         if self._subscription is not None:
             self._subscription.close()
             self._subscription = None
@@ -154,6 +156,7 @@ class DatabaseCollector(Collector):
         self.worker_stale = worker_stale
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        """The gauges, read now (Prometheus's client calls it on each scrape)."""
         depth = GaugeMetricFamily(
             "ultimat3_jobs_depth", "Jobs by queue and state.", labels=["queue", "state"]
         )

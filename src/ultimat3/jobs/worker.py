@@ -425,6 +425,7 @@ class Worker:
 
     @property
     def inflight(self) -> int:
+        """How many claimed jobs this worker holds now (running, or about to start)."""
         with self._lock:
             return len(self._held)
 

@@ -325,6 +325,8 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc]  # Django's classes ar
         return value
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
+        """Enqueue a Django task as a job (``task.enqueue()`` calls it): inside ``atomic()`` on
+        the job database it joins that transaction; returns the ``TaskResult``."""
         self.validate_task(task)
         enqueued_at = timezone.now()
         # Django's own check first: what it refuses raises its TypeError ("Unsupported type").
@@ -371,6 +373,8 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc]  # Django's classes ar
         return result
 
     def get_result(self, result_id: str) -> Any:
+        """The ``TaskResult`` of an enqueued task, from its job as it stands now;
+        ``TaskResultDoesNotExist`` when there is none."""
         app = self.app
         try:
             found = app.get_job(result_id)

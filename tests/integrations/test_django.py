@@ -24,7 +24,7 @@ pytest.importorskip("django")
 from django.db import connection, connections, transaction
 
 from ultimat3.jobs import App
-from ultimat3.jobs.integrations.django import JobsBackend, using
+from ultimat3.jobs.integrations.django import JobsBackend, prepare, using
 from ultimat3.jobs.records import JobState
 from ultimat3.jobs.testing import drain
 
@@ -123,7 +123,8 @@ def test_the_task_backend_joins_atomic_and_maps_the_options(app: App) -> None:
     if app._outbox is not None:
         assert app.relay().tick() == 2
     job = app.get_job(now_result.id)
-    assert (job.name, job.queue, job.priority) == ("django_task", "emails", 7)
+    assert (job.name, job.queue, job.priority) == (send_mail.module_path, "emails", 7)
+    assert job.max_attempts == 1  # Django gives one attempt
     assert app.get_job(later_result.id).run_at == later
     assert app.get_job(later_result.id).state is JobState.SCHEDULED
     backend = send_mail.get_backend()
@@ -202,3 +203,26 @@ def test_the_task_backend_of_a_fresh_app_joins_the_first_requests_atomic(
     assert [j.id for j in app.list_jobs()] == [kept.id]
     drain(app)
     assert TASK_CALLS == [("kept@example.com", "")]
+
+
+def test_a_workers_app_runs_each_task_under_its_own_name(fresh: tuple[str, App]) -> None:
+    """A worker process has its own App object, which no enqueue registered anything on:
+    ``prepare`` (what ``--app ultimat3.jobs.integrations.django`` runs) makes it run the
+    tasks, each job named by its task's import path, with the one attempt Django gives."""
+    alias, app = fresh
+    result = send_mail.using(backend=alias).enqueue("w@example.com")
+    worker_app = App(app.url)
+    sys.modules["u3j_django_fresh"].app = worker_app  # type: ignore[attr-defined]
+    try:
+        prepare(worker_app, discover=False)
+        assert drain(worker_app).completed == 1
+        assert TASK_CALLS == [("w@example.com", "")]
+        done = worker_app.get_job(result.id)
+        assert (done.name, done.state, done.max_attempts) == (
+            send_mail.module_path,
+            JobState.COMPLETED,
+            1,
+        )
+        assert worker_app.registry.job_named(send_mail.module_path) is not None
+    finally:
+        worker_app.close()

@@ -126,6 +126,9 @@ class App(Enqueuer):
         self._outbox_opened = False
         #: Transactions found without ``using()`` (``_add_ambient``: an integration's install).
         self._ambient: tuple[Ambient, ...] = ()
+        #: Asked, in order, for the handle of a job name no module registered (a worker meets
+        #: it on a claimed job): an integration's jobs, named at enqueue (``_add_job_resolver``).
+        self._job_resolvers: tuple[Callable[[App, str], JobHandle[Any] | None], ...] = ()
         if modules:
             self.register(*modules)
 
@@ -189,6 +192,21 @@ class App(Enqueuer):
 
     def knows(self, handle: JobHandle[Any]) -> bool:
         return self.registry.knows(handle)
+
+    def _job_named(self, name: str) -> JobHandle[Any] | None:
+        """The handle of the job ``name``: registered, or found by a resolver (which registers
+        it); None when neither knows it."""
+        found = self.registry.job_named(name)
+        if found is None:
+            for resolve in self._job_resolvers:
+                found = resolve(self, name)
+                if found is not None:
+                    break
+        return found
+
+    def _add_job_resolver(self, resolve: Callable[[App, str], JobHandle[Any] | None]) -> None:
+        if resolve not in self._job_resolvers:
+            self._job_resolvers = (*self._job_resolvers, resolve)
 
     def close(self) -> None:
         """Close the database and stop being the app that handles enqueue through."""
@@ -501,7 +519,7 @@ class App(Enqueuer):
             )
         return Worker(
             driver=self.driver,
-            handles=self.registry.job_named,
+            handles=self._job_named,
             queues=chosen,
             serializer=self.serializer,
             clock=self.clock,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -274,6 +275,32 @@ def test_a_transaction_ended_in_another_thread_is_not_joined(tmp_path: Path) -> 
         ender.join()
         record.enqueue({"order": "after"})  # outside any transaction: commits on its own
         session.close()
+        assert app.count_jobs() == 1
+    finally:
+        installed.remove()
+        engine.dispose()
+        app.close()
+
+
+def test_installed_enqueue_after_a_flush_joins_at_once_on_sqlite(tmp_path: Path) -> None:
+    """The session's flush holds SQLite's write lock (pysqlite's own transaction handling, the
+    engine as SQLAlchemy makes it): the enqueue writes through that same connection, rather
+    than waiting out the busy timeout on one of its own."""
+    url = f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
+    app = App(url, modules=[JOBS])
+    app.open()
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE orders (id integer)"))
+    installed = install(app, engine)
+    try:
+        started = time.monotonic()
+        with Session(engine) as session, session.begin():
+            session.execute(text("INSERT INTO orders VALUES (1)"))
+            session.flush()
+            record.enqueue({"order": 1})
+        assert time.monotonic() - started < 2.0, "the enqueue waited for its own session's lock"
+        assert orders(engine) == 1
         assert app.count_jobs() == 1
     finally:
         installed.remove()

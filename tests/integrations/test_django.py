@@ -226,3 +226,46 @@ def test_a_workers_app_runs_each_task_under_its_own_name(fresh: tuple[str, App])
         assert worker_app.registry.job_named(send_mail.module_path) is not None
     finally:
         worker_app.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_manage_py_migrate_creates_the_job_tables(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """With the integration in INSTALLED_APPS, ``migrate`` brings the job tables of the App a
+    backend names on that alias up to date, through the library's own migrations."""
+    from django.apps import apps
+    from django.core.management import call_command
+
+    from ultimat3.jobs.drivers import open_driver
+
+    alias = f"fresh_{kind}"
+    target = connections[alias]
+    target.close()
+    if kind == "sqlite":
+        target.settings_dict["NAME"] = str(tmp_path / "fresh.sqlite3")
+        url = f"sqlite:///{tmp_path / 'fresh.sqlite3'}"
+    else:
+        from psycopg.conninfo import conninfo_to_dict
+
+        parts = conninfo_to_dict(request.getfixturevalue("pg_empty_dsn"))
+        target.settings_dict.update(
+            NAME=parts["dbname"], USER=parts["user"], HOST=parts["host"], PORT=parts["port"]
+        )
+        url = f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+    module = types.ModuleType("u3j_django_fresh")
+    module.app = App(url)  # type: ignore[attr-defined]  # never opened: it would migrate
+    sys.modules[module.__name__] = module
+    apps.set_installed_apps(["ultimat3.jobs.integrations.django"])
+    try:
+        driver = open_driver(url)
+        try:
+            assert not driver.schema_current()
+            call_command("migrate", "ultimat3_jobs", database=alias, verbosity=0)
+            assert driver.schema_current()
+        finally:
+            driver.close()
+    finally:
+        apps.unset_installed_apps()
+        sys.modules.pop(module.__name__, None)
+        target.close()

@@ -24,7 +24,7 @@ pytest.importorskip("django")
 from django.db import connection, connections, transaction
 
 from ultimat3.jobs import App
-from ultimat3.jobs.integrations.django import JobsBackend, prepare, using
+from ultimat3.jobs.integrations.django import JobsBackend, django_task, prepare, using
 from ultimat3.jobs.records import JobState
 from ultimat3.jobs.testing import drain
 
@@ -211,12 +211,25 @@ def test_a_workers_app_runs_each_task_under_its_own_name(fresh: tuple[str, App])
     tasks, each job named by its task's import path, with the one attempt Django gives."""
     alias, app = fresh
     result = send_mail.using(backend=alias).enqueue("w@example.com")
+    # A row of an earlier release, which named every task's job django_task.
+    app.register(types.SimpleNamespace(job=django_task))
+    app.enqueue(
+        django_task,
+        {
+            "task": send_mail.module_path,
+            "args": ["old@example.com"],
+            "kwargs": {},
+            "backend": alias,
+            "enqueued_at": datetime.now(UTC).isoformat(),
+        },
+        max_attempts=1,
+    )
     worker_app = App(app.url)
     sys.modules["u3j_django_fresh"].app = worker_app  # type: ignore[attr-defined]
     try:
         prepare(worker_app, discover=False)
-        assert drain(worker_app).completed == 1
-        assert TASK_CALLS == [("w@example.com", "")]
+        assert drain(worker_app, queues=["default"]).completed == 2  # as `worker -q default`
+        assert sorted(TASK_CALLS) == [("old@example.com", ""), ("w@example.com", "")]
         done = worker_app.get_job(result.id)
         assert (done.name, done.state, done.max_attempts) == (
             send_mail.module_path,

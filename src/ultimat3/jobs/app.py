@@ -261,15 +261,15 @@ class App(Enqueuer):
         """``enqueue`` for async code: the same logic, off the event loop's thread. Inside an
         async connection's transaction, calls run one at a time on it (``asyncio.gather`` of
         many is safe), each as part of the transaction."""
-        return await self._off_loop(lambda: self.enqueue(handle, input, **options))
+        return await self._in_ambient_off_loop(lambda: self.enqueue(handle, input, **options))
 
     async def enqueue_many_async(
         self, handle: JobHandle[Any], inputs: Iterable[Any], /, **options: Unpack[EnqueueKwargs]
     ) -> list[EnqueueResult]:
         values = list(inputs)
-        return await self._off_loop(lambda: self.enqueue_many(handle, values, **options))
+        return await self._in_ambient_off_loop(lambda: self.enqueue_many(handle, values, **options))
 
-    async def _off_loop(self, call: Callable[[], _R]) -> _R:
+    async def _in_ambient_off_loop(self, call: Callable[[], _R]) -> _R:
         """``_off_loop(call)`` inside the ambient transaction, when one is found here (on the
         event loop, where an async session can still reach its connection)."""
         if self._ambient and current_tx.get() is None:

@@ -438,6 +438,10 @@ def _resolve(app: App, name: str) -> JobHandle[Any] | None:
     """The job of a name no module registered, when it is the import path of a Django task
     (a worker meets it on a claimed job; the job's input names the backend it was enqueued
     through, and its row the attempts that backend gave)."""
+    if name in _JOB_NAMES:  # a row of an earlier release
+        legacy = django_task if name == "django_task" else django_task_async
+        app.register(types.SimpleNamespace(job=legacy))
+        return legacy
     if "." not in name:
         return None
     try:
@@ -456,14 +460,10 @@ def _resolve(app: App, name: str) -> JobHandle[Any] | None:
 
 
 def prepare(app: App, *, discover: bool = True) -> App:
-    """Make ``app`` run Django tasks: the jobs of earlier releases (``django_task``), each
-    task under its own import path when a worker meets it, and, with ``discover``, the tasks
+    """Make ``app`` run Django tasks: each task under its own import path when a worker meets
+    it (and the rows of earlier releases, named ``django_task``), and, with ``discover``, the tasks
     of every installed application's ``tasks`` module registered now (so ``schedule`` and
     ``worker`` without ``-q`` see them). Idempotent."""
-    if not app.knows(django_task):
-        app.register(types.SimpleNamespace(django_task=django_task))
-    if not app.knows(django_task_async):
-        app.register(types.SimpleNamespace(django_task_async=django_task_async))
     app._add_job_resolver(_resolve)
     if discover:
         from django.apps import apps  # type: ignore[import-untyped]

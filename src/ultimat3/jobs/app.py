@@ -24,7 +24,7 @@ from contextlib import AbstractContextManager, contextmanager
 from contextvars import Token
 from datetime import timedelta
 from types import ModuleType
-from typing import Any, Literal, TypeVar, Unpack
+from typing import Any, Literal, Protocol, TypeVar, Unpack
 
 from ultimat3.jobs import events
 from ultimat3.jobs.clock import Clock, SystemClock
@@ -71,6 +71,18 @@ DEFAULT_PAYLOAD_LIMIT = 1_048_576
 _NO_OPTIONS = EnqueueOptions()
 
 
+class Ambient(Protocol):
+    """Where an enqueue outside any ``using()`` block finds the transaction it runs in: a
+    framework's own notion of one (an integration's ``install``, e.g. a SQLAlchemy session's
+    transaction). Returns it joined (``App._join``), or None when the code runs in none."""
+
+    def joined(self, app: App) -> Joined | None: ...
+
+    async def joined_async(self, app: App) -> Joined | None:
+        """The same, on the event loop, before ``enqueue_async`` leaves it."""
+        ...
+
+
 class App(Enqueuer):
     """A job database and the jobs registered with it."""
 
@@ -113,6 +125,11 @@ class App(Enqueuer):
         #: its URL; opened and migrated on first use).
         self._outbox: OutboxStore | str | None = outbox
         self._outbox_opened = False
+        #: Transactions found without ``using()`` (``_add_ambient``: an integration's install).
+        self._ambient: tuple[Ambient, ...] = ()
+        #: Asked, in order, for the handle of a job name no module registered (a worker meets
+        #: it on a claimed job): an integration's jobs, named at enqueue (``_add_job_resolver``).
+        self._job_resolvers: tuple[Callable[[App, str], JobHandle[Any] | None], ...] = ()
         if modules:
             self.register(*modules)
 
@@ -178,6 +195,21 @@ class App(Enqueuer):
         """Whether ``handle`` is one of this app's registered jobs."""
         return self.registry.knows(handle)
 
+    def _job_named(self, name: str) -> JobHandle[Any] | None:
+        """The handle of the job ``name``: registered, or found by a resolver (which registers
+        it); None when neither knows it."""
+        found = self.registry.job_named(name)
+        if found is None:
+            for resolve in self._job_resolvers:
+                found = resolve(self, name)
+                if found is not None:
+                    break
+        return found
+
+    def _add_job_resolver(self, resolve: Callable[[App, str], JobHandle[Any] | None]) -> None:
+        if resolve not in self._job_resolvers:
+            self._job_resolvers = (*self._job_resolvers, resolve)
+
     def close(self) -> None:
         """Close the database and stop being the app that handles enqueue through."""
         for handle in self.registry.jobs.values():
@@ -231,7 +263,7 @@ class App(Enqueuer):
         """``enqueue`` for async code: the same logic, off the event loop's thread. Inside an
         async connection's transaction, calls run one at a time on it (``asyncio.gather`` of
         many is safe), each as part of the transaction."""
-        return await _off_loop(lambda: self.enqueue(handle, input, **options))
+        return await self._in_ambient_off_loop(lambda: self.enqueue(handle, input, **options))
 
     async def enqueue_many_async(
         self, handle: JobHandle[Any], inputs: Iterable[Any], /, **options: Unpack[EnqueueKwargs]
@@ -239,7 +271,29 @@ class App(Enqueuer):
         """``enqueue_many`` for async code: the event loop is never blocked; inside an async
         connection's transaction the jobs are part of it, as with ``enqueue_async``."""
         values = list(inputs)
-        return await _off_loop(lambda: self.enqueue_many(handle, values, **options))
+        return await self._in_ambient_off_loop(lambda: self.enqueue_many(handle, values, **options))
+
+    async def _in_ambient_off_loop(self, call: Callable[[], _R]) -> _R:
+        """``_off_loop(call)`` inside the ambient transaction, when one is found here (on the
+        event loop, where an async session can still reach its connection)."""
+        if self._ambient and current_tx.get() is None:
+            for source in self._ambient:
+                joined = await source.joined_async(self)
+                if joined is not None:
+                    token = current_tx.set(joined)
+                    try:
+                        return await _off_loop(call)
+                    finally:
+                        current_tx.reset(token)
+        return await _off_loop(call)
+
+    def _add_ambient(self, source: Ambient) -> None:
+        """Have enqueues outside ``using()`` ask ``source`` for the transaction they run in."""
+        if source not in self._ambient:
+            self._ambient = (*self._ambient, source)
+
+    def _remove_ambient(self, source: Ambient) -> None:
+        self._ambient = tuple(s for s in self._ambient if s is not source)
 
     def _builder(self, handle: JobHandle[Any], options: EnqueueOptions) -> Builder:
         """The builder of ``handle``'s jobs with ``options``, once ``handle`` is known to be
@@ -277,6 +331,15 @@ class App(Enqueuer):
         by the driver, which may build it as it writes: ``NewJobs``)."""
         if self._intercept is not None:
             return self._intercept(list(jobs))
+        if self._ambient and current_tx.get() is None:
+            for source in self._ambient:
+                joined = source.joined(self)
+                if joined is not None:
+                    token = current_tx.set(joined)
+                    try:
+                        return self._insert(jobs, outbox, label)
+                    finally:
+                        current_tx.reset(token)
         driver = self.driver
         store = None
         if self._outbox is not None and current_tx.get() is not None:
@@ -460,7 +523,7 @@ class App(Enqueuer):
             )
         return Worker(
             driver=self.driver,
-            handles=self.registry.job_named,
+            handles=self._job_named,
             queues=chosen,
             serializer=self.serializer,
             clock=self.clock,

@@ -225,6 +225,7 @@ class Installed:
     matches: Callable[[Session], bool]
 
     def remove(self) -> None:
+        """Undo ``install``: the sessions it hooked no longer join an enqueue ambiently."""
         with _lock:
             if self in _installs:
                 _installs.remove(self)

@@ -196,8 +196,9 @@ async def _run_async(payload: dict[str, Any], ctx: JobContext) -> Any:
         raise
 
 
-#: The jobs of earlier releases, which named every task ``django_task``: their rows still run.
+#: The job that ran every ``def`` Django task in earlier releases: its rows still run.
 django_task = job(name="django_task", retry=Retry(attempts=1))(_run)
+#: The job that ran every ``async def`` Django task in earlier releases: its rows still run.
 django_task_async = job(name="django_task_async", retry=Retry(attempts=1))(_run_async)
 
 

@@ -428,7 +428,7 @@ def test_retry_resume_and_snooze_notify(driver: Any, listener: Any) -> None:
 
 
 #: ``now`` of an insert: pinned (a test clock), or None, the database's clock, as the usual
-#: enqueue passes (``_insert_plain_in``, one round trip with its savepoint, for one due job).
+#: enqueue passes (``job_insert_plain`` for one due job).
 NOWS = pytest.mark.parametrize("now", [T0, None], ids=["pinned", "database-clock"])
 
 

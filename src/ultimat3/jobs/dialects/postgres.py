@@ -227,23 +227,18 @@ def identify(conn: Any, table: str, label: str) -> tuple[DatabaseId, bool]:
     return DatabaseId("postgres", (name, oid, started), label), bool(has_table)
 
 
-def our_cursor(conn: Any, *, client: bool = False) -> psycopg.Cursor[Any]:
+def our_cursor(conn: Any) -> psycopg.Cursor[Any]:
     """A cursor for one statement of ours on ``conn``, which may be a caller's: it reads
     tuples and binds ``%s`` placeholders, whatever ``row_factory`` and ``cursor_factory`` the
     connection has (a ``RawCursor`` takes ``$1``; ``ClientCursor`` binds ``%s`` too, and is
     kept: a connection may use it for a reason, such as a pooler), and it reads and sends
     through psycopg's process-wide adapters where the connection registered its own for a type
     our statements use (``our_adapters``), so a loader that reshapes text or timestamps for
-    the caller cannot reshape a job id or the database's clock for us.
-
-    ``client``: a ``ClientCursor``, which binds the parameters into the text and so may send
-    several statements in one round trip (``SAVEPOINT ...; INSERT ...; RELEASE ...``)."""
+    the caller cannot reshape a job id or the database's clock for us."""
     pg = _psycopg()
     cursor: psycopg.Cursor[Any]
     factory = conn.cursor_factory
-    if client and not conn.closed:
-        cursor = pg.ClientCursor(conn, row_factory=pg.rows.tuple_row)
-    elif (factory is pg.Cursor and not conn.closed) or issubclass(factory, pg.RawCursor):
+    if (factory is pg.Cursor and not conn.closed) or issubclass(factory, pg.RawCursor):
         # $1 placeholders, or the usual factory made without Connection.cursor's checks (a
         # few µs on the enqueue's path); a closed connection takes Connection.cursor, which
         # raises psycopg's own error.

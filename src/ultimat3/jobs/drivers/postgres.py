@@ -23,8 +23,7 @@ Guarantees (beyond the ``Driver`` protocol's rules, which this driver keeps):
   ``DriverUnavailableError`` with ``retryable=False`` that names the cause ("another
   transaction holds idempotency key ... : waited past lock_timeout 2s") and says to retry
   the whole transaction, not the call inside it (``errors.in_callers_transaction``). The
-  usual job (``job_insert_plain``) goes as ``SAVEPOINT; INSERT; RELEASE`` in one text bound
-  on the client, one round trip. A connection in autocommit mode with no transaction open is
+  savepoint costs two round trips (``SAVEPOINT``, ``RELEASE``). A connection in autocommit mode with no transaction open is
   accepted: the insert then commits on its own. A non-autocommit connection with no
   transaction yet gets the implicit one psycopg opens, left open for the caller to commit.
 - **Limits** (``ultimat3.jobs.limits``): a limited claim is two pipelined statements in one
@@ -196,7 +195,6 @@ try:
     _IDLE = pq.TransactionStatus.IDLE
     _INTRANS = pq.TransactionStatus.INTRANS
     _INERROR = pq.TransactionStatus.INERROR
-    _PIPELINE_OFF = pq.PipelineStatus.OFF
 except ImportError as _exc:  # pragma: no cover - exercised only without the extra
     _MISSING: ImportError | None = _exc
 else:
@@ -251,7 +249,9 @@ _STATES = {state.value: state for state in JobState}
 _MICROSECOND = timedelta(microseconds=1)
 #: The savepoint around every write of ours in a caller's transaction (``_joined``).
 _SAVEPOINT = b"ultimat3_jobs"
-_ROLLBACK_TO = b"ROLLBACK TO SAVEPOINT " + _SAVEPOINT + b"; RELEASE SAVEPOINT " + _SAVEPOINT
+_SAVEPOINT_SQL = b"SAVEPOINT " + _SAVEPOINT
+_RELEASE_SQL = b"RELEASE SAVEPOINT " + _SAVEPOINT
+_ROLLBACK_TO = b"ROLLBACK TO SAVEPOINT " + _SAVEPOINT + b"; " + _RELEASE_SQL
 #: The caller's own timeouts, which an error of ours in their transaction names.
 _TIMEOUTS = b"SELECT current_setting('lock_timeout'), current_setting('statement_timeout')"
 _MIGRATE_FIX = "run `ultimat3-jobs migrate` (or driver.migrate()) against this database"
@@ -401,11 +401,6 @@ class PostgresDriver:
             unique_one = unique_one.replace(old, new)
         self._q["job_insert_unique"] = unique_one
         self._insert_plain_sql = self._q["job_insert_plain"]
-        self._insert_plain_in_sql = (
-            b"SAVEPOINT " + _SAVEPOINT + b"; "
-            + self._insert_plain_sql.strip().rstrip(b";")
-            + b"; RELEASE SAVEPOINT " + _SAVEPOINT
-        )  # fmt: skip
         self._migrations, self._migrate_key = migration_plan(
             sql_files.migrations(_NAME),
             quoted_schema=quoted,
@@ -630,16 +625,6 @@ class PostgresDriver:
         if executor is not None:
             # In a savepoint of the caller's transaction (``_joined``). A deadlock here is the
             # caller's to handle: their transaction holds other locks.
-            if len(jobs) == 1 and now is None and _plain(jobs[0]):
-                conn = self._joined_conn(executor)
-                if (
-                    conn.pgconn.transaction_status == _INTRANS
-                    and conn.pgconn.pipeline_status == _PIPELINE_OFF
-                ):
-                    rows = self._insert_plain_in(conn, jobs[0])
-                    if rows:
-                        return [InsertResult(rows[0][0], deduped=False)]
-                    # A conflict: ``_insert`` below looks the holder up (in a savepoint too).
             with self._joined(executor, jobs) as conn:
                 if len(jobs) == 1:  # the common case: one statement, look-ups on a conflict
                     rows = self._execute_insert(conn, jobs, now, bounded=False)
@@ -684,21 +669,6 @@ class PostgresDriver:
                 if attempt == 2 or not isinstance(exc.__cause__, pg_errors.DeadlockDetected):
                     raise
         raise AssertionError("unreachable")
-
-    def _insert_plain_in(self, conn: Conn, job: NewJob) -> list[Row]:
-        """The usual enqueue inside a caller's open transaction: a plain job (``_plain``) as
-        ``SAVEPOINT; job_insert_plain; RELEASE`` in one round trip (bound on the client, so
-        the three statements go as one text). Its rows: the new id, or none on a conflict.
-        A failure rolls back to the savepoint and raises (``_caller_failed``)."""
-        cursor = our_cursor(conn, client=True)
-        try:
-            cursor.execute(self._insert_plain_in_sql, self._plain_params(job))
-            cursor.nextset()  # SAVEPOINT's result, then the INSERT's rows
-            return cursor.fetchall()
-        except BaseException as exc:
-            # The server ran the SAVEPOINT unless the failure was on the client (nothing sent).
-            made = conn.pgconn.transaction_status == _INERROR
-            self._caller_failed(exc, conn, [job], savepoint=made)
 
     def _plain_params(self, job: NewJob) -> tuple[Any, ...]:
         """The parameters of ``job_insert_plain``, in its order."""
@@ -1915,9 +1885,12 @@ class PostgresDriver:
             return
         cursor = our_cursor(conn)
         try:
-            cursor.execute(b"SAVEPOINT " + _SAVEPOINT, prepare=False)
+            cursor.execute(_SAVEPOINT_SQL, prepare=self._prepare)
+        except BaseException as exc:  # the transaction as it was: nothing of ours to undo
+            self._caller_failed(exc, conn, jobs, savepoint=False)
+        try:
             yield conn
-            cursor.execute(b"RELEASE SAVEPOINT " + _SAVEPOINT, prepare=False)
+            cursor.execute(_RELEASE_SQL, prepare=self._prepare)
         except BaseException as exc:
             self._caller_failed(exc, conn, jobs, savepoint=True)
 

@@ -23,9 +23,10 @@ Guarantees (beyond the ``Driver`` protocol's rules, which this driver keeps):
   ``DriverUnavailableError`` with ``retryable=False`` that names the cause ("another
   transaction holds idempotency key ... : waited past lock_timeout 2s") and says to retry
   the whole transaction, not the call inside it (``errors.in_callers_transaction``). The
-  savepoint costs two round trips (``SAVEPOINT``, ``RELEASE``). A connection in autocommit mode with no transaction open is
-  accepted: the insert then commits on its own. A non-autocommit connection with no
-  transaction yet gets the implicit one psycopg opens, left open for the caller to commit.
+  savepoint costs two round trips (``SAVEPOINT``, ``RELEASE``). A connection in autocommit
+  mode with no transaction open is accepted: the insert then commits on its own. A
+  non-autocommit connection with no transaction yet gets the implicit one psycopg opens,
+  left open for the caller to commit.
 - **Limits** (``ultimat3.jobs.limits``): a limited claim is two pipelined statements in one
   transaction, per-key ``pg_try_advisory_xact_lock`` then the claim, whose fresh snapshot makes
   its counts exact; the completion or failure of a limited job NOTIFYs its queue (a slot
@@ -1935,7 +1936,7 @@ class PostgresDriver:
             return self._translate(exc, conn)  # missing tables: said as ever
         state = exc.sqlstate or ""
         message = _first_line(exc)
-        what = _jobs_named(jobs)
+        what = f"the enqueue of {_jobs_named(jobs)}" if jobs else "a write of ultimat3-jobs"
         keys = [j.idempotency_key for j in jobs if j.idempotency_key != j.id]
         keys += [j.unique_key for j in jobs if j.unique_key is not None]
         holder = (
@@ -1945,23 +1946,28 @@ class PostgresDriver:
             "statement run by hand)"
         )
         if state == "55P03":
-            cause = f"{holder}: the enqueue of {what} waited past lock_timeout {lock_timeout}"
-            fix = "let that transaction end first (a key then dedupes onto its job), or raise lock_timeout"
+            cause = f"{holder}: {what} waited past lock_timeout {lock_timeout}"
+            fix = (
+                "let that transaction end first (a key then dedupes onto its job), or raise "
+                "lock_timeout"
+            )
         elif state == "57014" and "statement timeout" in message:
             cause = (
-                f"the enqueue of {what} ran past statement_timeout {statement_timeout} ({holder}, or "
-                "the server is slow)"
+                f"{what} ran past statement_timeout {statement_timeout}: perhaps "
+                f"{holder}, or the server is slow"
             )
-            fix = "let that transaction end first, or raise statement_timeout"
+            fix = "let a transaction holding the key end first, or raise statement_timeout"
         elif state == "40001":
             cause = (
-                f"PostgreSQL could not serialize the enqueue of {what} with a concurrent "
-                f"transaction: {message}"
+                f"PostgreSQL could not serialize {what} with a concurrent transaction: {message}"
             )
-            fix = "this is the isolation level your transaction asked for"
+            fix = (
+                "a REPEATABLE READ or SERIALIZABLE transaction fails so when another one "
+                "commits the same key or rows meanwhile"
+            )
         elif state == "40P01":
-            cause = f"the enqueue of {what} deadlocked with another transaction: {message}"
-            fix = "take locks in one order in your transactions"
+            cause = f"{what} deadlocked with another transaction: {message}"
+            fix = "take locks (and enqueue keys) in one order in your transactions"
         elif state.startswith("23"):
             constraint = getattr(exc.diag, "constraint_name", None)
             cause = f"PostgreSQL refused the row of {what}: {message}" + (
@@ -1972,7 +1978,7 @@ class PostgresDriver:
                 "schema refuses none of its rows)"
             )
         else:
-            cause = f"PostgreSQL failed the enqueue of {what}: {message} (SQLSTATE {state})"
+            cause = f"PostgreSQL failed {what}: {message} (SQLSTATE {state})"
             fix = "see the message above"
         return in_callers_transaction(cause, driver=_NAME, fix=fix)
 

@@ -207,6 +207,7 @@ def test_sqlite_a_trigger_of_the_caller_refuses_the_job_half_way(sq_app: App) ->
     _refused_in_place(caught.value)
     assert "no drones" in caught.value.cause
     assert [r[0] for r in conn.execute("select id from orders order by id")] == [1, 2]
+    assert conn.execute("select count(*) from x_jobs").fetchone() == (1,)
     assert sq_app.count_jobs() == 1
     assert json.loads(sq_app.get_job(kept.id).input) == {"what": "book"}
     conn.close()

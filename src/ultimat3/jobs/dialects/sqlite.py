@@ -213,14 +213,15 @@ def write_in(
     conn: sqlite3.Connection,
     body: Callable[[sqlite3.Connection], _T],
     *,
-    savepoint: str | None,
+    savepoint: str,
     retry: Retrier,
 ) -> _T:
     """Run ``body`` as part of the caller's transaction on their connection ``conn``.
 
-    - Inside a transaction: in a ``SAVEPOINT`` (named ``savepoint``; None for bodies that are
-      atomic on their own, since SQLite undoes a failed statement without touching the
-      transaction around it), so a failure rolls back only our part.
+    - Inside a transaction: always in a ``SAVEPOINT`` (named ``savepoint``), so a failure
+      rolls back all of our part and nothing else, whatever failed: SQLite undoes a failed
+      statement alone only for some errors (``RAISE(FAIL)`` in a trigger keeps what the
+      statement did before it, and a body of two statements can fail at the second).
     - Legacy transaction mode (``isolation_level`` not None, ``sqlite3.connect``'s default)
       with no transaction open: the ``BEGIN`` the caller's own INSERT would have issued, as
       ``BEGIN IMMEDIATE``, left open for the caller's ``commit()`` or ``rollback()``.
@@ -231,8 +232,6 @@ def write_in(
     the caller translates them.
     """
     if conn.row_factory is None and conn.text_factory is str:
-        if savepoint is None and conn.in_transaction:
-            return body(conn)  # the usual enqueue in a transaction: ``_write_in``'s shortest way
         return _write_in(conn, body, savepoint=savepoint, retry=retry)
     with plain_rows(conn):
         return _write_in(conn, body, savepoint=savepoint, retry=retry)
@@ -242,7 +241,7 @@ def _write_in(
     conn: sqlite3.Connection,
     body: Callable[[sqlite3.Connection], _T],
     *,
-    savepoint: str | None,
+    savepoint: str,
     retry: Retrier,
 ) -> _T:
     if not conn.in_transaction:
@@ -254,8 +253,6 @@ def _write_in(
         except BaseException:
             rollback_quietly(conn)
             raise
-    if savepoint is None:
-        return body(conn)
     conn.execute(f"SAVEPOINT {savepoint}")
     try:
         result = body(conn)

@@ -18,8 +18,12 @@ What it guarantees:
 - **One schema.** Migrations are numbered ``.sql`` files applied inside ``BEGIN IMMEDIATE``,
   recorded in ``x_migrations``; any number of processes may migrate an empty file at once.
 - **Transactional enqueue on the caller's connection.** ``executor=`` runs the insert (or the
-  completion) inside a ``SAVEPOINT`` of the caller's transaction, so a failure rolls back only
-  our part, and the rows become visible if and only if the caller commits. An adopted
+  completion) inside a ``SAVEPOINT`` of the caller's transaction, always, so a failure rolls
+  back all of our part and nothing of the caller's (a ``RAISE(FAIL)`` trigger keeps what its
+  statement did; the insert and its count are two statements), and the rows become visible
+  if and only if the caller commits. The error says so, and is not retryable inside that
+  transaction (``errors.in_callers_transaction``), unless SQLite itself rolled the whole
+  transaction back (a full disk, an I/O error), which it then says. An adopted
   connection in Python's legacy transaction mode (``isolation_level`` not None, the default of
   ``sqlite3.connect``) that has no transaction open gets the ``BEGIN`` its own INSERT would have
   issued (as ``BEGIN IMMEDIATE``) and the transaction is left open: the job is visible once the
@@ -106,7 +110,11 @@ from ultimat3.jobs.driver import (
     current_tx,
     renew_after_fork,
 )
-from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
+from ultimat3.jobs.errors import (
+    ConfigurationError,
+    DriverUnavailableError,
+    in_callers_transaction,
+)
 from ultimat3.jobs.limits import keys_to_look
 from ultimat3.jobs.records import (
     FINAL_STATES,
@@ -530,7 +538,9 @@ class SqliteDriver:
                 "the transaction, or connect with autocommit=sqlite3.LEGACY_TRANSACTION_CONTROL "
                 "and isolation_level='IMMEDIATE'; and retry the whole transaction"
             )
-        return DriverUnavailableError(cause, driver="sqlite", fix=fix)
+        if getattr(exc, "sqlite_errorcode", 0) == BUSY_SNAPSHOT:  # it can no longer write
+            return DriverUnavailableError(cause, driver="sqlite", fix=fix, retryable=False)
+        return in_callers_transaction(cause, driver="sqlite", fix=fix)
 
     # -- retry loops -------------------------------------------------------------------------
 
@@ -597,15 +607,12 @@ class SqliteDriver:
         self,
         executor: Joined,
         body: Callable[[sqlite3.Connection], _T],
-        *,
-        savepoint: bool = True,
     ) -> _T:
-        """Run ``body`` as part of the caller's transaction on ``executor`` (see
-        ``dialects.sqlite.write_in`` for connections in legacy and autocommit modes).
-
-        ``savepoint=False`` is for bodies that are atomic on their own (one statement, or their
-        own savepoint): SQLite undoes a failed statement without touching the transaction
-        around it, so the extra SAVEPOINT/RELEASE round trips would buy nothing."""
+        """Run ``body`` as part of the caller's transaction on ``executor``, in a savepoint
+        (see ``dialects.sqlite.write_in``, also for connections in legacy and autocommit
+        modes). A failure inside the caller's open transaction was rolled back to the
+        savepoint: it raises ``errors.in_callers_transaction``, which says so and names the
+        cause."""
         conn = executor.connection
         if (
             type(executor) is not Joined
@@ -613,16 +620,24 @@ class SqliteDriver:
             or not isinstance(conn, sqlite3.Connection)
         ):  # the usual one, a Joined this driver made, needs no look-ups: ``adopt`` decides
             conn = self.adopt(executor).connection
+        opened = conn.in_transaction
         try:
-            return write_in(
-                conn, body, savepoint=_SAVEPOINT if savepoint else None, retry=self._retry
-            )
+            return write_in(conn, body, savepoint=_SAVEPOINT, retry=self._retry)
         except sqlite3.Error as exc:
             if not _translatable(exc):
                 raise
             if is_busy(exc) and conn.in_transaction:
                 raise self._caller_busy(exc, conn) from exc
-            raise self._unavailable(exc) from exc
+            translated = self._unavailable(exc)
+            if not opened:
+                raise translated from exc
+            raise in_callers_transaction(
+                translated.cause, driver="sqlite", fix=translated.fix, kept=conn.in_transaction
+            ) from exc
+        except DriverUnavailableError as exc:  # a row refused (``_insert_one``)
+            if not opened:
+                raise
+            raise in_callers_transaction(exc.cause, driver="sqlite", fix=exc.fix) from exc
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -782,9 +797,7 @@ class SqliteDriver:
 
         if executor is None:
             return self._write(body)
-        # One INSERT is atomic on its own; a batch needs the savepoint, since its row-by-row
-        # pass can fail half way.
-        return self._on_executor(executor, body, savepoint=len(jobs) > 1)
+        return self._on_executor(executor, body)
 
     def job_claim(self, params: ClaimParams) -> list[Job]:
         if params.limit <= 0 or not params.queues:
@@ -1419,7 +1432,13 @@ def _insert_one(conn: sqlite3.Connection, job: NewJob, row: tuple[Any, ...]) -> 
     except sqlite3.IntegrityError as exc:
         if "x_jobs.id" in str(exc):
             raise ValueError(f"job id {job.id} is already stored under another key") from exc
-        raise ValueError(f"job {job.id} cannot be stored: {exc}") from exc
+        raise DriverUnavailableError(
+            f"SQLite refused the row of job {job.name} ({job.id}): {exc}",
+            driver="sqlite",
+            fix="a constraint or trigger added to the job tables refused it (the library's own "
+            "schema refuses none of its rows)",
+            retryable=False,
+        ) from exc
     if inserted:
         return InsertResult(job.id, False)
     found = None

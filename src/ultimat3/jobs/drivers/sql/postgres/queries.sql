@@ -191,14 +191,6 @@ SELECT k.ord, j.id, j.idempotency_key
 FROM k
 JOIN {schema}.x_jobs j ON j.id = k.id
 
--- name: job_refuse_id
--- A job's id is stored under another key (job_ids_by_key): the stored row once more, which the
--- primary key refuses, so the statement fails, and with it the transaction it is part of.
-INSERT INTO {schema}.x_jobs
-    (id, name, queue, input, idempotency_key, state, max_attempts, run_at, created_at)
-SELECT id, name, queue, input, idempotency_key, state, max_attempts, run_at, created_at
-FROM {schema}.x_jobs WHERE id = %(id)s
-
 -- name: job_claim
 -- Per queue, the due jobs in claim order, locked without waiting (SKIP LOCKED: rows another
 -- claim holds are passed over, never waited for); then the best `limit` across the queues.

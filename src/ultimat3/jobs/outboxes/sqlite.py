@@ -15,6 +15,12 @@ What it guarantees:
   published. Marks commit with the claim; a relay killed before that commit leaves its rows
   unpublished, and the next claim publishes them again (the job's idempotency key collapses
   the repeat).
+- **No lock of ours across a wait on your database.** The store's one connection is shared
+  by the threads that use the store behind a Python lock, taken for one attempt at a time:
+  while the claim waits for a business transaction's write lock (``dialects.sqlite.
+  retry_busy``), the lock is free, and the store's identity, which every enqueue in a
+  business transaction asks for, is computed once and never takes it. So a business
+  transaction that holds the write lock never waits for the relay that waits for it.
 
 Limits: the claim holds the write lock of your database while it publishes (one insert
 transaction on the job database per queue in the batch: milliseconds), so your writers wait
@@ -28,13 +34,14 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from ultimat3.jobs.dialects.sqlite import (
+    INNER_BUSY_MS,
     apply_migrations,
     connection_file,
     dt,
@@ -43,6 +50,7 @@ from ultimat3.jobs.dialects.sqlite import (
     now_us,
     pending_versions,
     plain_rows,
+    retry_busy,
     rollback_quietly,
     us,
     write_in,
@@ -63,6 +71,7 @@ _PACKAGE = "ultimat3.jobs.outboxes"
 _Q = queries("sqlite", _PACKAGE)
 _SAVEPOINT = "ultimat3_jobs_outbox"
 _NAME = "sqlite-outbox"
+_T = TypeVar("_T")
 
 
 def _record(row: Sequence[Any]) -> OutboxRecord:
@@ -143,6 +152,7 @@ class SqliteOutboxStore(OneConnection):
         self._busy_timeout = float(busy_timeout)
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
+        self._identity: DatabaseId | None = None
         self._closed = False
         self._hold_one_connection()
 
@@ -160,9 +170,11 @@ class SqliteOutboxStore(OneConnection):
             )
         if self._conn is None:
             try:
+                # SQLite's busy handler waits only a moment, with our lock held; the
+                # longer wait is retry_busy's, with it released.
                 self._conn = sqlite3.connect(
                     self.path,
-                    timeout=self._busy_timeout,
+                    timeout=min(INNER_BUSY_MS / 1000, self._busy_timeout),
                     isolation_level=None,
                     check_same_thread=False,
                 )
@@ -171,26 +183,54 @@ class SqliteOutboxStore(OneConnection):
             self._opened(self._conn)
         return self._conn
 
+    def _begin(self) -> sqlite3.Connection:
+        """One try at ``BEGIN IMMEDIATE``: on success the connection is returned with the
+        store's lock held (the transaction is this thread's until ``_write`` releases it); on a
+        refusal the lock is released, so nothing waits on it while ``retry_busy`` pauses."""
+        self._lock.acquire()
+        try:
+            conn = self._own()
+            conn.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self._lock.release()
+            raise
+        return conn
+
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE`` on the store's connection: the write lock before any read."""
-        with self._lock:
-            conn = self._own()
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
+        """``BEGIN IMMEDIATE`` on the store's connection: the write lock before any read. The
+        wait for it holds no lock of ours (``_begin``)."""
+        try:
+            conn = retry_busy(self._begin, timeout=self._busy_timeout)
+        except sqlite3.Error as exc:
+            raise self._unavailable(exc) from exc
+        try:
+            yield conn
+            # In rollback-journal mode a commit waits for readers to leave; the transaction
+            # is ours meanwhile, so the lock stays held.
+            retry_busy(lambda: conn.execute("COMMIT"), timeout=self._busy_timeout)
+        except sqlite3.Error as exc:
+            rollback_quietly(conn)
+            if isinstance(exc, sqlite3.OperationalError):
                 raise self._unavailable(exc) from exc
-            try:
-                yield conn
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                rollback_quietly(conn)
-                if isinstance(exc, sqlite3.OperationalError):
-                    raise self._unavailable(exc) from exc
-                raise
-            except BaseException:
-                rollback_quietly(conn)
-                raise
+            raise
+        except BaseException:
+            rollback_quietly(conn)
+            raise
+        finally:
+            self._lock.release()
+
+    def _read(self, body: Callable[[sqlite3.Connection], _T]) -> _T:
+        """``body`` on the store's connection, the lock held for each try only."""
+
+        def attempt() -> _T:
+            with self._lock:
+                return body(self._own())
+
+        try:
+            return retry_busy(attempt, timeout=self._busy_timeout)
+        except sqlite3.Error as exc:
+            raise self._unavailable(exc) from exc
 
     def _unavailable(self, exc: sqlite3.Error) -> DriverUnavailableError:
         text = str(exc)
@@ -237,16 +277,19 @@ class SqliteOutboxStore(OneConnection):
             return apply_migrations(conn, known, _Q)
 
     def schema_current(self) -> bool:
-        with self._lock:
-            try:
-                return not pending_versions(self._own(), migrations("sqlite", _PACKAGE), _Q)
-            except sqlite3.Error as exc:
-                raise self._unavailable(exc) from exc
+        known = migrations("sqlite", _PACKAGE)
+        return not self._read(lambda conn: pending_versions(conn, known, _Q))
 
     def identity(self, *, refresh: bool = False) -> DatabaseId:
-        with self._lock:
-            self._own()  # the file exists once opened
-        return file_identity(self.path)
+        """The file, by device and inode: computed once (again on ``refresh``), without the
+        store's lock, which a claim may hold while the caller's transaction asks for it."""
+        found = self._identity
+        if found is None or refresh:
+            if not os.path.exists(self.path):
+                with self._lock:
+                    self._own()  # the file exists once opened
+            found = self._identity = file_identity(self.path)
+        return found
 
     def migration_sql(self) -> list[tuple[int, str]]:
         record = _Q["migration_record"].rstrip().rstrip(";")
@@ -324,11 +367,7 @@ class SqliteOutboxStore(OneConnection):
             yield _Batch(conn, [_record(row) for row in rows])
 
     def pending_count(self) -> int:
-        with self._lock:
-            try:
-                return int(self._own().execute(_Q["pending_count"]).fetchone()[0])
-            except sqlite3.Error as exc:
-                raise self._unavailable(exc) from exc
+        return int(self._read(lambda conn: conn.execute(_Q["pending_count"]).fetchone()[0]))
 
     def prune(self, *, published_before: datetime, limit: int) -> int:
         if limit <= 0:

@@ -30,7 +30,8 @@ import pytest
 from ultimat3.jobs import App, ConfigurationError, DriverUnavailableError, job
 from ultimat3.jobs.drivers.sqlite import SqliteDriver
 
-pytestmark = pytest.mark.skipif(
+#: The lock's owner is read from Linux's /proc/locks; elsewhere such a wait lasts busy_timeout.
+linux_only = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the lock's owner is read from /proc/locks"
 )
 
@@ -114,6 +115,7 @@ def test_a_transaction_that_read_before_the_migration_is_told_why_it_cannot_see_
         app.close()
 
 
+@linux_only
 def test_a_transaction_that_wrote_is_refused_within_a_second(
     tmp_path: Path, module: types.ModuleType
 ) -> None:
@@ -138,6 +140,7 @@ def test_a_transaction_that_wrote_is_refused_within_a_second(
         app.close()
 
 
+@linux_only
 def test_the_applications_own_lock_in_this_process_is_named_within_a_second(
     migrated: tuple[Path, App],
 ) -> None:
@@ -159,6 +162,7 @@ def test_the_applications_own_lock_in_this_process_is_named_within_a_second(
         own.close()
 
 
+@linux_only
 def test_a_sqlalchemy_session_after_flush_is_named_within_a_second(
     migrated: tuple[Path, App],
 ) -> None:
@@ -180,6 +184,7 @@ def test_a_sqlalchemy_session_after_flush_is_named_within_a_second(
         engine.dispose()
 
 
+@linux_only
 def test_a_lock_held_by_another_process_is_waited_for_and_names_it(
     migrated: tuple[Path, App],
 ) -> None:

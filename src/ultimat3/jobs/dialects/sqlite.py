@@ -301,7 +301,9 @@ def write_lock_holders(path: str) -> frozenset[int] | None:
 #: The connections the library opened on SQLite files, in this process: id -> (connection,
 #: the file's identity key, the process that opened it).
 _own: dict[int, tuple[sqlite3.Connection, tuple[object, ...], int]] = {}
-_own_lock = threading.Lock()
+#: Reentrant: a driver's connection is disowned by a finalizer, which the garbage collector may
+#: run on a thread that holds it already.
+_own_lock = threading.RLock()
 
 
 def hold_own(conn: sqlite3.Connection, path: str) -> None:
@@ -329,8 +331,10 @@ def blocked_here(path: str) -> bool:
         return False
     key, pid = file_identity(path).key, os.getpid()
     with _own_lock:
-        ours = [conn for conn, file, opener in _own.values() if file == key and opener == pid]
-    for conn in ours:
+        entries = tuple(_own.values())
+    for conn, file, opener in entries:
+        if file != key or opener != pid:
+            continue
         try:
             if conn.in_transaction:
                 return False

@@ -141,6 +141,33 @@ def test_a_transaction_that_wrote_is_refused_within_a_second(
 
 
 @linux_only
+def test_a_transaction_that_read_a_new_file_is_told_it_keeps_it_from_being_set_up(
+    tmp_path: Path, module: types.ModuleType
+) -> None:
+    path = tmp_path / "jobs.sqlite3"
+    app = App(driver=SqliteDriver(path, busy_timeout=3.0), modules=[module])
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()  # a read lock, held
+        started = time.monotonic()
+        with pytest.raises(ConfigurationError) as raised, app.using(conn):
+            record.enqueue({})
+        assert time.monotonic() - started < 1.0
+        assert "is new, and setting it up (WAL mode) needs every other" in raised.value.cause
+        assert "ultimat3-jobs migrate" in raised.value.fix
+        conn.execute("ROLLBACK")
+        conn.execute("BEGIN")
+        with app.using(conn):  # nothing read yet: set up and migrated on the app's connection
+            record.enqueue({})
+        conn.execute("COMMIT")
+        assert app.count_jobs() == 1
+    finally:
+        conn.close()
+        app.close()
+
+
+@linux_only
 def test_the_applications_own_lock_in_this_process_is_named_within_a_second(
     migrated: tuple[Path, App],
 ) -> None:

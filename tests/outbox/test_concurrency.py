@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ultimat3.jobs import App
+from ultimat3.jobs import App, ConfigurationError
 from ultimat3.jobs.outboxes.sqlite import SqliteOutboxStore
 
 from .conftest import JOBS, job_a
@@ -105,6 +105,38 @@ def test_an_enqueue_never_waits_for_a_relay_that_waits_for_its_transaction(
         ticking.join()
         assert took < 1.0, f"the enqueue waited {took:.1f}s for the relay"
         assert published == [1], "the relay's claim waited for the commit, then published it"
+    finally:
+        conn.close()
+        app.close()
+        sys.modules.pop(JOBS.__name__, None)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/locks")
+def test_creating_the_outbox_inside_a_transaction_that_wrote_is_refused_within_a_second(
+    tmp_path: Path,
+) -> None:
+    business = tmp_path / "business.sqlite3"
+    store = SqliteOutboxStore(business, busy_timeout=3.0)  # never migrated
+    sys.modules[JOBS.__name__] = JOBS
+    app = App(f"sqlite:///{tmp_path / 'jobs.sqlite3'}", modules=[JOBS], outbox=store)
+    conn = sqlite3.connect(business, isolation_level=None)
+    try:
+        conn.execute("CREATE TABLE orders (id integer)")
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO orders VALUES (1)")  # holds the write lock x_outbox needs
+        started = time.monotonic()
+        with pytest.raises(ConfigurationError) as raised, app.using(conn):
+            job_a.enqueue(1)
+        assert time.monotonic() - started < 1.0
+        assert "x_outbox" in raised.value.cause
+        assert "this process holds the write lock" in raised.value.cause
+        assert "ultimat3-jobs migrate" in raised.value.fix
+        conn.execute("ROLLBACK")
+        conn.execute("BEGIN")  # deferred, nothing written: the outbox is created meanwhile
+        with app.using(conn):
+            job_a.enqueue(2)
+        conn.execute("COMMIT")
+        assert app.relay().tick() == 1
     finally:
         conn.close()
         app.close()

@@ -92,13 +92,13 @@ from ultimat3.jobs.dialects.sqlite import (
     NOTADB,
     READONLY,
     apply_migrations,
-    blocked_here,
     check_unconverted,
     close_quietly,
     connection_file,
     disown,
     file_identity,
     hold_own,
+    holder_watch,
     is_busy,
     once,
     pending_versions,
@@ -156,12 +156,6 @@ _STATES = {state.value: state for state in JobState}
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 _MIN_VERSION = (3, 37, 0)  # STRICT tables; RETURNING (3.35) comes with it
 
-# A wait for the write lock looks at who holds it after _HELD_HERE_LOOK, then as often; held
-# _HELD_HERE_FOR by a connection of this process that is not the library's, it is the caller's
-# own (see blocked_here): waiting longer cannot help when it is this thread's, and another
-# thread's transactions are far shorter.
-_HELD_HERE_LOOK = 0.05
-_HELD_HERE_FOR = 0.5
 _SETUP_FIX = (
     "run `ultimat3-jobs migrate` once, or call app.open() at start-up, before any request "
     "opens a transaction"
@@ -551,8 +545,8 @@ class SqliteDriver:
         """Run ``attempt`` until it is not refused as busy, up to ``busy_timeout`` seconds
         (``dialects.sqlite.retry_busy``). A long wait is noted in ``stalls``: other writers
         could not write meanwhile either. With ``held_here``, a wait for a lock that this
-        process holds on a connection of its own (``blocked_here``) for ``_HELD_HERE_FOR``
-        ends with the error it makes."""
+        process holds on a connection of its own ends with the error it makes
+        (``dialects.sqlite.holder_watch``)."""
         try:
             return attempt()
         except sqlite3.Error as exc:
@@ -561,7 +555,7 @@ class SqliteDriver:
             if not is_busy(exc):
                 raise self._unavailable(exc) from exc
         started = time.monotonic()
-        watch = None if held_here is None else self._holder_watch(held_here)
+        watch = None if held_here is None else holder_watch(self.path, held_here)
         try:
             result = retry_busy(attempt, timeout=self._busy_timeout, on_busy=watch)
         except sqlite3.Error as exc:
@@ -572,27 +566,6 @@ class SqliteDriver:
             raise self._unavailable(exc) from exc
         self.stalls.note_wait(time.monotonic() - started)
         return result
-
-    def _holder_watch(self, held_here: Callable[[], ConfigurationError]) -> Callable[[float], None]:
-        """``retry_busy``'s ``on_busy``: raises ``held_here()`` once the lock has been held by
-        the application's own connection in this process at every look for
-        ``_HELD_HERE_FOR``."""
-        since: float | None = None
-        look_at = _HELD_HERE_LOOK
-
-        def on_busy(waited: float) -> None:
-            nonlocal since, look_at
-            if waited < look_at:
-                return
-            look_at = waited + _HELD_HERE_LOOK
-            if not blocked_here(self.path):
-                since = None
-            elif since is None:
-                since = waited
-            elif waited - since >= _HELD_HERE_FOR:
-                raise held_here() from None
-
-        return on_busy
 
     def _held_here(self, doing: str) -> ConfigurationError:
         return ConfigurationError(

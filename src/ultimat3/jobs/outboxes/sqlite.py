@@ -44,9 +44,12 @@ from ultimat3.jobs.dialects.sqlite import (
     INNER_BUSY_MS,
     apply_migrations,
     connection_file,
+    disown,
     dt,
     dt_or_none,
     file_identity,
+    hold_own,
+    holder_watch,
     now_us,
     pending_versions,
     plain_rows,
@@ -181,6 +184,7 @@ class SqliteOutboxStore(OneConnection):
             except sqlite3.Error as exc:
                 raise self._unavailable(exc) from exc
             self._opened(self._conn)
+            hold_own(self._conn, self.path)  # the library's own (dialects.sqlite.blocked_here)
         return self._conn
 
     def _begin(self) -> sqlite3.Connection:
@@ -197,11 +201,16 @@ class SqliteOutboxStore(OneConnection):
         return conn
 
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def _write(
+        self, held_here: Callable[[], Exception] | None = None
+    ) -> Iterator[sqlite3.Connection]:
         """``BEGIN IMMEDIATE`` on the store's connection: the write lock before any read. The
-        wait for it holds no lock of ours (``_begin``)."""
+        wait for it holds no lock of ours (``_begin``); with ``held_here``, a wait for a lock
+        the application's own connection in this process holds ends with that error
+        (``dialects.sqlite.holder_watch``)."""
+        watch = None if held_here is None else holder_watch(self.path, held_here)
         try:
-            conn = retry_busy(self._begin, timeout=self._busy_timeout)
+            conn = retry_busy(self._begin, timeout=self._busy_timeout, on_busy=watch)
         except sqlite3.Error as exc:
             raise self._unavailable(exc) from exc
         try:
@@ -258,6 +267,7 @@ class SqliteOutboxStore(OneConnection):
         with self._lock:
             self._closed = True
             if self._conn is not None:
+                disown(self._conn)
                 try:
                     self._conn.close()
                 except sqlite3.Error:
@@ -273,8 +283,17 @@ class SqliteOutboxStore(OneConnection):
         known = migrations("sqlite", _PACKAGE)
         if self.schema_current():
             return []
-        with self._write() as conn:
+        with self._write(self._migrate_held_here) as conn:
             return apply_migrations(conn, known, _Q)
+
+    def _migrate_held_here(self) -> ConfigurationError:
+        return ConfigurationError(
+            f"the outbox table x_outbox in {self.path} needs creating, and this process holds "
+            "the write lock that creating it needs on a connection of its own (the transaction "
+            "around this call, once it has written)",
+            fix="run `ultimat3-jobs migrate` once (it creates x_outbox too), or call the "
+            "store's migrate() at start-up, before any request opens a transaction",
+        )
 
     def schema_current(self) -> bool:
         known = migrations("sqlite", _PACKAGE)

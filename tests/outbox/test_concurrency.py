@@ -72,7 +72,12 @@ def test_business_threads_and_the_relay_never_wait_for_each_other(
                 time.sleep(0.02)
         print(f"{THREADS}x{PER_THREAD} ({journal}): {len(errors)} errors in {took:.2f}s")
         assert errors == []
-        assert took < 5.0, f"{THREADS}x{PER_THREAD} business transactions took {took:.1f}s"
+        # The regression this guards against waited out 30 s busy timeouts. In rollback-journal
+        # mode each commit syncs the journal and the file, and the business connections wait
+        # in SQLite's own busy handler (sleeps up to 100 ms): 0.6-5.8 s on a shared 2-core VM,
+        # with or without the relay running; WAL (the guide's advice) stays near a second.
+        bound = 5.0 if journal == "wal" else 15.0
+        assert took < bound, f"{THREADS}x{PER_THREAD} business transactions took {took:.1f}s"
         assert relay.pending() == 0
         assert app.count_jobs() == THREADS * PER_THREAD
     finally:

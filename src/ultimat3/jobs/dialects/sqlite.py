@@ -310,8 +310,11 @@ _own_lock = threading.RLock()
 def hold_own(conn: sqlite3.Connection, path: str) -> None:
     """Note ``conn`` as one of the library's connections to the file at ``path`` (until
     ``disown``), so that ``blocked_here`` can tell them from the application's."""
-    entry = (conn, file_identity(path).key, os.getpid())
+    pid = os.getpid()
+    entry = (conn, file_identity(path).key, pid)
     with _own_lock:
+        for key in [key for key, (_, _, opener) in _own.items() if opener != pid]:
+            del _own[key]  # a forked child's copy of its parent's: never used here
         _own[id(conn)] = entry
 
 

@@ -345,23 +345,38 @@ def test_heartbeats_keep_a_long_job_from_being_rescued(
     assert got.state is JobState.COMPLETED and got.attempt == 1 and not got.errors
 
 
-def test_expired_leases_are_rescued_and_the_attempt_counts(app: App, clock: FakeClock) -> None:
+def test_expired_leases_are_rescued_and_the_attempt_counts_only_when_the_job_ran_alone(
+    app: App, clock: FakeClock
+) -> None:
+    """A crash beside other jobs isolates the job and gives its attempt back; a crash while it
+    ran alone (isolated) counts, so only a job that kills its worker alone ends dead."""
     result = record.enqueue({"n": 1})
-    params = ClaimParams(
-        queues=("default",),
-        limit=1,
-        lease_for=timedelta(seconds=30),
-        worker_id="gone",
-        now=clock.now(),
-    )
+
+    def params(isolated: bool) -> ClaimParams:
+        return ClaimParams(
+            queues=("default",),
+            limit=1,
+            lease_for=timedelta(seconds=30),
+            worker_id="gone",
+            now=clock.now(),
+            isolated=isolated,
+        )
+
     # Claimed as a worker claims, for a free handler: marked started.
-    [claimed] = app.driver.job_cycle(Cycle(claim=params), now=clock.now()).claimed
+    [claimed] = app.driver.job_cycle(Cycle(claim=params(False)), now=clock.now()).claimed
     assert claimed.id == result.id
     clock.advance("31s")
     worker = app.worker()
     assert worker.maintenance.rescue() == [result.id]
     rescued = app.get_job(result.id)
-    assert rescued.attempt == 1 and rescued.errors[0].kind == "worker_lost"
+    assert rescued.attempt == 0 and rescued.errors[0].kind == "worker_lost"
+    assert rescued.state is JobState.AVAILABLE  # due at once, to run alone
+    [alone] = app.driver.job_cycle(Cycle(claim=params(True)), now=clock.now()).claimed
+    assert (alone.id, alone.attempt) == (result.id, 1)
+    clock.advance("31s")
+    assert worker.maintenance.rescue() == [result.id]
+    rescued = app.get_job(result.id)
+    assert rescued.attempt == 1 and [e.kind for e in rescued.errors] == ["worker_lost"] * 2
     assert rescued.state is JobState.SCHEDULED  # after the policy's backoff, like any failure
     clock.advance("1s")
     drain(app)

@@ -51,7 +51,7 @@ CATALOGUE: dict[str, str] = {
     "jobs.job.dead": "a job used its last attempt (dead-lettered, or dropped)",
     "jobs.job.snoozed": "a job snoozed itself",
     "jobs.job.cancelled": "a job cancelled itself",
-    "jobs.job.rescued": "the maintenance node failed a job whose worker vanished",
+    "jobs.job.rescued": "a worker rescued a job whose worker vanished (`charged`: the attempt counts)",
     "jobs.job.released-unstarted": "an unstarted claim's lease expired: it went back",
     "jobs.job.unknown": "a job no function of this worker is registered for",
     "jobs.job.timeout": "a job ran past its timeout",

@@ -436,6 +436,9 @@ class Failure:
     #: The job's worker died under it (a rescue): until it returns, it is claimed only alone.
     #: Any other failure clears the mark.
     isolate: bool = False
+    #: The attempt is given back (``attempt`` goes down by one): a rescue of a job whose worker
+    #: died while it ran beside other jobs, which cannot tell which of them caused it.
+    refund: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,13 +22,14 @@
    database, so before it can have been rescued elsewhere. Not on a single-writer database
    (SQLite): there a stall holds every writer, the rescuer included, and the rescuer trusts
    an expiry only once writes have flowed for a full lease, so leases are kept through it.
-4. **maintenance** loop: rescue and prune, on the one node elected for it.
+4. **maintenance** loop: rescue expired leases (on every worker) and prune (on the one node
+   elected for it).
 
 A job whose worker dies while it holds it (started, by its claim) is rescued as
 ``worker_lost`` and *isolated*: a worker runs it alone (nothing else in flight) until it
-returns; one a shutdown gives back before a thread took it goes back with its attempt. The
-cycle runs under the policy of a ``supervise.Loop`` (``Loop.once``), the heartbeat and
-maintenance as loops of their own; a critical one that keeps failing unexpectedly stops the
+returns. Its attempt counts only if it ran alone when the worker died; one a shutdown gives
+back before a thread took it goes back with its attempt. The cycle runs under the policy of
+a ``supervise.Loop`` (``Loop.once``), the heartbeat and maintenance as loops of their own; a critical one that keeps failing unexpectedly stops the
 worker with ``exit_code`` 70, releasing what it holds, for its supervisor to restart it.
 """
 
@@ -263,6 +264,9 @@ class Worker:
             self.config.maintenance,
             holder=self.worker_id,
             grace=self.config.lease,
+            # A lease long (1 s to 15 s): a dead leader's successor takes over within a lease
+            # and a rescue interval (rescue itself runs on every worker).
+            leader_ttl=min(max(self.config.lease, timedelta(seconds=1)), timedelta(seconds=15)),
         )
         #: This worker's row in the workers table (``ultimat3-jobs workers``).
         self.presence = Presence(
@@ -998,6 +1002,9 @@ class Worker:
             prune_every=self.config.prune_interval.total_seconds(),
         )
         self.stats.rescued += rescued
+        if rescued:  # claim what came back now, and look for isolated jobs at once
+            self._next_isolation_check = 0.0
+            self._wake.set()
         return self.maintenance.next_in()
 
     # -- shutdown ------------------------------------------------------------------------------

@@ -560,6 +560,8 @@ class MemoryDriver:
             if job is None:
                 continue
             errors = (*job.errors, failure.error)
+            if failure.refund:
+                job = replace(job, attempt=max(job.attempt - 1, 0))
             if failure.retry_at is None:
                 job = replace(job, state=JobState.DEAD, finished_at=at, errors=errors)
             else:
@@ -731,7 +733,9 @@ class MemoryDriver:
         )
         return running[: max(0, limit)]
 
-    def job_list_expired(self, *, limit: int, now: datetime | None = None) -> list[Job]:
+    def job_list_expired(
+        self, *, limit: int, now: datetime | None = None, isolated: bool | None = None
+    ) -> list[Job]:
         at = _now(now)
         with self._lock:
             expired = [
@@ -741,6 +745,7 @@ class MemoryDriver:
                 and job.id in self._started
                 and job.lease_expires_at is not None
                 and job.lease_expires_at < at
+                and (isolated is None or (job.id in self._isolated) is isolated)
             ]
         expired.sort(key=lambda job: (job.lease_expires_at, job.id))
         return expired[: max(0, limit)]

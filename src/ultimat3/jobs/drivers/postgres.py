@@ -954,6 +954,7 @@ class PostgresDriver:
                         "error": f.error.to_json(),
                         "retry_at": f.retry_at.isoformat() if f.retry_at is not None else None,
                         "isolate": f.isolate,
+                        "refund": f.refund,
                     }
                     for f in ordered
                 ]
@@ -1003,10 +1004,13 @@ class PostgresDriver:
         )
         return bool(rows)
 
-    def job_list_expired(self, *, limit: int, now: datetime | None = None) -> list[Job]:
+    def job_list_expired(
+        self, *, limit: int, now: datetime | None = None, isolated: bool | None = None
+    ) -> list[Job]:
         if limit <= 0:
             return []
-        rows = self._fetch("job_list_expired", {"limit": limit, "now": now})
+        params = {"limit": limit, "now": now, "isolated": isolated}
+        rows = self._fetch("job_list_expired", params)
         return [_job(row) for row in rows]
 
     def job_list_running(self, *, limit: int) -> list[Job]:

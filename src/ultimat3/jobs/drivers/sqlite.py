@@ -933,8 +933,14 @@ class SqliteDriver:
             query = _Q["job_cancel_leased"]
         return self._write(lambda conn: conn.execute(query, args).rowcount == 1)
 
-    def job_list_expired(self, *, limit: int, now: datetime | None = None) -> list[Job]:
-        args = {"now": _now_us(now), "limit": max(0, limit)}  # SQLite reads LIMIT -1 as "all"
+    def job_list_expired(
+        self, *, limit: int, now: datetime | None = None, isolated: bool | None = None
+    ) -> list[Job]:
+        args = {
+            "now": _now_us(now),
+            "limit": max(0, limit),  # SQLite reads LIMIT -1 as "all"
+            "isolated": None if isolated is None else int(isolated),
+        }
         rows = self._read(lambda conn: conn.execute(_Q["job_list_expired"], args).fetchall())
         return [_job(row) for row in rows]
 
@@ -1451,6 +1457,7 @@ def _failure_rows(failures: Sequence[Failure], now_us: int) -> list[dict[str, An
             "id": failure.lease.id,
             "token": failure.lease.token,
             "isolated": int(failure.isolate),
+            "refund": int(failure.refund),
         }
         for failure in failures
     ]

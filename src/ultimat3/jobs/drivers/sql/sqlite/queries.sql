@@ -297,7 +297,8 @@ WHERE id = ? AND lease_token = ? AND state = 'running';
 
 -- name: job_fail
 -- :retry_at NULL parks the job as dead; :error is one AttemptError.to_json() object;
--- :isolated says whether the job is isolated from now on (a rescue) or not (any other failure).
+-- :isolated says whether the job is isolated from now on (a rescue) or not (any other failure);
+-- :refund (1) gives the attempt back (a rescue of a job that ran beside others).
 UPDATE x_jobs
 SET state = CASE
         WHEN :retry_at IS NULL THEN 'dead'
@@ -307,6 +308,7 @@ SET state = CASE
     run_at = coalesce(:retry_at, run_at),
     finished_at = CASE WHEN :retry_at IS NULL THEN :now END,
     errors = json_insert(errors, '$[#]', json(:error)),
+    attempt = max(attempt - :refund, 0),
     lease_token = NULL,
     lease_expires_at = NULL,
     isolated = :isolated
@@ -345,12 +347,14 @@ WHERE id = :id
   AND (:tenant_id IS NULL OR tenant_id = :tenant_id);
 
 -- name: job_list_expired
--- Started jobs only: an unstarted one is released by job_release_unstarted instead.
+-- Started jobs only: an unstarted one is released by job_release_unstarted instead. :isolated
+-- NULL lists every one, 1 those that ran alone (isolated), 0 those that ran beside others.
 SELECT id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
        max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
        lease_expires_at, worker_id, errors, cancel_reason, trace_context, result
 FROM x_jobs
 WHERE state = 'running' AND lease_expires_at < :now AND started = 1
+  AND (:isolated IS NULL OR isolated = :isolated)
 ORDER BY lease_expires_at, id
 LIMIT :limit;
 

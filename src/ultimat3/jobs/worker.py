@@ -607,6 +607,9 @@ class Worker:
             if not alone.run.free:
                 return 0, False
             self._alone = None
+            # Another isolated job may wait: look before claiming others, so that isolated
+            # jobs run back to back (each is exposed to a crash of the worker while it runs).
+            self._next_isolation_check = 0.0
         with self._lock:
             busy = self._busy
         now = time.monotonic()

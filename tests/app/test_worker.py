@@ -152,27 +152,38 @@ def test_typed_input_arrives_as_its_type(app: App) -> None:
     assert calls == [Order(id=3, total=9.5)]
 
 
-def test_unknown_job_names_fail_and_retry(app: App) -> None:
+def test_an_unknown_job_name_waits_for_a_worker_that_knows_it_then_ends_dead(
+    app: App, clock: FakeClock
+) -> None:
+    """A worker that lacks the name gives the job back without charging an attempt and passes
+    over it; once it has waited ``unknown_grace`` since it became due, it is dead-lettered."""
     from ultimat3.jobs.ids import uuid7
     from ultimat3.jobs.records import NewJob
 
+    job_id = uuid7()
     app.driver.job_insert_many(
-        [
-            NewJob(
-                id=uuid7(),
-                name="renamed_long_ago",
-                queue="default",
-                input="{}",
-                idempotency_key=uuid7(),
-                max_attempts=2,
-            )
-        ],
+        [NewJob(job_id, "renamed_long_ago", "default", "{}", job_id, max_attempts=2)],
         now=app.clock.pinned(),
     )
-    drain(app)
-    (found,) = app.list_jobs(name="renamed_long_ago")
-    assert found.state is JobState.SCHEDULED
-    assert found.errors[0].kind == "unknown_job"
+    due = app.get_job(job_id).run_at
+    worker = app.worker(unknown_grace="10m")
+    stats = worker.drain()
+    assert stats.claimed == 1, "claimed once, then passed over"
+    found = app.get_job(job_id)
+    assert (found.state, found.attempt, found.errors, found.run_at) == (
+        JobState.AVAILABLE,
+        0,
+        (),
+        due,
+    )
+    assert worker.drain().claimed == 1, "no second claim: this worker skips the name a while"
+    clock.advance("10m")
+    later = app.worker(unknown_grace="10m")
+    later.drain()
+    dead = app.get_job(job_id)
+    assert (dead.state, dead.attempt) == (JobState.DEAD, 1)
+    assert [e.kind for e in dead.errors] == ["unknown_job"]
+    assert "no worker that knows it claimed it within 10m" in dead.errors[0].message
 
 
 def test_corrupt_payload_is_parked_without_retry(app: App) -> None:

@@ -3,6 +3,7 @@ each part fenced like its stand-alone counterpart, the claimed jobs marked start
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from ultimat3.jobs.driver import Driver
@@ -127,3 +128,26 @@ def test_a_rescue_beside_others_gives_the_attempt_back_and_one_alone_keeps_it(
     charged = Failure(again.lease, error(1, later), retry_at=later, isolate=True)
     assert driver.job_fail_many([charged], now=later) == {first.id}
     assert get(driver, first.id).attempt == 1, "a crash alone keeps its attempt"
+
+
+def test_a_claim_passes_over_the_names_it_skips(driver: Driver) -> None:
+    """``ClaimParams.skip``: a worker that lacks a job's name leaves it for a worker that knows
+    it (a rolling deploy), by every claim of unlimited jobs: one queue or several, in a cycle or
+    not, ordinary or isolated; an empty skip claims as before."""
+    unknown, known, other_queue = (
+        new_job(name="new.job", priority=9),
+        new_job(name="old.job"),
+        new_job(name="new.job", queue="other"),
+    )
+    insert(driver, unknown, known, other_queue)
+    base = _params(5, now=at(1))
+    skip = ("new.job", "gone.job")
+    one = driver.job_cycle(Cycle(claim=replace(base, skip=skip)), now=at(1)).claimed
+    assert [j.id for j in one] == [known.id]
+    several = replace(base, queues=("default", "other"), skip=skip)
+    assert driver.job_claim(several) == []
+    assert driver.job_cycle(Cycle(claim=several), now=at(1)).claimed == []
+    alone = driver.job_cycle(Cycle(claim=replace(base, isolated=True, skip=skip)), now=at(1))
+    assert alone.claimed == []
+    everything = driver.job_cycle(Cycle(claim=replace(base, queues=("default", "other"))))
+    assert {j.id for j in everything.claimed} == {unknown.id, other_queue.id}

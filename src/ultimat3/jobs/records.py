@@ -524,6 +524,10 @@ class ClaimParams:
     #: Also claim jobs with a concurrency limit (see ``limits``); False claims only jobs
     #: without one, by the same statement as before limits existed.
     limited: bool = False
+    #: Job names not to claim: names this worker lacks and skips for a while (a rolling
+    #: deploy). Empty: the usual claim statements. The claims of jobs with a concurrency limit
+    #: may still return them (the worker gives those back again).
+    skip: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -345,7 +345,8 @@ class MemoryDriver:
         at = _now(params.now)
         queues = set(params.queues)
         wake_at = None
-        if params.limited or params.isolated:  # a scan of every waiting job: the rarer claims
+        skip = set(params.skip)
+        if params.limited or params.isolated or skip:  # a scan of every waiting job: rarer
             due = (
                 job
                 for job in map(self._jobs.__getitem__, self._waiting)
@@ -354,6 +355,7 @@ class MemoryDriver:
                 and not self._paused.get(job.queue, False)
                 and (job.id in self._isolated) is params.isolated
                 and (params.limited or job.id not in self._limits)
+                and job.name not in skip
             )
             if params.limited:
                 best, wake_at = self._within_limits(due, max(0, params.limit), at)

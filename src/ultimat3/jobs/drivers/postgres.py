@@ -782,10 +782,12 @@ class PostgresDriver:
         }
         queues = sorted(set(params.queues))
         suffix = "_relaxed" if relaxed else ""
-        if len(queues) == 1 and not params.isolated:
+        if len(queues) == 1 and not (params.isolated or params.skip):
             values["queue"] = queues[0]
             return self._with_limit("job_claim_queue" + suffix, params.limit), values
-        values.update(queues=_text_array(queues), limit=params.limit)
+        values.update(
+            queues=_text_array(queues), limit=params.limit, skip=_text_array(sorted(params.skip))
+        )
         return self._q[("job_claim_isolated" if params.isolated else "job_claim") + suffix], values
 
     def _with_limit(self, name: str, limit: int) -> bytes:
@@ -810,7 +812,11 @@ class PostgresDriver:
             if relaxed:
                 alone = self._fetch(*self._claim_query(claim, started=True, relaxed=True))
                 return CycleResult(claimed=[_job(row) for row in alone])
-            if not cycle.failures and len(set(claim.queues)) == 1 and not claim.isolated:
+            if (
+                not cycle.failures
+                and len(set(claim.queues)) == 1
+                and not (claim.isolated or claim.skip)
+            ):
                 return self._cycle_queue(cycle, claim, now)
         steps: list[tuple[bytes, dict[str, Any]]] = []
         if relaxed:

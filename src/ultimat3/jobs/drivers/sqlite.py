@@ -1500,11 +1500,12 @@ def _claim(
     }
     queues = sorted(set(params.queues))
     wake: list[int] = []
-    if len(queues) == 1 and not params.isolated and not params.limited:
+    if len(queues) == 1 and not (params.isolated or params.limited or params.skip):
         args["queue"] = queues[0]
         rows = conn.execute(_CLAIM_QUEUE, args).fetchall()
     else:
         args["isolated"] = int(params.isolated)
+        args["skip"] = json.dumps(sorted(params.skip))
         rows = _claim_queues(conn, queues, args, after if params.limited else None, wake)
     jobs = [_job(row) for row in rows]
     jobs.sort(key=_claim_order)
@@ -1530,6 +1531,7 @@ def _claim_queues(
             "now": args["now"],
             "limit": args["limit"],
             "isolated": args["isolated"],
+            "skip": args["skip"],
         }
         if after is None:
             rows = conn.execute(_Q["job_claim_candidates"], query_args)

@@ -216,6 +216,7 @@ WITH due AS (
           AND j.run_at <= coalesce(%(now)s::timestamptz, now())
           AND NOT j.isolated  -- the driver derives job_claim_isolated: "AND j.isolated"
           AND j.limit_key IS NULL  -- limited jobs: job_limit_lock, job_claim_limited
+          AND j.name <> ALL(%(skip)s::text[])  -- names this worker lacks (ClaimParams.skip)
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED

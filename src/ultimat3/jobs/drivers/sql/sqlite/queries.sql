@@ -131,12 +131,14 @@ WHERE paused = 1 AND name IN (SELECT value FROM json_each(:queues));
 -- name: job_claim_candidates
 -- Several queues: the best :limit of each queue, merged in Python, then claimed by id.
 -- :isolated picks ordinary jobs (0) or isolated ones (1), each from its own partial index.
+-- :skip is a JSON array of job names this worker lacks (ClaimParams.skip), usually empty.
 SELECT id, priority, run_at FROM x_jobs
 WHERE queue = :queue
   AND state IN ('scheduled', 'available')
   AND run_at <= :now
   AND isolated = :isolated
   AND limit_key IS NULL
+  AND name NOT IN (SELECT value FROM json_each(:skip))
   AND NOT EXISTS (SELECT 1 FROM x_queues WHERE name = :queue AND paused = 1)
 ORDER BY priority DESC, run_at, id
 LIMIT :limit;

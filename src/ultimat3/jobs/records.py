@@ -525,8 +525,7 @@ class ClaimParams:
     #: without one, by the same statement as before limits existed.
     limited: bool = False
     #: Job names not to claim: names this worker lacks and skips for a while (a rolling
-    #: deploy). Empty: the usual claim statements. The claims of jobs with a concurrency limit
-    #: may still return them (the worker gives those back again).
+    #: deploy). Empty: the usual claim statements (one queue keeps its fast one).
     skip: tuple[str, ...] = ()
 
 

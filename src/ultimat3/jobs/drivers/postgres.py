@@ -750,6 +750,7 @@ class PostgresDriver:
             "worker_id": params.worker_id,
             "started": started,
             "token": params.token or ids.token(),
+            "skip": _text_array(sorted(params.skip)),
         }
         return [
             (self._q["job_claim_limited_setup"], {}),

@@ -973,6 +973,7 @@ WITH free AS (
           AND j.run_at <= coalesce(%(now)s::timestamptz, now())
           AND j.isolated = %(isolated)s
           AND j.limit_key IS NULL
+          AND j.name <> ALL(%(skip)s::text[])
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -1022,6 +1023,7 @@ lim_rows AS (
           AND j.state IN ('scheduled', 'available')
           AND j.run_at <= coalesce(%(now)s::timestamptz, now())
           AND j.isolated = %(isolated)s
+          AND j.name <> ALL(%(skip)s::text[])
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT least(%(limit)s, greatest(k.free, 0))
     ) c

@@ -176,6 +176,7 @@ SELECT NULL, 0, 0, 0, 0, 0, NULL,
             SELECT id, priority, run_at FROM x_jobs
             WHERE queue = :queue AND state IN ('scheduled', 'available')
               AND run_at <= :now AND isolated = :isolated AND limit_key IS NULL
+              AND name NOT IN (SELECT value FROM json_each(:skip))
             ORDER BY priority DESC, run_at, id
             LIMIT :limit) c)
 WHERE :plain AND NOT EXISTS (SELECT 1 FROM x_queues WHERE name = :queue AND paused = 1)
@@ -204,6 +205,7 @@ SELECT keys.k, h.limit_max,
                 WHERE queue = :queue AND limit_key = keys.k
                   AND state IN ('scheduled', 'available')
                   AND run_at <= :now AND isolated = :isolated
+                  AND name NOT IN (SELECT value FROM json_each(:skip))
                 ORDER BY priority DESC, run_at, id
                 LIMIT :limit) c)
        END

@@ -163,8 +163,8 @@ def kill_loop(url: str, ledger: Path, jobs: int = 2000) -> None:
     charged = [j for j in healthy if j.attempt > 1]
     lost = [j for j in healthy if j.attempt > starts[j.id]]
     took = time.monotonic() - started
-    print(f"kill-loop: {jobs} jobs + {len(bad)} poison, {kills} kill -9, {restarts} poison")
-    print(f"  restarts, {took:.1f} s on {app.driver.name}")
+    print(f"kill-loop on {app.driver.name}: {jobs} jobs + {len(bad)} poison, {took:.1f} s")
+    print(f"  {kills} kill -9, {restarts} restarts after a poison job's crash")
     print(f"  healthy completed: {sum(j.state.value == 'completed' for j in healthy)}/{jobs}")
     print(f"  healthy dead: {len(dead)}")
     print(f"  healthy charged more than one attempt: {len(charged)}")

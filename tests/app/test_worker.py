@@ -395,6 +395,27 @@ def test_expired_leases_are_rescued_and_the_attempt_counts_only_when_the_job_ran
     assert app.get_job(result.id).attempt == 2
 
 
+def test_a_worker_that_does_not_lead_maintenance_rescues_too(app: App, clock: FakeClock) -> None:
+    """Rescue follows the lease, not the leadership: a frozen leader still holds it for its
+    time to live, so every worker rescues (fenced: two racing change the job once)."""
+    leader, standby = app.worker(lease="3s"), app.worker(lease="3s")
+    assert leader.maintenance.leader_ttl == timedelta(seconds=3), "the leadership lasts a lease"
+    leader.maintenance.tick(rescue_every=60, prune_every=60)
+    assert leader.maintenance.leading
+    record.enqueue({"n": 1})
+    params = ClaimParams(("default",), 1, timedelta(seconds=3), worker_id="gone", now=clock.now())
+    [claimed] = app.driver.job_cycle(Cycle(claim=params), now=clock.now()).claimed
+    clock.advance("2s")
+    leader.maintenance.tick(rescue_every=60, prune_every=60)  # renewed; its rescue not due
+    clock.advance("2s")
+    assert standby.maintenance.tick(rescue_every=60, prune_every=60) == 1
+    assert not standby.maintenance.leading
+    assert leader.maintenance.rescue() == [], "already rescued: fenced"
+    rescued = app.get_job(claimed.id)
+    assert (rescued.state, rescued.attempt) == (JobState.AVAILABLE, 0)
+    assert [e.kind for e in rescued.errors] == ["worker_lost"]
+
+
 def test_a_claim_that_never_started_gets_its_attempt_back(app: App, clock: FakeClock) -> None:
     result = record.enqueue({"n": 1})
     app.driver.job_claim(

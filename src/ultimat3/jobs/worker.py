@@ -559,7 +559,7 @@ class Worker:
 
     def _skipped(self) -> tuple[str, ...]:
         """The job names this worker passes over now (``_prepare`` adds them)."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         skipping = self._skipping.copy()  # handler threads add to it
         for name, until in skipping.items():
             if until <= now:
@@ -1172,7 +1172,7 @@ class Worker:
             )
             return Outcome("fail", failure=Failure(job.lease, error, None))
         until = self._skipping.get(job.name, 0.0)
-        if until <= time.monotonic():  # once per skip period, not for each job of the name
+        if until <= self.clock.monotonic():  # once per skip period, not for each job of the name
             events.warning(
                 "jobs.job.unknown",
                 job,
@@ -1182,7 +1182,9 @@ class Worker:
                 waits_until=(job.run_at + grace).isoformat(),
                 fix=fix,
             )
-        self._skipping[job.name] = time.monotonic() + min(_UNKNOWN_SKIP, grace.total_seconds())
+        self._skipping[job.name] = self.clock.monotonic() + min(
+            _UNKNOWN_SKIP, grace.total_seconds()
+        )
         return Outcome("release", run_at=job.run_at)
 
     def _context(self, held: _Held) -> JobContext:

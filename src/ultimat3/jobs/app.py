@@ -477,6 +477,7 @@ class App(Enqueuer):
         dead_retention: DurationInput | None = None,
         heartbeat: DurationInput | None = None,
         stuck_limit: DurationInput | None = "5m",
+        unknown_grace: DurationInput = "1h",
     ) -> Worker:
         """A worker for this app's jobs (``worker.run()`` blocks; ``with worker:`` runs it in
         background threads). Settings that cannot work are refused here, naming the option:
@@ -501,6 +502,7 @@ class App(Enqueuer):
             rescue_interval=to_timedelta(rescue_interval, name="rescue_interval"),
             prune_interval=to_timedelta(prune_interval, name="prune_interval"),
             stuck_limit=maybe(stuck_limit, "stuck_limit"),
+            unknown_grace=to_timedelta(unknown_grace, name="unknown_grace"),
             maintenance=MaintenanceConfig(
                 retention=to_timedelta(retention, name="retention"),
                 dead_retention=maybe(dead_retention, "dead_retention"),

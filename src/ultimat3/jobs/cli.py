@@ -434,6 +434,14 @@ def _worker_options(f: F) -> F:
             type=DURATION,
             help="Exit (code 70) when jobs past their timeout hold every slot for this long.",
         ),
+        click.option(
+            "--unknown-grace",
+            default="1h",
+            show_default=True,
+            type=DURATION,
+            help="How long a job whose name this worker lacks waits for a worker that knows it "
+            "(given back without using an attempt) before it is dead-lettered.",
+        ),
     ]
     for option in reversed(options):
         f = option(f)

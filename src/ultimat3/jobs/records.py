@@ -445,6 +445,9 @@ class Failure:
     #: The job's worker died under it (a rescue): until it returns, it is claimed only alone.
     #: Any other failure clears the mark.
     isolate: bool = False
+    #: The attempt is given back (``attempt`` goes down by one): a rescue of a job whose worker
+    #: died while it ran beside other jobs, which cannot tell which of them caused it.
+    refund: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -533,6 +536,9 @@ class ClaimParams:
     #: Also claim jobs with a concurrency limit (see ``limits``); False claims only jobs
     #: without one, by the same statement as before limits existed.
     limited: bool = False
+    #: Job names not to claim: names this worker lacks and skips for a while (a rolling
+    #: deploy). Empty: the usual claim statements (one queue keeps its fast one).
+    skip: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

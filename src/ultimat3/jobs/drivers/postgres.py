@@ -733,6 +733,7 @@ class PostgresDriver:
             "worker_id": params.worker_id,
             "started": started,
             "token": params.token or ids.token(),
+            "skip": _text_array(sorted(params.skip)),
         }
         return [
             (self._q["job_claim_limited_setup"], {}),
@@ -765,10 +766,12 @@ class PostgresDriver:
         }
         queues = sorted(set(params.queues))
         suffix = "_relaxed" if relaxed else ""
-        if len(queues) == 1 and not params.isolated:
+        if len(queues) == 1 and not (params.isolated or params.skip):
             values["queue"] = queues[0]
             return self._with_limit("job_claim_queue" + suffix, params.limit), values
-        values.update(queues=_text_array(queues), limit=params.limit)
+        values.update(
+            queues=_text_array(queues), limit=params.limit, skip=_text_array(sorted(params.skip))
+        )
         return self._q[("job_claim_isolated" if params.isolated else "job_claim") + suffix], values
 
     def _with_limit(self, name: str, limit: int) -> bytes:
@@ -793,7 +796,11 @@ class PostgresDriver:
             if relaxed:
                 alone = self._fetch(*self._claim_query(claim, started=True, relaxed=True))
                 return CycleResult(claimed=[_job(row) for row in alone])
-            if not cycle.failures and len(set(claim.queues)) == 1 and not claim.isolated:
+            if (
+                not cycle.failures
+                and len(set(claim.queues)) == 1
+                and not (claim.isolated or claim.skip)
+            ):
                 return self._cycle_queue(cycle, claim, now)
         steps: list[tuple[bytes, dict[str, Any]]] = []
         if relaxed:
@@ -937,6 +944,7 @@ class PostgresDriver:
                         "error": f.error.to_json(),
                         "retry_at": f.retry_at.isoformat() if f.retry_at is not None else None,
                         "isolate": f.isolate,
+                        "refund": f.refund,
                     }
                     for f in ordered
                 ]
@@ -986,10 +994,13 @@ class PostgresDriver:
         )
         return bool(rows)
 
-    def job_list_expired(self, *, limit: int, now: datetime | None = None) -> list[Job]:
+    def job_list_expired(
+        self, *, limit: int, now: datetime | None = None, isolated: bool | None = None
+    ) -> list[Job]:
         if limit <= 0:
             return []
-        rows = self._fetch("job_list_expired", {"limit": limit, "now": now})
+        params = {"limit": limit, "now": now, "isolated": isolated}
+        rows = self._fetch("job_list_expired", params)
         return [_job(row) for row in rows]
 
     def job_list_running(self, *, limit: int) -> list[Job]:

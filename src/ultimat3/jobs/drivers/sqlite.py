@@ -1022,8 +1022,14 @@ class SqliteDriver:
             query = _Q["job_cancel_leased"]
         return self._write(lambda conn: conn.execute(query, args).rowcount == 1)
 
-    def job_list_expired(self, *, limit: int, now: datetime | None = None) -> list[Job]:
-        args = {"now": _now_us(now), "limit": max(0, limit)}  # SQLite reads LIMIT -1 as "all"
+    def job_list_expired(
+        self, *, limit: int, now: datetime | None = None, isolated: bool | None = None
+    ) -> list[Job]:
+        args = {
+            "now": _now_us(now),
+            "limit": max(0, limit),  # SQLite reads LIMIT -1 as "all"
+            "isolated": None if isolated is None else int(isolated),
+        }
         rows = self._read(lambda conn: conn.execute(_Q["job_list_expired"], args).fetchall())
         return [_job(row) for row in rows]
 
@@ -1546,6 +1552,7 @@ def _failure_rows(failures: Sequence[Failure], now_us: int) -> list[dict[str, An
             "id": failure.lease.id,
             "token": failure.lease.token,
             "isolated": int(failure.isolate),
+            "refund": int(failure.refund),
         }
         for failure in failures
     ]
@@ -1588,11 +1595,12 @@ def _claim(
     }
     queues = sorted(set(params.queues))
     wake: list[int] = []
-    if len(queues) == 1 and not params.isolated and not params.limited:
+    if len(queues) == 1 and not (params.isolated or params.limited or params.skip):
         args["queue"] = queues[0]
         rows = conn.execute(_CLAIM_QUEUE, args).fetchall()
     else:
         args["isolated"] = int(params.isolated)
+        args["skip"] = json.dumps(sorted(params.skip))
         rows = _claim_queues(conn, queues, args, after if params.limited else None, wake)
     jobs = [_job(row) for row in rows]
     jobs.sort(key=_claim_order)
@@ -1618,6 +1626,7 @@ def _claim_queues(
             "now": args["now"],
             "limit": args["limit"],
             "isolated": args["isolated"],
+            "skip": args["skip"],
         }
         if after is None:
             rows = conn.execute(_Q["job_claim_candidates"], query_args)

@@ -9,6 +9,10 @@ Guarantees and limits:
 - **Rescue is by lease, not by age.** A running job is rescued only once its lease expired on
   the database's clock, i.e. no heartbeat renewed it for a whole lease. A job whose worker is
   alive keeps its lease however long it runs.
+- **A step of the clock is not a death.** A lease renewed on time before the host's wall
+  clock stepped forward looks expired after it. The rescuer trusts no expiry until a full
+  lease (``grace``) has passed since this process saw the step (``Clock.stepped_at``), time
+  in which the lease's worker renews it (at once: it saw the step too).
 - **A stall is not a death.** When this process saw the database delay or refuse its writes
   (SQLite's write lock held by a long business transaction; a network stall), heartbeats may
   have been stuck behind the same stall. The rescuer then waits until writes have flowed for
@@ -182,13 +186,17 @@ class Maintenance:
     def rescue(self) -> list[str]:
         """Fail every job whose lease expired; return the ids rescued. Deferred (returns [])
         while this process saw a write stall less than ``grace`` ago."""
-        healthy = self.driver.stalls.healthy_for()
+        stepped = self.clock.stepped_at()
+        steady = self.clock.monotonic() - stepped
+        healthy = min(self.driver.stalls.healthy_for(), steady)
         if healthy < self.grace.total_seconds():
             if not self._deferred:
                 self._deferred = True
                 events.warning(
                     "jobs.maintenance.rescue-deferred",
-                    reason="the database stalled our writes",
+                    reason="the wall clock stepped"
+                    if steady <= healthy
+                    else "the database stalled our writes",
                     healthy_for=round(healthy, 3),
                     grace=self.grace.total_seconds(),
                 )
@@ -202,8 +210,8 @@ class Maintenance:
             expired = self.driver.job_list_expired(
                 limit=self.config.rescue_batch, now=self.clock.pinned()
             )
-            if not expired:
-                return rescued
+            if not expired or self.clock.stepped_at() != stepped:
+                return rescued  # (a step seen meanwhile: the next pass defers)
             now = self.clock.now()
             failures: list[Failure] = []
             drops: list[str] = []

@@ -1,0 +1,125 @@
+"""A step of the wall clock under the scheduler, with a fake clock (``FakeClock.step`` moves
+wall time alone, as ``date -s`` would): it fires no occurrence ahead of the true time, none
+twice, and no task stays silent for more than one period once the clock is corrected. The
+same with real processes whose wall clock is shifted: ``test_clock_step_processes.py``."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from ultimat3.jobs import App, job, task
+from ultimat3.jobs.scheduler import Scheduler
+from ultimat3.jobs.testing import FakeClock
+
+START = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
+PERIOD = timedelta(minutes=1)
+
+
+@job
+def beat(input: Any) -> None:
+    return None
+
+
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def scheduled(
+    request: pytest.FixtureRequest, make_module: Callable[..., Any], tmp_path: Any
+) -> Iterator[tuple[App, Scheduler, FakeClock]]:
+    if request.param == "postgres":
+        from psycopg.conninfo import conninfo_to_dict
+
+        p = conninfo_to_dict(request.getfixturevalue("pg_dsn"))
+        url = f"postgresql://{p['user']}@{p['host']}:{p['port']}/{p['dbname']}"
+    elif request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'step.sqlite3'}"
+    else:
+        url = "memory://"
+    clock = FakeClock(START)
+    every = task(
+        "* * * * *", tz="UTC", enqueue=lambda: [(beat, {})], catch_up="run-all", max_catch_up=10
+    )
+    app = App(url, modules=[make_module("clock_step_tasks", beat=beat, every=every)], clock=clock)
+    try:
+        yield app, app.scheduler(), clock
+    finally:
+        app.close()
+
+
+class Run:
+    """Ticks the scheduler each second of true time (the monotonic clock) and records, for
+    each occurrence fired, how early it was on the true clock."""
+
+    def __init__(self, scheduler: Scheduler, clock: FakeClock) -> None:
+        self.scheduler = scheduler
+        self.clock = clock
+        self.fired: list[tuple[datetime, datetime]] = []  # (occurrence, true time of the fire)
+        self.scheduler.tick()
+
+    def true(self) -> datetime:
+        return START + timedelta(seconds=self.clock.monotonic())
+
+    def run(self, seconds: int) -> None:
+        for _ in range(seconds):
+            self.clock.advance(1)
+            for d in self.scheduler.tick():
+                self.fired.append((d.occurrence, self.true()))
+
+    def earliest(self) -> timedelta:
+        return max(occurrence - at for occurrence, at in self.fired)
+
+    def silence_after(self, corrected: datetime) -> timedelta:
+        """The longest time without a fire from ``corrected`` (true time) on."""
+        times = [corrected] + [at for _, at in self.fired if at > corrected] + [self.true()]
+        return max(b - a for a, b in itertools.pairwise(times))
+
+
+@pytest.mark.parametrize(("step", "hold"), [(timedelta(hours=2), 150), (-timedelta(hours=1), 150)])
+def test_a_step_corrected_later_fires_nothing_early_and_leaves_no_silence(
+    scheduled: tuple[App, Scheduler, FakeClock], step: timedelta, hold: int
+) -> None:
+    app, scheduler, clock = scheduled
+    run = Run(scheduler, clock)
+    run.run(125)
+    clock.step(step)  # the fault
+    run.run(hold)
+    clock.step(-step)  # the correction
+    corrected = run.true()
+    run.run(185)
+    occurrences = [o for o, _ in run.fired]
+    assert len(occurrences) == len(set(occurrences)), "an occurrence fired twice"
+    assert run.earliest() <= timedelta(seconds=1), f"fired {run.earliest()} early"
+    assert run.silence_after(corrected) <= PERIOD + timedelta(seconds=1)
+    # Every minute of true time fired, on time, across the fault and its correction.
+    assert occurrences == [START + m * PERIOD for m in range(1, 8)]
+    assert app.count_jobs() == len(occurrences)
+
+
+def test_a_step_held_past_step_hold_is_followed(
+    scheduled: tuple[App, Scheduler, FakeClock],
+) -> None:
+    """A step that lasts is a correction: forward, the jumped time counts as downtime (the
+    catch-up policy); back, the last-fired time in the future is brought back."""
+    app, scheduler, clock = scheduled
+    scheduler.step_hold = timedelta(seconds=30)
+    run = Run(scheduler, clock)
+    run.run(65)
+    clock.step(timedelta(hours=2))
+    run.run(29)
+    assert [o for o, _ in run.fired] == [START + PERIOD], "held: nothing fires early"
+    run.run(2)
+    caught_up = [o for o, _ in run.fired[1:]]  # max_catch_up=10 missed, then the current one
+    assert len(caught_up) == 11 and caught_up[-1] == START + timedelta(hours=2, minutes=1)
+    run.run(60)
+    clock.step(-timedelta(hours=2))
+    run.run(31)
+    corrected = run.true()
+    run.run(130)
+    occurrences = [o for o, _ in run.fired]
+    assert len(occurrences) == len(set(occurrences)), "an occurrence fired twice"
+    assert run.silence_after(corrected) <= PERIOD + timedelta(seconds=1)
+    last = app.driver.schedule_read(["every"])["every"].last_fired_at
+    assert last is not None and last <= clock.now()

@@ -123,3 +123,34 @@ def test_a_step_held_past_step_hold_is_followed(
     assert run.silence_after(corrected) <= PERIOD + timedelta(seconds=1)
     last = app.driver.schedule_read(["every"])["every"].last_fired_at
     assert last is not None and last <= clock.now()
+
+
+@pytest.mark.parametrize("by", [timedelta(hours=2), -timedelta(hours=1)])
+def test_the_rescuer_trusts_no_expiry_for_a_lease_after_a_step(
+    scheduled: tuple[App, Scheduler, FakeClock], by: timedelta
+) -> None:
+    """A lease renewed on time before a step looks expired after a step forward; the rescuer
+    waits a full lease (its ``grace``) from the step, in which a live worker renews it. A lease
+    nobody renews is rescued once that has passed, as usual."""
+    from ultimat3.jobs.records import ClaimParams, Cycle
+
+    app, _, clock = scheduled
+    made = beat.enqueue({})
+    lease = timedelta(seconds=30)
+    params = ClaimParams(("default",), 1, lease, worker_id="w", now=clock.now())
+    [claimed] = app.driver.job_cycle(Cycle(claim=params), now=clock.now()).claimed
+    assert claimed.id == made.id
+    clock.advance(20)
+    app.driver.lease_extend([claimed.lease], lease, now=clock.now())  # renewed on time
+    maintenance = app.worker(lease=lease).maintenance
+    clock.step(by)
+    assert maintenance.rescue() == [], "a live job's lease is not rescued because of a step"
+    clock.advance(29)
+    assert maintenance.rescue() == []
+    clock.advance(2)  # a full lease since the step, and still no renewal: rescued
+    if by > timedelta(0):
+        assert maintenance.rescue() == [made.id]
+    else:  # the lease was renewed in the old, later time: it lapses a lease after that
+        assert maintenance.rescue() == []
+        clock.advance(-by + lease)
+        assert maintenance.rescue() == [made.id]

@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -164,11 +164,13 @@ class Scheduler:
         self._anchor: tuple[datetime, float] | None = None
         #: When (monotonic) the database's clock moved apart from ours, while it stays apart.
         self._apart_since: float | None = None
+        #: The database's time at the last ``time()``.
+        self._database_time: datetime | None = None
 
     def time(self) -> datetime:
         """The scheduler's time: the database's clock, except while it has stepped away from
         the time this scheduler keeps (for less than ``step_hold``: see the module)."""
-        db = self.driver.database_now(now=self.clock.pinned())
+        db = self._database_time = self.driver.database_now(now=self.clock.pinned())
         mono = self.clock.monotonic()
         if self._anchor is None:
             self._anchor = (db, mono)
@@ -252,7 +254,14 @@ class Scheduler:
         for occurrence in p.fire:
             key = f"{name}@{occurrence.at.isoformat()}"
             entries = handle.entries()
-            jobs = [self.build(job_handle, value, key) for job_handle, value in entries]
+            # Due at the occurrence (or now, if the database's clock is behind the scheduler's):
+            # a time on the scheduler's clock, so a job fired while the database's clock stood
+            # ahead (a step corrected later) is not left waiting for that clock to come back.
+            due = min(occurrence.at, self._database_time or occurrence.at)
+            jobs = [
+                replace(job, run_at=due) if job.run_at is None and job.delay is None else job
+                for job in (self.build(job_handle, value, key) for job_handle, value in entries)
+            ]
             results = self.driver.schedule_fire(name, occurrence.at, jobs, now=self.clock.pinned())
             if results is None:
                 continue  # another scheduler fired it (or a later one) first

@@ -154,3 +154,23 @@ def test_the_rescuer_trusts_no_expiry_for_a_lease_after_a_step(
         assert maintenance.rescue() == []
         clock.advance(-by + lease)
         assert maintenance.rescue() == [made.id]
+
+
+def test_live_workers_are_not_pruned_after_a_step(
+    scheduled: tuple[App, Scheduler, FakeClock],
+) -> None:
+    """A live worker's last beat, written before a step forward, looks stale after it: its row
+    stays until a beat could have been written in the new time, then a dead one's goes."""
+    from ultimat3.jobs.presence import Presence
+
+    app, _, clock = scheduled
+    presence = Presence(
+        app.driver, clock, worker_id="w1", queues=("default",), concurrency=1, every=1.0
+    )
+    presence.beat()
+    maintenance = app.worker(lease="10s").maintenance  # stale after three leases: 30 s
+    clock.step(timedelta(hours=2))
+    assert maintenance.prune_workers() == []
+    assert [w.id for w in app.workers()] == ["w1"]
+    clock.advance(31)  # no beat since: it is gone
+    assert maintenance.prune_workers() == ["w1"]

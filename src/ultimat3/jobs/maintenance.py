@@ -245,8 +245,11 @@ class Maintenance:
                 return rescued
 
     def prune_workers(self) -> list[str]:
-        """Delete the rows of workers whose heartbeat is stale; return their ids."""
+        """Delete the rows of workers whose heartbeat is stale; return their ids. None for a
+        while after a step of the clock: a live worker's last beat was written in the old time."""
         stale = self.config.worker_stale or self.grace * 3
+        if self.clock.monotonic() - self.clock.stepped_at() < stale.total_seconds():
+            return []
         gone = self.driver.worker_prune(stale, now=self.clock.pinned())
         for worker_id in gone:
             events.warning("jobs.worker.pruned", worker_id=worker_id, stale_after=str(stale))

@@ -174,3 +174,24 @@ def test_live_workers_are_not_pruned_after_a_step(
     assert [w.id for w in app.workers()] == ["w1"]
     clock.advance(31)  # no beat since: it is gone
     assert maintenance.prune_workers() == ["w1"]
+
+
+def test_a_clock_without_stepped_at_is_refused() -> None:
+    from ultimat3.jobs.errors import ConfigurationError
+
+    class OldClock:
+        def now(self) -> datetime:
+            return START
+
+        def pinned(self) -> datetime | None:
+            return START
+
+        def monotonic(self) -> float:
+            return 0.0
+
+        def sleep(self, seconds: float, wake: Any = None) -> bool:
+            return False
+
+    with pytest.raises(ConfigurationError) as caught:
+        App("memory://", clock=OldClock())  # type: ignore[arg-type]
+    assert str(caught.value.cause) == "clock=OldClock lacks stepped_at of the Clock protocol"

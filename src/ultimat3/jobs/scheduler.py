@@ -203,10 +203,13 @@ class Scheduler:
         return handle.next_runs(after or self.clock.now(), count=1)[0]
 
     def tick(self) -> list[DispatchedOccurrence]:
-        if not self.leader.acquire() or not self.tasks:
+        if not self.tasks:
+            return []
+        # Kept by every scheduler, leader or not, so a new leader's time is as continuous.
+        now = self.time()
+        if not self.leader.acquire():
             return []
         states = self.driver.schedule_state(sorted(self.tasks), now=self.clock.pinned())
-        now = self.time()
         dispatched: list[DispatchedOccurrence] = []
         for name in sorted(self.tasks):
             if isinstance(self.leader, DatabaseLeader) and not self.leader.is_leader:

@@ -58,3 +58,17 @@ def test_the_fake_clock_steps_only_when_told() -> None:
     fake.advance(5)
     fake.set(start)  # back: wall time alone moved
     assert fake.stepped_at() == fake.monotonic()
+
+
+def test_a_forked_child_reads_the_clock_though_a_thread_held_its_lock() -> None:
+    import os
+    import signal
+
+    with clock_module._anchor.lock:  # as a thread reading the clock at the fork would
+        pid = os.fork()
+        if pid == 0:  # the child: a read must not wait for the parent's thread
+            signal.alarm(5)  # (a child that hangs dies of it, and the test fails)
+            utcnow()
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -26,6 +26,7 @@ wall time, each asking ``Clock.stepped_at()``:
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -95,6 +96,14 @@ class _Anchor:
 
 
 _anchor = _Anchor()
+
+
+def _after_fork() -> None:
+    # A thread of the parent may have held the lock at the fork: the child's copy stays locked.
+    _anchor.lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def wall_ns() -> int:

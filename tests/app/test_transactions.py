@@ -415,6 +415,9 @@ class _HostBehind:
     def sleep(self, seconds: float, wake: threading.Event | None = None) -> bool:
         return self._system.sleep(seconds, wake)
 
+    def stepped_at(self) -> float:
+        return self._system.stepped_at()
+
 
 @pytest.mark.postgres
 def test_a_delay_counts_on_the_database_clock(pg_dsn: str, make_module: Any) -> None:

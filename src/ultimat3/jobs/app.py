@@ -109,6 +109,18 @@ class App(Enqueuer):
         url = url or (None if driver is not None else url_from_env() or default_url())
         self.url = canonical_url(url) if url is not None else None
         self.mode: Mode = mode
+        if clock is not None and not isinstance(clock, Clock):
+            missing = [
+                m
+                for m in ("now", "pinned", "monotonic", "sleep", "stepped_at")
+                if not callable(getattr(clock, m, None))
+            ]
+            raise ConfigurationError(
+                f"clock={type(clock).__name__} lacks {', '.join(missing)} of the Clock protocol",
+                fix="give it the methods of ultimat3.jobs.clock.Clock (stepped_at() may return "
+                "-inf for a clock that never steps), or pass a FakeClock from "
+                "ultimat3.jobs.testing",
+            )
         self.clock: Clock = clock or SystemClock()
         self.serializer = Serializer(codecs=codecs, payload_limit=payload_limit)
         self.registry = Registry()

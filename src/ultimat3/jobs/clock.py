@@ -4,14 +4,39 @@ Everything else takes a ``Clock``. ``SystemClock`` reads the host's clocks; the 
 ``ultimat3.jobs.testing`` moves only when told. ``Clock.pinned()`` is what a service passes to a
 driver as ``now``: ``None`` for the system clock, meaning "use the database's own clock" (so a
 host whose clock is skewed cannot expire a PostgreSQL lease), and the fake time under test.
+
+Steps of the wall clock. The host's wall clock can jump (an operator's ``date -s``, NTP
+stepping a clock that was far off, a VM resumed). This module is the one place that notices:
+every read of wall time (``wall_ns``, which the system clock, ``utcnow`` and SQLite's
+"database clock" all go through) compares how far wall time moved with how far the monotonic
+clock moved since the previous read, and when the two differ by more than ``STEP`` (1 s) it
+*re-anchors*: it takes the new wall time as true from then on and records the step
+(``last_step``). Nothing is guessed: the new time is used at once, by every process of the
+host alike. What a step would otherwise break is repaired by the services that depend on
+wall time, each asking ``Clock.stepped_at()``:
+
+- the worker renews every lease it holds at once (in the new time), so a lease renewed on
+  time before a forward step is not taken for expired;
+- the rescuer trusts no lease expiry until a full lease has passed since the step, like
+  after a stall of the database (``maintenance``), so a live job is never rescued because of
+  a step;
+- the scheduler keeps its own continuous time (``scheduler``), so it fires no occurrence
+  ahead of time on a forward step, and none twice on a backward one.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
+
+#: A move of wall time apart from monotonic time larger than this is a step, not a drift.
+STEP = 1.0
+_STEP_NS = int(STEP * 1e9)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @runtime_checkable
@@ -35,9 +60,68 @@ class Clock(Protocol):
         """Wait ``seconds`` or until ``wake`` is set; True when woken."""
         ...
 
+    def stepped_at(self) -> float:
+        """When (on ``monotonic()``) this clock's wall time last stepped: moved apart from
+        monotonic time by more than ``STEP``; ``-inf`` if it never did. Reading it checks."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """A step of the wall clock: when it was seen (monotonic seconds) and by how much."""
+
+    at: float
+    by: timedelta
+
+
+class _Anchor:
+    """The process's reading of the host clock: the wall and monotonic times of the last read,
+    and the last step seen. One per process: the host has one wall clock."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.wall = time.time_ns()
+        self.mono = time.monotonic_ns()
+        self.step: Step | None = None
+
+    def read(self) -> int:
+        # time.* is looked up at each call, so a test can shift this process's wall clock
+        # (tests/app/clockshift.py) without touching the machine's.
+        wall = time.time_ns()
+        mono = time.monotonic_ns()
+        with self.lock:
+            moved = (wall - self.wall) - (mono - self.mono)
+            if moved > _STEP_NS or moved < -_STEP_NS:
+                self.step = Step(at=mono / 1e9, by=timedelta(microseconds=moved // 1000))
+            self.wall = wall
+            self.mono = mono
+        return wall
+
+
+_anchor = _Anchor()
+
+
+def _after_fork() -> None:
+    # A thread of the parent may have held the lock at the fork: the child's copy stays locked.
+    _anchor.lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def wall_ns() -> int:
+    """Nanoseconds since the epoch on the host's wall clock; notes a step (see the module)."""
+    return _anchor.read()
+
+
+def last_step() -> Step | None:
+    """The last step of the host's wall clock this process saw (it checks first)."""
+    _anchor.read()
+    return _anchor.step
+
 
 def utcnow() -> datetime:
-    return datetime.now(UTC)
+    return _EPOCH + timedelta(microseconds=wall_ns() // 1000)
 
 
 class SystemClock:
@@ -46,7 +130,7 @@ class SystemClock:
 
     def now(self) -> datetime:
         """The current time, timezone-aware, in UTC."""
-        return datetime.now(UTC)
+        return utcnow()
 
     def pinned(self) -> datetime | None:
         """None: the database reads its own clock."""
@@ -63,12 +147,17 @@ class SystemClock:
             return False
         return wake.wait(max(0.0, seconds))
 
+    def stepped_at(self) -> float:
+        step = last_step()
+        return -float("inf") if step is None else step.at
+
 
 class FakeClock:
-    """A clock that moves only when ``advance()`` or ``set()`` is called.
+    """A clock that moves only when ``advance()``, ``set()`` or ``step()`` is called.
 
     ``sleep()`` returns at once (advancing nothing), so loops driven by it spin only as fast as
-    the test calls ``tick()`` on them.
+    the test calls ``tick()`` on them. ``advance()`` is time passing (wall and monotonic time
+    move together); ``step()`` moves wall time alone, as an operator's ``date -s`` would.
     """
 
     def __init__(self, start: datetime | None = None) -> None:
@@ -79,6 +168,7 @@ class FakeClock:
             )
         self._now = start.astimezone(UTC)
         self._mono = 0.0
+        self._stepped_at = -float("inf")
         self._lock = threading.Lock()
 
     def now(self) -> datetime:
@@ -99,6 +189,10 @@ class FakeClock:
         """Return at once, advancing nothing: True when ``wake`` is set."""
         return wake.is_set() if wake is not None else False
 
+    def stepped_at(self) -> float:
+        with self._lock:
+            return self._stepped_at
+
     def advance(self, by: timedelta | float) -> datetime:
         """Move forward by a timedelta or a number of seconds; returns the new time.
 
@@ -110,6 +204,16 @@ class FakeClock:
             self._mono += delta.total_seconds()
             return self._now
 
+    def step(self, by: timedelta | float) -> datetime:
+        """Move wall time alone, forward or back (a step of the clock: ``stepped_at()`` tells
+        it); monotonic time stays. Returns the new time."""
+        delta = by if isinstance(by, timedelta) else timedelta(seconds=by)
+        with self._lock:
+            self._now += delta
+            if abs(delta.total_seconds()) > STEP:
+                self._stepped_at = self._mono
+            return self._now
+
     def set(self, to: datetime) -> None:
         """Jump to ``to`` (timezone-aware), forward or back; ``monotonic()`` only moves
         forward."""
@@ -119,3 +223,5 @@ class FakeClock:
             delta = (to - self._now).total_seconds()
             self._now = to.astimezone(UTC)
             self._mono += max(0.0, delta)
+            if delta < -STEP:  # wall time went back, monotonic time did not: a step
+                self._stepped_at = self._mono

@@ -455,6 +455,18 @@ class Driver(Protocol):
         happen."""
         ...
 
+    def schedule_rewind(self, task: str, was: datetime, to: datetime) -> bool:
+        """Move a task's ``last_fired_at`` back from ``was`` to ``to``, only if it is still
+        ``was`` (compare-and-set): the scheduler's repair of a last-fired time that lies in the
+        future after its clock stepped back. True when it moved."""
+        ...
+
+    def database_now(self, *, now: datetime | None = None) -> datetime:
+        """The time on the clock this database's decisions use: ``now`` when given (a fake
+        clock's), else PostgreSQL's ``now()``, or the host's clock for SQLite and memory (read
+        through ``clock.wall_ns``)."""
+        ...
+
     def leader_elect(
         self, name: str, holder: str, ttl: timedelta, *, now: datetime | None = None
     ) -> bool:

@@ -71,7 +71,9 @@ CATALOGUE: dict[str, str] = {
     "jobs.worker.bounds": "a PostgreSQL statement_timeout shorter than the lease",
     "jobs.database.unavailable": "the worker lost its database connections (once per outage)",
     "jobs.database.recovered": "the worker reaches its database again",
-    "jobs.maintenance.rescue-deferred": "rescues wait: this process saw its writes stall",
+    "jobs.maintenance.rescue-deferred": (
+        "rescues wait: this process saw its writes stall or its wall clock step"
+    ),
     "jobs.pruned": "finished rows past their retention were deleted",
     "jobs.loop.failed": "a background loop's step failed; it retries",
     "jobs.loop.crashed": "a background loop's step raised unexpectedly; it retries",
@@ -85,6 +87,10 @@ CATALOGUE: dict[str, str] = {
     "jobs.scheduler.leader-elected": "this scheduler became the leader",
     "jobs.scheduler.leader-lost": "this scheduler lost the leadership",
     "jobs.scheduler.leader-unknown": "the leadership could not be checked",
+    "jobs.scheduler.clock-stepped": "the database's clock stepped; the scheduler keeps its time",
+    "jobs.scheduler.clock-back": "the database's clock is back with the scheduler's time",
+    "jobs.scheduler.clock-followed": "a clock step held for step_hold; the scheduler follows it",
+    "jobs.scheduler.rewound": "a task's last-fired time lay in the future; brought back to now",
     "jobs.outbox.published": "the relay inserted staged jobs into the job database",
     "jobs.outbox.publish-failed": "the relay could not insert staged jobs; it retries",
     "jobs.outbox.pruned": "published outbox rows were deleted",

@@ -16,6 +16,10 @@ Guarantees and limits:
 - **Rescue is by lease, not by age.** A running job is rescued only once its lease expired on
   the database's clock, i.e. no heartbeat renewed it for a whole lease. A job whose worker is
   alive keeps its lease however long it runs.
+- **A step of the clock is not a death.** A lease renewed on time before the host's wall
+  clock stepped forward looks expired after it. The rescuer trusts no expiry until a full
+  lease (``grace``) has passed since this process saw the step (``Clock.stepped_at``), time
+  in which the lease's worker renews it (at once: it saw the step too).
 - **A stall is not a death.** When this process saw the database delay or refuse its writes
   (SQLite's write lock held by a long business transaction; a network stall), heartbeats may
   have been stuck behind the same stall. The rescuer then waits until writes have flowed for
@@ -195,14 +199,18 @@ class Maintenance:
         """Fail every job whose lease expired; return the ids this call rescued. A job that ran
         alone (isolated) is charged its attempt (and may end dead); one that ran beside others
         gets it back and is isolated. Deferred (returns []) while this process saw a write
-        stall less than ``grace`` ago."""
-        healthy = self.driver.stalls.healthy_for()
+        stall, or a step of the host clock, less than ``grace`` ago."""
+        stepped = self.clock.stepped_at()
+        steady = self.clock.monotonic() - stepped
+        healthy = min(self.driver.stalls.healthy_for(), steady)
         if healthy < self.grace.total_seconds():
             if not self._deferred:
                 self._deferred = True
                 events.warning(
                     "jobs.maintenance.rescue-deferred",
-                    reason="the database stalled our writes",
+                    reason="the wall clock stepped"
+                    if steady <= healthy
+                    else "the database stalled our writes",
                     healthy_for=round(healthy, 3),
                     grace=self.grace.total_seconds(),
                 )
@@ -211,16 +219,18 @@ class Maintenance:
         released = self.driver.job_release_unstarted(now=self.clock.pinned())
         for job_id in released:
             events.warning("jobs.job.released-unstarted", job_id=job_id)
-        return self._rescue(isolated=True) + self._rescue(isolated=False)
+        return self._rescue(isolated=True, stepped=stepped) + self._rescue(
+            isolated=False, stepped=stepped
+        )
 
-    def _rescue(self, *, isolated: bool) -> list[str]:
+    def _rescue(self, *, isolated: bool, stepped: float) -> list[str]:
         rescued: list[str] = []
         while True:
             expired = self.driver.job_list_expired(
                 limit=self.config.rescue_batch, now=self.clock.pinned(), isolated=isolated
             )
-            if not expired:
-                return rescued
+            if not expired or self.clock.stepped_at() != stepped:
+                return rescued  # (a step seen meanwhile: the next pass defers)
             now = self.clock.now()
             failures: list[Failure] = []
             drops: list[str] = []
@@ -267,8 +277,11 @@ class Maintenance:
                 return rescued
 
     def prune_workers(self) -> list[str]:
-        """Delete the rows of workers whose heartbeat is stale; return their ids."""
+        """Delete the rows of workers whose heartbeat is stale; return their ids. None for a
+        while after a step of the clock: a live worker's last beat was written in the old time."""
         stale = self.config.worker_stale or self.grace * 3
+        if self.clock.monotonic() - self.clock.stepped_at() < stale.total_seconds():
+            return []
         gone = self.driver.worker_prune(stale, now=self.clock.pinned())
         for worker_id in gone:
             events.warning("jobs.worker.pruned", worker_id=worker_id, stale_after=str(stale))

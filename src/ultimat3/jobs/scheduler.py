@@ -16,8 +16,16 @@ Guarantees:
 - **DST** follows Debian cron (``ultimat3.jobs.cron``): a fixed-time entry in the spring gap
   fires once right after it, in the autumn fold once at the first instant.
 
-Time: plans are computed on the scheduler's clock (``Clock``; the fake one in tests), so a host
-whose clock is far off fires at the wrong time, but never twice.
+Time: plans are computed on the database's clock (``Driver.database_now``: PostgreSQL's
+``now()``, the host's clock for SQLite; the fake clock's under test), so on PostgreSQL a
+scheduler host whose clock is off fires on time. The scheduler's time is continuous: it
+follows the database's clock as it moves with the monotonic clock, and a step of that clock
+(the two move apart by more than ``clock.STEP``, 1 s) is followed only once it has held for
+``step_hold`` (default 10 minutes): a clock stepped forward by mistake and corrected within
+that fires nothing early, and one stepped back fires nothing late. A step held that long is
+taken as a correction: a forward one then counts as downtime (the catch-up policy), and a
+task whose last-fired time lies in the future of the new time is brought back to it
+(``schedule_rewind``), so it fires again within one period.
 """
 
 from __future__ import annotations
@@ -25,12 +33,12 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from ultimat3.jobs import events
-from ultimat3.jobs.clock import Clock
+from ultimat3.jobs.clock import STEP, Clock
 from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.errors import JobsError
 from ultimat3.jobs.ids import token
@@ -141,6 +149,7 @@ class Scheduler:
         leader: SoleLeader | DatabaseLeader,
         tick_interval: timedelta = timedelta(seconds=1),
         grace: timedelta = timedelta(seconds=60),
+        step_hold: timedelta = timedelta(minutes=10),
     ) -> None:
         self.driver = driver
         self.tasks = dict(tasks)
@@ -149,16 +158,58 @@ class Scheduler:
         self.leader = leader
         self.tick_interval = tick_interval
         self.grace = grace
+        self.step_hold = step_hold
         self._loop: Loop | None = None
+        #: The scheduler's time is ``anchor[0] + (monotonic - anchor[1])`` (``time()``).
+        self._anchor: tuple[datetime, float] | None = None
+        #: When (monotonic) the database's clock moved apart from ours, while it stays apart.
+        self._apart_since: float | None = None
+        #: The database's time at the last ``time()``.
+        self._database_time: datetime | None = None
+
+    def time(self) -> datetime:
+        """The scheduler's time: the database's clock, except while it has stepped away from
+        the time this scheduler keeps (for less than ``step_hold``: see the module)."""
+        db = self._database_time = self.driver.database_now(now=self.clock.pinned())
+        mono = self.clock.monotonic()
+        if self._anchor is None:
+            self._anchor = (db, mono)
+            return db
+        ours = self._anchor[0] + timedelta(seconds=mono - self._anchor[1])
+        apart = (db - ours).total_seconds()
+        if abs(apart) <= STEP:
+            if self._apart_since is not None:
+                events.info("jobs.scheduler.clock-back", database_time=db.isoformat())
+            self._anchor, self._apart_since = (db, mono), None
+            return db
+        if self._apart_since is None:
+            self._apart_since = mono
+            events.warning(
+                "jobs.scheduler.clock-stepped",
+                by=round(apart, 3),
+                database_time=db.isoformat(),
+                scheduler_time=ours.isoformat(),
+                hold=str(self.step_hold),
+            )
+        if mono - self._apart_since < self.step_hold.total_seconds():
+            return ours
+        events.warning(
+            "jobs.scheduler.clock-followed", by=round(apart, 3), database_time=db.isoformat()
+        )
+        self._anchor, self._apart_since = (db, mono), None
+        return db
 
     def next_run_for(self, handle: TaskHandle, after: datetime | None = None) -> datetime:
         return handle.next_runs(after or self.clock.now(), count=1)[0]
 
     def tick(self) -> list[DispatchedOccurrence]:
-        if not self.leader.acquire() or not self.tasks:
+        if not self.tasks:
+            return []
+        # Kept by every scheduler, leader or not, so a new leader's time is as continuous.
+        now = self.time()
+        if not self.leader.acquire():
             return []
         states = self.driver.schedule_state(sorted(self.tasks), now=self.clock.pinned())
-        now = self.clock.now()
         dispatched: list[DispatchedOccurrence] = []
         for name in sorted(self.tasks):
             if isinstance(self.leader, DatabaseLeader) and not self.leader.is_leader:
@@ -180,8 +231,20 @@ class Scheduler:
     def _dispatch(
         self, name: str, handle: TaskHandle, state: ScheduleState, now: datetime
     ) -> list[DispatchedOccurrence]:
+        last = state.last_fired_at
+        if last is not None and (last - now).total_seconds() > STEP:
+            # Fired ahead of our time (by a clock that stepped back since, or another host's):
+            # keeping it would leave the task silent until then. Bring it back to now.
+            if self.driver.schedule_rewind(name, last, now):
+                events.warning(
+                    "jobs.scheduler.rewound",
+                    task=name,
+                    last_fired=last.isoformat(),
+                    to=now.isoformat(),
+                )
+            last = now
         p = handle.plan(
-            last_fired=state.last_fired_at,
+            last_fired=last,
             now=now,
             started_at=state.first_seen_at,
             grace=self.grace,
@@ -194,7 +257,14 @@ class Scheduler:
         for occurrence in p.fire:
             key = f"{name}@{occurrence.at.isoformat()}"
             entries = handle.entries()
-            jobs = [self.build(job_handle, value, key) for job_handle, value in entries]
+            # Due at the occurrence (or now, if the database's clock is behind the scheduler's):
+            # a time on the scheduler's clock, so a job fired while the database's clock stood
+            # ahead (a step corrected later) is not left waiting for that clock to come back.
+            due = min(occurrence.at, self._database_time or occurrence.at)
+            jobs = [
+                replace(job, run_at=due) if job.run_at is None and job.delay is None else job
+                for job in (self.build(job_handle, value, key) for job_handle, value in entries)
+            ]
             results = self.driver.schedule_fire(name, occurrence.at, jobs, now=self.clock.pinned())
             if results is None:
                 continue  # another scheduler fired it (or a later one) first

@@ -318,6 +318,7 @@ class Worker:
         self._skipping: dict[str, float] = {}
         self._stuck_since: float | None = None
         self._next_beat = 0.0
+        self._seen_step = clock.stepped_at()
 
     def _reset_cycle(self) -> None:
         """The cycle's state. Under ``_lock``: ``_ready``, ``_pending``, ``_busy``,
@@ -914,7 +915,11 @@ class Worker:
         self._check_stuck(held, now)
         self._check_event_loop(held, now)
         self._check_leases(held, now)
-        if now >= self._next_beat:
+        stepped = self.clock.stepped_at()
+        if now >= self._next_beat or stepped != self._seen_step:
+            # A step of the wall clock: renew at once, so that a lease renewed on time in the
+            # old time does not look expired in the new one (the rescuer waits for this).
+            self._seen_step = stepped
             self._next_beat = now + every
             self._renew_now.set()
         if self._halt.is_set() and not held:

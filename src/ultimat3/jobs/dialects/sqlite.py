@@ -30,6 +30,7 @@ from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Protocol, TypeVar
 
+from ultimat3.jobs.clock import wall_ns
 from ultimat3.jobs.driver import DatabaseId
 from ultimat3.jobs.errors import ConfigurationError
 
@@ -91,7 +92,9 @@ def us(moment: datetime) -> int:
 
 
 def now_us(now: datetime | None) -> int:
-    return time.time_ns() // 1000 if now is None else us(now)
+    """``now`` in microseconds, or SQLite's clock: the host's, read through ``clock.wall_ns``
+    (which notes a step of it for the services that repair one)."""
+    return wall_ns() // 1000 if now is None else us(now)
 
 
 @lru_cache(maxsize=4096)

@@ -925,6 +925,17 @@ class MemoryDriver:
             self._schedules[task] = replace(state, last_fired_at=occurrence)
         return self.job_insert_many(jobs, now=now)
 
+    def schedule_rewind(self, task: str, was: datetime, to: datetime) -> bool:
+        with self._lock:
+            state = self._schedules.get(task)
+            if state is None or state.last_fired_at != _utc(was):
+                return False
+            self._schedules[task] = replace(state, last_fired_at=_utc(to))
+            return True
+
+    def database_now(self, *, now: datetime | None = None) -> datetime:
+        return _now(now)
+
     def leader_elect(
         self, name: str, holder: str, ttl: timedelta, *, now: datetime | None = None
     ) -> bool:

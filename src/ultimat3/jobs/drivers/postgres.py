@@ -1183,6 +1183,14 @@ class PostgresDriver:
         self._woke(jobs)
         return results
 
+    def schedule_rewind(self, task: str, was: datetime, to: datetime) -> bool:
+        return bool(self._fetch("schedule_rewind", {"task": task, "was": was, "to": to}))
+
+    def database_now(self, *, now: datetime | None = None) -> datetime:
+        if now is not None:
+            return _utc(now)
+        return _utc(self._fetch("database_now", {})[0][0])
+
     def leader_elect(
         self, name: str, holder: str, ttl: timedelta, *, now: datetime | None = None
     ) -> bool:

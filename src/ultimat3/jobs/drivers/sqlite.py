@@ -1214,6 +1214,13 @@ class SqliteDriver:
 
         return self._write(body)
 
+    def schedule_rewind(self, task: str, was: datetime, to: datetime) -> bool:
+        args = {"task": task, "was": _us(was), "to": _us(to)}
+        return bool(self._write(lambda conn: conn.execute(_Q["schedule_rewind"], args).rowcount))
+
+    def database_now(self, *, now: datetime | None = None) -> datetime:
+        return _dt(_now_us(now))
+
     def leader_elect(
         self, name: str, holder: str, ttl: timedelta, *, now: datetime | None = None
     ) -> bool:

@@ -724,6 +724,16 @@ ON CONFLICT (task) DO UPDATE SET last_fired_at = excluded.last_fired_at
     WHERE s.last_fired_at IS NULL OR s.last_fired_at < excluded.last_fired_at
 RETURNING s.task
 
+-- name: schedule_rewind
+-- The repair of a last-fired time in the future (the clock stepped back): compare-and-set.
+UPDATE {schema}.x_schedules SET last_fired_at = %(to)s::timestamptz
+WHERE task = %(task)s AND last_fired_at = %(was)s::timestamptz
+RETURNING task
+
+-- name: database_now
+-- The clock of every decision on PostgreSQL (the scheduler's time, leases, run-at times).
+SELECT now()
+
 -- name: leader_elect
 INSERT INTO {schema}.x_leaders AS l (name, holder, elected_at, expires_at)
 VALUES (%(name)s, %(holder)s, coalesce(%(now)s::timestamptz, now()),

@@ -527,6 +527,10 @@ INSERT INTO x_schedules (task, first_seen_at, last_fired_at) VALUES (:task, :now
 ON CONFLICT (task) DO UPDATE SET last_fired_at = excluded.last_fired_at
 WHERE x_schedules.last_fired_at IS NULL OR x_schedules.last_fired_at < excluded.last_fired_at;
 
+-- name: schedule_rewind
+-- The repair of a last-fired time in the future (the clock stepped back): compare-and-set.
+UPDATE x_schedules SET last_fired_at = :to WHERE task = :task AND last_fired_at = :was;
+
 -- name: leader_elect
 INSERT INTO x_leaders (name, holder, expires_at) VALUES (:name, :holder, :expires_at)
 ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at

@@ -1,0 +1,74 @@
+"""``clock``: a step of the host's wall clock (wall time moving apart from monotonic time by
+more than a second) is noticed by the first read after it, and only then."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+
+from ultimat3.jobs import clock as clock_module
+from ultimat3.jobs.clock import STEP, FakeClock, SystemClock, utcnow
+
+
+@pytest.fixture
+def shifted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """This process's wall clock, moved by ``offset[0]`` nanoseconds (the machine's is not)."""
+    offset = [0]
+    real = time.time_ns
+    monkeypatch.setattr(time, "time_ns", lambda: real() + offset[0])
+    monkeypatch.setattr(clock_module, "_anchor", clock_module._Anchor())
+    return offset
+
+
+def test_a_step_forward_is_seen_once(shifted: list[int]) -> None:
+    system = SystemClock()
+    assert system.stepped_at() == -float("inf")
+    before = utcnow()
+    shifted[0] = 2 * 3600 * 10**9
+    assert utcnow() - before > timedelta(hours=1, minutes=59), "the new time is used at once"
+    step = clock_module.last_step()
+    assert step is not None and abs(step.by - timedelta(hours=2)) < timedelta(seconds=1)
+    seen = system.stepped_at()
+    assert seen == step.at and seen <= system.monotonic()
+    utcnow()
+    assert system.stepped_at() == seen, "time going on after the step is not another step"
+
+
+def test_a_step_back_is_seen_and_drift_is_not(shifted: list[int]) -> None:
+    system = SystemClock()
+    shifted[0] = int(STEP * 0.9 * 10**9)  # under a second: a drift, not a step
+    system.now()
+    assert system.stepped_at() == -float("inf")
+    shifted[0] = -3600 * 10**9
+    system.now()
+    step = clock_module.last_step()
+    assert step is not None and step.by < -timedelta(minutes=59)
+
+
+def test_the_fake_clock_steps_only_when_told() -> None:
+    fake = FakeClock()
+    fake.advance(3600)
+    assert fake.stepped_at() == -float("inf"), "time passing is not a step"
+    start = fake.now()
+    fake.step(timedelta(hours=2))
+    assert fake.now() == start + timedelta(hours=2)
+    assert fake.stepped_at() == fake.monotonic()
+    fake.advance(5)
+    fake.set(start)  # back: wall time alone moved
+    assert fake.stepped_at() == fake.monotonic()
+
+
+def test_a_forked_child_reads_the_clock_though_a_thread_held_its_lock() -> None:
+    import os
+    import signal
+
+    with clock_module._anchor.lock:  # as a thread reading the clock at the fork would
+        pid = os.fork()
+        if pid == 0:  # the child: a read must not wait for the parent's thread
+            signal.alarm(5)  # (a child that hangs dies of it, and the test fails)
+            utcnow()
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -404,7 +404,13 @@ class Worker:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals_seen += 1
-        events.warning("jobs.worker.signal", signal=signum, count=self._signals_seen)
+        events.warning(
+            "jobs.worker.signal",
+            signal=signum,
+            count=self._signals_seen,
+            running=len(self._held),  # no lock in a signal handler: a len is atomic
+            grace=self.config.shutdown_grace.total_seconds(),
+        )
         if self._signals_seen == 1:
             self.stop(wait=False)
         else:
@@ -1267,7 +1273,10 @@ def _job_finished(held: _Held, outcome: Outcome | None, began: float) -> None:
             "jobs.job.finished",
             job,
             **events.job_fields(job),
-            outcome="release" if outcome is None else outcome.kind,
+            outcome=events.outcome_of(
+                None if outcome is None else outcome.kind,
+                failure is not None and failure.retry_at is None,
+            ),
             duration=round(duration, 6),
             error=None if failure is None else failure.error.kind,
         )

@@ -7,8 +7,14 @@ worker`` traces a real worker process without code."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import types
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import opentelemetry.sdk  # noqa: F401  (a dev dependency: a missing one fails, it is not skipped)
@@ -18,6 +24,8 @@ from opentelemetry import trace
 from tracing import Captured, check_link, traced
 from ultimat3.jobs import App, ConfigurationError, job, otel
 from ultimat3.jobs.otel import JobsInstrumentor
+
+from .processes import HERE, wait_until
 
 INSIDE: list[Any] = []
 
@@ -118,3 +126,78 @@ def test_the_instrumentor_instruments(
     with pytest.raises(ConfigurationError, match="ULTIMAT3_JOBS_OTEL_NEW_TRACE is 'maybe'"):
         instrumentor.instrument(tracer_provider=captured.provider)
     assert not instrumentor.is_instrumented_by_opentelemetry
+
+
+def _spans_printed(stdout: str) -> list[dict[str, Any]]:
+    """The spans the SDK's console exporter printed: JSON objects one after another."""
+    decoder, found, at = json.JSONDecoder(), [], 0
+    while (at := stdout.find("{", at)) != -1:
+        span, at = decoder.raw_decode(stdout, at)
+        found.append(span)
+    return found
+
+
+def test_opentelemetry_instrument_traces_a_worker_without_code(
+    fault_app: App, tmp_path: Path
+) -> None:
+    """`opentelemetry-instrument ultimat3-jobs worker`, a real process with the distro's
+    configurator and the console exporter: the job's span is a child of the span of the
+    request that enqueued it, and the worker's app module calls no instrument()."""
+    import faultjobs
+
+    bin_dir = Path(sys.executable).parent
+    with traced() as spans:
+        with spans.tracer.start_as_current_span("POST /orders") as request:
+            job_id = faultjobs.ledger.enqueue({}).id
+        (send,) = spans.named("send")
+    env = {
+        **os.environ,
+        "ULTIMAT3_JOBS_URL": os.environ["ULTIMAT3_JOBS_URL"],
+        "FAULT_LEDGER": os.environ["FAULT_LEDGER"],
+        "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "OTEL_SERVICE_NAME": "shop-worker",
+        "OTEL_TRACES_EXPORTER": "console",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_LOGS_EXPORTER": "none",
+    }
+    proc = subprocess.Popen(
+        [
+            str(bin_dir / "opentelemetry-instrument"),
+            str(bin_dir / "ultimat3-jobs"),
+            "--app",
+            "faultjobs:app",
+            "worker",
+            "--poll-interval",
+            "50ms",
+        ],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(lambda: fault_app.get_job(job_id).state.value == "completed", 60, "the job")
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr
+    (process,) = [s for s in _spans_printed(stdout) if s["name"] == "process default"]
+    assert process["kind"] == "SpanKind.CONSUMER"
+    assert process["context"]["trace_id"] == f"0x{request.get_span_context().trace_id:032x}"
+    assert process["parent_id"] == f"0x{send.context.span_id:016x}"
+    assert process["attributes"]["messaging.message.id"] == job_id
+    assert process["attributes"]["ultimat3_jobs.outcome"] == "completed"
+    assert process["resource"]["attributes"]["service.name"] == "shop-worker"
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "ULTIMAT3_JOBS_URL": f"sqlite:///{tmp_path / 'traced.sqlite3'}",
+        "FAULT_LEDGER": str(tmp_path / "ledger.txt"),
+    }

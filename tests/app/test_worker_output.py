@@ -176,3 +176,17 @@ def test_json_log_format_makes_an_error_json(tmp_path: Path, env: dict[str, str]
     (line,) = done.stderr.splitlines()
     error = json.loads(line)
     assert "nosuchmodule" in error["cause"] and error["fix"]
+
+
+def test_json_log_format_makes_any_commands_error_json(tmp_path: Path) -> None:
+    missing = tmp_path / "none.sqlite3"
+    done = subprocess.run(
+        [*CLI, "--log-format", "json", "--url", f"sqlite:///{missing}", "jobs", "list"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()
+    assert json.loads(line)["cause"].startswith(f"no job database at {missing}")

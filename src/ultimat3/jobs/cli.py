@@ -260,10 +260,14 @@ def fail(error: JobsError, as_json: bool = False) -> NoReturn:
 
 @contextmanager
 def explained(as_json: bool = False) -> Iterator[None]:
+    """A library error as its cause and fix (JSON with ``--json``, or under ``--log-format
+    json``, where every line on stderr is JSON), and its exit code."""
     try:
         yield
     except JobsError as error:
-        fail(error, as_json)
+        current = click.get_current_context(silent=True)
+        found = current.find_object(Context) if current is not None else None
+        fail(error, as_json or (found is not None and found.json_log))
 
 
 def emit(data: Any) -> None:
@@ -497,7 +501,7 @@ def worker(
     attempt and how long it ran; `ultimat3-jobs -q worker` prints none."""
     if processes > 1:
         metrics_dir = None
-        with explained(ctx.json_log):
+        with explained():
             app = ctx.app
             _build_worker(app, queues, concurrency, **settings)  # every option checked here
             app.open()  # and the schema migrated once, before the children start
@@ -520,7 +524,7 @@ def worker(
                 shutil.rmtree(metrics_dir, ignore_errors=True)
         sys.exit(code)
     watch_parent()
-    with explained(ctx.json_log):
+    with explained():
         app = ctx.app
         w = _build_worker(app, queues, concurrency, **settings)
         if metrics_port is not None:
@@ -650,7 +654,7 @@ def _scheduler_options(f: F) -> F:
 @pass_ctx
 def scheduler(ctx: Context, leader: str, leader_ttl: timedelta, tick: timedelta) -> None:
     """Fire cron tasks until SIGTERM/SIGINT (each occurrence exactly once)."""
-    with explained(ctx.json_log):
+    with explained():
         app = ctx.app
         if not app.registry.tasks:
             raise ConfigurationError(
@@ -683,7 +687,7 @@ def scheduler(ctx: Context, leader: str, leader_ttl: timedelta, tick: timedelta)
 @pass_ctx
 def relay(ctx: Context, batch_size: int, interval: timedelta) -> None:
     """Publish the app's outbox (App(outbox=...)) to the job database until SIGTERM/SIGINT."""
-    with explained(ctx.json_log):
+    with explained():
         app = ctx.app
         r = app.relay(batch_size=batch_size, interval=interval)
         pending = r.pending()
@@ -716,7 +720,7 @@ def run_all(
     **settings: Any,
 ) -> None:
     """Worker, scheduler and (with App(outbox=...)) the outbox relay in one process."""
-    with explained(ctx.json_log):
+    with explained():
         app = ctx.app
         s = (
             app.scheduler(leader=_leader(leader), leader_ttl=leader_ttl, tick_interval=tick)

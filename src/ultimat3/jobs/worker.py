@@ -408,7 +408,9 @@ class Worker:
             "jobs.worker.signal",
             signal=signum,
             count=self._signals_seen,
-            running=len(self._held),  # no lock in a signal handler: a len is atomic
+            # Started jobs (claimed ones not begun go back at once). No lock in a signal
+            # handler: each len is atomic, and the sentence needs no more.
+            running=max(0, len(self._held) - len(self._ready)),
             grace=self.config.shutdown_grace.total_seconds(),
         )
         if self._signals_seen == 1:

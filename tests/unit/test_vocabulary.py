@@ -1,11 +1,15 @@
-"""One vocabulary for an attempt's outcome: the events, the metrics' labels, the spans and the
-docs' table use the same words (``events.OUTCOMES``)."""
+"""One vocabulary for an attempt's outcome: the events, the metrics' labels, the spans, the
+log's job lines and the docs' table use the same words (``events.OUTCOMES``)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+import pytest
+
 from ultimat3.jobs import JobState, events, prometheus
+from ultimat3.jobs.logs import configure
 
 DOCS = Path(__file__).parents[2] / "docs" / "operations.md"
 
@@ -33,3 +37,25 @@ def test_the_docs_table_lists_every_outcome_and_state() -> None:
     table = page[page.index("### One vocabulary") :]
     assert [o for o in events.OUTCOMES if f"| `{o}` |" not in table] == []
     assert [s.value for s in JobState if f"`{s.value}`" not in table] == []
+
+
+def test_quiet_hides_the_job_lines_at_any_level(capsys: pytest.CaptureFixture[str]) -> None:
+    fields = {"job_id": "1", "job": "send", "queue": "mail", "attempt": 1, "max_attempts": 3}
+    for level, quiet, shown in (
+        (logging.WARNING, False, True),
+        (logging.WARNING, True, False),
+        (logging.INFO, True, False),  # -q -v: the other info events, not the job lines
+        (logging.ERROR, False, True),
+    ):
+        restore = configure(level, "text", job_lines=not quiet)
+        try:
+            events.info("jobs.job.completed", None, **fields, duration=0.012)
+            events.info("jobs.opened", url="sqlite://")
+            events.warning("jobs.job.dead", None, **fields, duration=0.002, error="ValueError")
+        finally:
+            restore()
+        err = capsys.readouterr().err
+        assert ("mail: send 1 completed: attempt 1/3 in 12ms" in err) is shown, (level, err)
+        assert ("jobs.opened" in err) is (level <= logging.INFO), (level, err)
+        dead = "WARNING mail: send 1 dead: attempt 1/3 failed in 2ms (ValueError)"
+        assert (dead in err) is (not quiet or level <= logging.WARNING), (level, err)

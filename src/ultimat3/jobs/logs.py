@@ -186,7 +186,8 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
 
 
 class _Shown(logging.Filter):
-    """Below ``level``, only the command's own lines and, unless quiet, a job's end."""
+    """At or above ``level``, and the command's own lines; a job's end at any level unless
+    quiet (quiet: as its level says, so a dead job, a warning, still shows by default)."""
 
     def __init__(self, level: int, job_lines: bool) -> None:
         super().__init__()
@@ -194,9 +195,11 @@ class _Shown(logging.Filter):
         self.job_lines = job_lines
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= self.level or record.name == CLI_LOGGER:
+        if record.name == CLI_LOGGER:
             return True
-        return self.job_lines and getattr(record, "event", None) in JOB_LINES
+        if getattr(record, "event", None) in JOB_LINES:  # at any level, unless quiet
+            return self.job_lines or record.levelno >= self.level
+        return record.levelno >= self.level
 
 
 def configure(

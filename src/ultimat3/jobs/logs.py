@@ -187,7 +187,7 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
 
 class _Shown(logging.Filter):
     """At or above ``level``, and the command's own lines; a job's end at any level unless
-    quiet (quiet: as its level says, so a dead job, a warning, still shows by default)."""
+    quiet (quiet, even with -v: only a dead job, a warning, at a level that shows those)."""
 
     def __init__(self, level: int, job_lines: bool) -> None:
         super().__init__()
@@ -198,7 +198,7 @@ class _Shown(logging.Filter):
         if record.name == CLI_LOGGER:
             return True
         if getattr(record, "event", None) in JOB_LINES:  # at any level, unless quiet
-            return self.job_lines or record.levelno >= self.level
+            return self.job_lines or record.levelno >= max(self.level, logging.WARNING)
         return record.levelno >= self.level
 
 

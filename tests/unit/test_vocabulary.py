@@ -59,3 +59,19 @@ def test_quiet_hides_the_job_lines_at_any_level(capsys: pytest.CaptureFixture[st
         assert ("jobs.opened" in err) is (level <= logging.INFO), (level, err)
         dead = "WARNING mail: send 1 dead: attempt 1/3 failed in 2ms (ValueError)"
         assert (dead in err) is (not quiet or level <= logging.WARNING), (level, err)
+
+
+def test_the_signal_sentences() -> None:
+    from ultimat3.jobs.logs import signal_line
+
+    first = {"signal": 15, "count": 1, "grace": 30.0}
+    assert signal_line({**first, "running": 3}) == (
+        "SIGTERM: finishing 3 jobs (up to 30s); send it again to stop now"
+    )
+    assert signal_line({**first, "running": 0}) == "SIGTERM: no job is running; stopping"
+    again = {"signal": 2, "count": 2, "grace": 30.0}
+    assert signal_line({**again, "running": 2}) == (
+        "SIGINT again: stopping now; 2 running jobs go back to their queues without using an "
+        "attempt"
+    )
+    assert signal_line({**again, "running": 0}) == "SIGINT again: stopping now"

@@ -116,6 +116,8 @@ def signal_line(fields: dict[str, Any]) -> str:
         name = f"signal {fields.get('signal')}"
     running = int(fields.get("running", 0) or 0)
     if int(fields.get("count", 1) or 1) > 1:
+        if running == 0:
+            return f"{name} again: stopping now"
         goes = "goes back to its queue" if running == 1 else "go back to their queues"
         return (
             f"{name} again: stopping now; {_plural(running, 'running job')} {goes} "

@@ -393,10 +393,17 @@ class Worker:
                 previous[sig] = signal.signal(sig, self._on_signal)
         try:
             self.start()
-            if self._signals_seen:  # a signal came before start(): it found nothing to stop
-                self.stop_now() if self._signals_seen > 1 else self.stop(wait=False)
-            while not self._stopped.wait(0.2):
-                pass
+            acted = 0
+            while True:
+                # The handler only counts: stopping takes the worker's lock, and a second
+                # signal landing inside the first one's stop() (or in start()) would wait on
+                # it forever, on the same thread. This loop acts on the count instead.
+                seen = self._signals_seen
+                if seen > acted:
+                    acted = seen
+                    self.stop_now() if seen > 1 else self.stop(wait=False)
+                if self._stopped.wait(0.1):
+                    break
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
@@ -413,10 +420,6 @@ class Worker:
             running=max(0, len(self._held) - len(self._ready)),
             grace=self.config.shutdown_grace.total_seconds(),
         )
-        if self._signals_seen == 1:
-            self.stop(wait=False)
-        else:
-            self.stop_now()
 
     def _fatal(self, loop: str, exc: BaseException) -> None:
         """A critical loop cannot go on: release what we hold and stop, with a non-zero exit."""

@@ -1,7 +1,8 @@
 """Fault measurements with real worker processes and real signals (not part of CI).
 
     python bench/faults.py poison      # 1 poison of each kind + 200 normal jobs, 2 workers
-    python bench/faults.py kill-loop   # kill -9 a worker at random over 2,000 jobs
+    python bench/faults.py kill-loop   # kill -9 a worker at random over 2,000 jobs and 3 poison
+    python bench/faults.py kill-loop --jobs 500 --postgres   # smaller, on PostgreSQL
     python bench/faults.py prune       # a full-speed drain with retention=1s: finished rows
     python bench/faults.py all
 
@@ -109,9 +110,13 @@ def poison(url: str, ledger: Path) -> None:
 
 
 def kill_loop(url: str, ledger: Path, jobs: int = 2000) -> None:
+    """kill -9 a worker every 0.3-1.2 s over ``jobs`` healthy jobs and one poison job of each
+    kind, all on their own retry policy (3 attempts). Target: no healthy job dead or charged
+    an attempt it did not use, each poison job dead after exactly its maximum attempts."""
     fj = _app(url, ledger)
     app = fj.app
-    ids = [r.id for r in app.enqueue_many(fj.ledger, [{"sleep": 0.02}] * jobs, max_attempts=50)]
+    ids = [r.id for r in app.enqueue_many(fj.ledger, [{"sleep": 0.02}] * jobs)]
+    bad = {h.name: h.enqueue({}).id for h in (fj.suicide, fj.aborts, fj.segfaults)}
     env = _env(url, ledger)
     rng = random.Random(7)
     # A 3 s lease: with the 1 s one of the other runs, a worker starved of CPU for a second
@@ -127,28 +132,61 @@ def kill_loop(url: str, ledger: Path, jobs: int = 2000) -> None:
         "100ms",
     )
     procs = [_spawn(env, "-c", "8", args=slow), _spawn(env, "-c", "8", args=slow)]
-    kills, started = 0, time.monotonic()
-    while app.count_jobs(state="completed") < jobs and time.monotonic() - started < 600:
-        time.sleep(rng.uniform(0.3, 1.2))
-        victim = rng.randrange(len(procs))
-        if procs[victim].poll() is None:
-            procs[victim].kill()
-            kills += 1
-        procs[victim].wait()
-        procs[victim] = _spawn(env, "-c", "8", args=slow)
+    kills, restarts, started = 0, 0, time.monotonic()
+
+    def settled() -> bool:
+        if app.count_jobs(state=["available", "scheduled", "running"]):
+            return False
+        return all(app.get_job(i).state.value == "dead" for i in bad.values())
+
+    next_kill = started + rng.uniform(0.3, 1.2)
+    while not settled() and time.monotonic() - started < 600:
+        time.sleep(0.05)
+        for n, proc in enumerate(procs):
+            if proc.poll() is not None:  # a poison job took it down
+                restarts += 1
+                procs[n] = _spawn(env, "-c", "8", args=slow)
+        if time.monotonic() >= next_kill and app.count_jobs(state="completed") < jobs:
+            next_kill = time.monotonic() + rng.uniform(0.3, 1.2)
+            victim = rng.randrange(len(procs))
+            if procs[victim].poll() is None:
+                procs[victim].kill()
+                kills += 1
+            procs[victim].wait()
+            procs[victim] = _spawn(env, "-c", "8", args=slow)
     for proc in procs:
         proc.send_signal(signal.SIGTERM)
         proc.wait()
     starts = _ledger(ledger)
-    lost = [
-        (i, app.get_job(i).attempt, starts[i]) for i in ids if app.get_job(i).attempt > starts[i]
-    ]
-    print(f"kill-loop: {jobs} jobs, {kills} kill -9, {time.monotonic() - started:.1f} s")
-    print(f"  completed: {app.count_jobs(state='completed')}/{jobs}")
-    print(f"  jobs whose attempts exceed their starts (an attempt lost unstarted): {len(lost)}")
-    for job_id, attempts, ran in lost[:10]:
-        kinds = [e.kind for e in app.get_job(job_id).errors]
-        print(f"    {job_id}: {attempts} attempts, {ran} starts, errors {kinds}")
+    healthy = [app.get_job(i) for i in ids]
+    dead = [j for j in healthy if j.state.value == "dead"]
+    charged = [j for j in healthy if j.attempt > 1]
+    lost = [j for j in healthy if j.attempt > starts[j.id]]
+    took = time.monotonic() - started
+    print(f"kill-loop on {app.driver.name}: {jobs} jobs + {len(bad)} poison, {took:.1f} s")
+    print(f"  {kills} kill -9, {restarts} restarts after a poison job's crash")
+    print(f"  healthy completed: {sum(j.state.value == 'completed' for j in healthy)}/{jobs}")
+    print(f"  healthy dead: {len(dead)}")
+    print(f"  healthy charged more than one attempt: {len(charged)}")
+    print(f"  healthy whose attempts exceed their starts (an attempt lost unstarted): {len(lost)}")
+    rescued = Counter(
+        "charged" if "ran alone" in e.message else "given back"
+        for j in healthy
+        for e in j.errors
+        if e.kind == "worker_lost"
+    )
+    print(f"  healthy worker_lost rescues: {dict(rescued)}")
+    for job in (dead + charged)[:10]:
+        kinds = [e.kind for e in job.errors]
+        ran = starts[job.id]
+        print(f"    {job.id}: {job.state.value}, {job.attempt} attempts, {ran} starts, {kinds}")
+    for name, job_id in bad.items():
+        found = app.get_job(job_id)
+        alone = sum("ran alone" in e.message for e in found.errors)
+        print(
+            f"  poison {name}: {found.state.value} after {found.attempt} attempts of"
+            f" {found.max_attempts}, {len(found.errors)} rescues ({alone} alone)"
+        )
 
 
 def prune(url: str, ledger: Path, jobs: int = 100_000) -> None:
@@ -193,6 +231,7 @@ def main() -> None:
     parser.add_argument(
         "--postgres", action="store_true", help="on a throwaway PostgreSQL cluster (initdb)"
     )
+    parser.add_argument("--jobs", type=int, default=2000, help="kill-loop: healthy jobs")
     args = parser.parse_args()
     cluster = None
     if args.postgres:
@@ -212,9 +251,10 @@ def main() -> None:
         for what in ["poison", "kill-loop", "prune"] if args.what == "all" else [args.what]:
             scratch = Path(tempfile.mkdtemp(prefix=f"u3j-{what}-"))
             url = args.url or f"sqlite:///{scratch / 'jobs.sqlite3'}"
-            {"poison": poison, "kill-loop": kill_loop, "prune": prune}[what](
-                url, scratch / "ledger"
-            )
+            if what == "kill-loop":
+                kill_loop(url, scratch / "ledger", args.jobs)
+            else:
+                {"poison": poison, "prune": prune}[what](url, scratch / "ledger")
             sys.modules.pop("faultjobs", None)
     finally:
         if cluster is not None:

@@ -606,3 +606,40 @@ def test_the_demo_cuts_a_long_error_with_an_ellipsis() -> None:
     )
     assert _errors(job) == "ValueError: " + "x" * 37 + "…"
     assert len(_errors(job)) == 50
+
+
+@pytest.mark.parametrize("args", [("queues", "list"), ("jobs", "list"), ("workers",)])
+def test_commands_on_jobs_never_create_the_schema_in_a_sqlite_file(
+    project: Path, args: tuple[str, ...]
+) -> None:
+    import sqlite3
+
+    sqlite3.connect(project / "empty.sqlite3").close()  # a file of some other program's
+    code, out, err = run("--url", "sqlite:///empty.sqlite3", *args)
+    assert (code, out) == (1, "")
+    assert "are missing or older than this version" in err
+    assert "fix: run `ultimat3-jobs migrate` (a worker migrates too)" in err
+    with sqlite3.connect(project / "empty.sqlite3") as conn:
+        tables = conn.execute("select name from sqlite_master").fetchall()
+    assert tables == []
+
+
+@pytest.mark.parametrize("args", [("queues", "list"), ("jobs", "list")])
+def test_commands_on_jobs_never_create_the_schema_in_postgres(
+    pg_empty_dsn: str, args: tuple[str, ...]
+) -> None:
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    parts = conninfo_to_dict(pg_empty_dsn)
+    url = f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+    code, out, err = run("--url", url, *args)
+    assert (code, out) == (1, "")
+    assert "are missing or older than this version" in err
+    with psycopg.connect(pg_empty_dsn) as conn:
+        tables = conn.execute(
+            "select table_name from information_schema.tables where table_name like 'x\\_%'"
+        ).fetchall()
+    assert tables == []
+    assert run("--url", url, "migrate")[0] == 0
+    assert run("--url", url, *args)[0] == 0

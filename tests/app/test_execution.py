@@ -610,7 +610,7 @@ def test_completions_are_logged_at_info_and_an_unknown_job_at_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """`-v` shows every completion (with its attempt and how long it ran); an unknown job is a
-    WARNING at the default level, naming the job."""
+    WARNING at the default level, naming the job, when it is given back and when it ends."""
     from ultimat3.jobs.ids import uuid7
     from ultimat3.jobs.records import NewJob
 
@@ -618,9 +618,13 @@ def test_completions_are_logged_at_info_and_an_unknown_job_at_warning(
     done = noop.enqueue({}).id
     stray = uuid7()
     app.driver.job_insert_many([NewJob(stray, "gone.job", "default", "{}", stray, max_attempts=1)])
-    with caplog.at_level(logging.INFO, logger="ultimat3.jobs"), app.worker(poll_interval="20ms"):
+    worker = app.worker(poll_interval="20ms", unknown_grace="100ms")
+    with caplog.at_level(logging.INFO, logger="ultimat3.jobs"), worker:
         _wait(lambda: app.get_job(done).state is JobState.COMPLETED, what="the job")
         _wait(lambda: app.get_job(stray).state is JobState.DEAD, what="the unknown job to end")
+    waiting = [r for r in caplog.records if r.fields.get("dead") is False]
+    assert waiting and waiting[0].levelno == logging.WARNING
+    assert waiting[0].fields["job"] == "gone.job" and waiting[0].fields["registered"]
     by_event = {getattr(r, "event", ""): r for r in caplog.records}
     completed = by_event["jobs.job.completed"]
     assert completed.levelno == logging.INFO

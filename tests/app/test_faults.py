@@ -65,7 +65,8 @@ def test_kill_9_mid_flight_rescues_the_killed_workers_jobs(
     for job_id in ids:
         got = fault_app.get_job(job_id)
         if job_id in killed:
-            assert got.attempt == 2, got
+            # Killed beside other jobs: rescued with the attempt given back, then run alone.
+            assert got.attempt == 1, got
             assert [e.kind for e in got.errors] == ["worker_lost"]
         else:
             assert got.attempt == 1 and not got.errors, got
@@ -155,8 +156,11 @@ def test_a_job_that_kills_its_worker_ends_dead(
         time.sleep(0.05)
     dead = fault_app.get_job(poison)
     assert dead.state is JobState.DEAD and dead.attempt == 3
-    assert [e.kind for e in dead.errors] == ["worker_lost"] * 3
-    assert restarts <= 3
+    # Three crashes alone count; a first one beside other jobs, if any, did not.
+    assert {e.kind for e in dead.errors} == {"worker_lost"}
+    assert sum("ran alone" in e.message for e in dead.errors) == 3
+    assert len(dead.errors) <= 4
+    assert restarts <= 4
     assert all(fault_app.get_job(i).state is JobState.COMPLETED for i in others)
 
 

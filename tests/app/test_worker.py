@@ -152,27 +152,40 @@ def test_typed_input_arrives_as_its_type(app: App) -> None:
     assert calls == [Order(id=3, total=9.5)]
 
 
-def test_unknown_job_names_fail_and_retry(app: App) -> None:
+def test_an_unknown_job_name_waits_for_a_worker_that_knows_it_then_ends_dead(
+    app: App, clock: FakeClock
+) -> None:
+    """A worker that lacks the name gives the job back without charging an attempt and passes
+    over it; once it has waited ``unknown_grace`` since it became due, it is dead-lettered."""
     from ultimat3.jobs.ids import uuid7
     from ultimat3.jobs.records import NewJob
 
+    job_id = uuid7()
     app.driver.job_insert_many(
-        [
-            NewJob(
-                id=uuid7(),
-                name="renamed_long_ago",
-                queue="default",
-                input="{}",
-                idempotency_key=uuid7(),
-                max_attempts=2,
-            )
-        ],
+        [NewJob(job_id, "renamed_long_ago", "default", "{}", job_id, max_attempts=2)],
         now=app.clock.pinned(),
     )
-    drain(app)
-    (found,) = app.list_jobs(name="renamed_long_ago")
-    assert found.state is JobState.SCHEDULED
-    assert found.errors[0].kind == "unknown_job"
+    due = app.get_job(job_id).run_at
+    worker = app.worker(unknown_grace="10m")
+    stats = worker.drain()
+    assert stats.claimed == 1, "claimed once, then passed over"
+    found = app.get_job(job_id)
+    assert (found.state, found.attempt, found.errors, found.run_at) == (
+        JobState.AVAILABLE,
+        0,
+        (),
+        due,
+    )
+    assert worker.drain().claimed == 1, "no second claim: this worker skips the name a while"
+    clock.advance("61s")
+    assert worker.drain().claimed == 2, "a minute later it looks again"
+    assert (app.get_job(job_id).attempt, app.get_job(job_id).errors) == (0, ())
+    clock.advance("9m")
+    worker.drain()
+    dead = app.get_job(job_id)
+    assert (dead.state, dead.attempt) == (JobState.DEAD, 1)
+    assert [e.kind for e in dead.errors] == ["unknown_job"]
+    assert "no worker that knows it claimed it within 10m" in dead.errors[0].message
 
 
 def test_corrupt_payload_is_parked_without_retry(app: App) -> None:
@@ -345,28 +358,64 @@ def test_heartbeats_keep_a_long_job_from_being_rescued(
     assert got.state is JobState.COMPLETED and got.attempt == 1 and not got.errors
 
 
-def test_expired_leases_are_rescued_and_the_attempt_counts(app: App, clock: FakeClock) -> None:
+def test_expired_leases_are_rescued_and_the_attempt_counts_only_when_the_job_ran_alone(
+    app: App, clock: FakeClock
+) -> None:
+    """A crash beside other jobs isolates the job and gives its attempt back; a crash while it
+    ran alone (isolated) counts, so only a job that kills its worker alone ends dead."""
     result = record.enqueue({"n": 1})
-    params = ClaimParams(
-        queues=("default",),
-        limit=1,
-        lease_for=timedelta(seconds=30),
-        worker_id="gone",
-        now=clock.now(),
-    )
+
+    def params(isolated: bool) -> ClaimParams:
+        return ClaimParams(
+            queues=("default",),
+            limit=1,
+            lease_for=timedelta(seconds=30),
+            worker_id="gone",
+            now=clock.now(),
+            isolated=isolated,
+        )
+
     # Claimed as a worker claims, for a free handler: marked started.
-    [claimed] = app.driver.job_cycle(Cycle(claim=params), now=clock.now()).claimed
+    [claimed] = app.driver.job_cycle(Cycle(claim=params(False)), now=clock.now()).claimed
     assert claimed.id == result.id
     clock.advance("31s")
     worker = app.worker()
     assert worker.maintenance.rescue() == [result.id]
     rescued = app.get_job(result.id)
-    assert rescued.attempt == 1 and rescued.errors[0].kind == "worker_lost"
+    assert rescued.attempt == 0 and rescued.errors[0].kind == "worker_lost"
+    assert rescued.state is JobState.AVAILABLE  # due at once, to run alone
+    [alone] = app.driver.job_cycle(Cycle(claim=params(True)), now=clock.now()).claimed
+    assert (alone.id, alone.attempt) == (result.id, 1)
+    clock.advance("31s")
+    assert worker.maintenance.rescue() == [result.id]
+    rescued = app.get_job(result.id)
+    assert rescued.attempt == 1 and [e.kind for e in rescued.errors] == ["worker_lost"] * 2
     assert rescued.state is JobState.SCHEDULED  # after the policy's backoff, like any failure
     clock.advance("1s")
     drain(app)
     assert app.get_job(result.id).state is JobState.COMPLETED
     assert app.get_job(result.id).attempt == 2
+
+
+def test_a_worker_that_does_not_lead_maintenance_rescues_too(app: App, clock: FakeClock) -> None:
+    """Rescue follows the lease, not the leadership: a frozen leader still holds it for its
+    time to live, so every worker rescues (fenced: two racing change the job once)."""
+    leader, standby = app.worker(lease="3s"), app.worker(lease="3s")
+    assert leader.maintenance.leader_ttl == timedelta(seconds=3), "the leadership lasts a lease"
+    leader.maintenance.tick(rescue_every=60, prune_every=60)
+    assert leader.maintenance.leading
+    record.enqueue({"n": 1})
+    params = ClaimParams(("default",), 1, timedelta(seconds=3), worker_id="gone", now=clock.now())
+    [claimed] = app.driver.job_cycle(Cycle(claim=params), now=clock.now()).claimed
+    clock.advance("2s")
+    leader.maintenance.tick(rescue_every=60, prune_every=60)  # renewed; its rescue not due
+    clock.advance("2s")
+    assert standby.maintenance.tick(rescue_every=60, prune_every=60) == 1
+    assert not standby.maintenance.leading
+    assert leader.maintenance.rescue() == [], "already rescued: fenced"
+    rescued = app.get_job(claimed.id)
+    assert (rescued.state, rescued.attempt) == (JobState.AVAILABLE, 0)
+    assert [e.kind for e in rescued.errors] == ["worker_lost"]
 
 
 def test_a_claim_that_never_started_gets_its_attempt_back(app: App, clock: FakeClock) -> None:

@@ -3,6 +3,7 @@ each part fenced like its stand-alone counterpart, the claimed jobs marked start
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from ultimat3.jobs.driver import Driver
@@ -91,3 +92,62 @@ def test_a_cycle_claims_isolated_jobs_only_when_asked(driver: Driver) -> None:
     alone = driver.job_cycle(Cycle(claim=_params(1, now=at(3), isolated=True)), now=at(3))
     assert [j.id for j in alone.claimed] == [job_id]
     assert alone.claimed[0].attempt == 2
+
+
+def test_a_rescue_beside_others_gives_the_attempt_back_and_one_alone_keeps_it(
+    driver: Driver,
+) -> None:
+    """``job_list_expired(isolated=...)`` tells a job claimed alone from one claimed beside
+    others, and ``Failure.refund`` gives the attempt back: a crash beside other jobs costs
+    nothing, a crash alone counts (the rescuer's two cases, ``maintenance.Maintenance``)."""
+    [job_id, other] = insert(driver, new_job(), new_job())
+    first, beside = claim(driver, at(1), limit=2)
+    assert {first.id, beside.id} == {job_id, other}
+    late = at(1) + LEASE + timedelta(seconds=1)
+    assert driver.job_list_expired(limit=10, now=late, isolated=True) == []
+    expired = driver.job_list_expired(limit=10, now=late, isolated=False)
+    assert {j.id for j in expired} == {job_id, other}
+    assert {j.id for j in driver.job_list_expired(limit=10, now=late)} == {job_id, other}
+    refund = Failure(first.lease, error(1, late), retry_at=late, isolate=True, refund=True)
+    assert driver.job_fail_many([refund], now=late) == {first.id}
+    back = get(driver, first.id)
+    assert (back.state, back.attempt, [e.kind for e in back.errors]) == (
+        JobState.AVAILABLE,
+        0,
+        ["ValueError"],
+    )
+    assert driver.job_fail_many([refund], now=late) == set(), "fenced: once only"
+    alone = driver.job_cycle(Cycle(claim=_params(1, now=late, isolated=True)), now=late)
+    [again] = alone.claimed
+    assert (again.id, again.attempt) == (first.id, 1)
+    later = late + LEASE + timedelta(seconds=1)
+    assert [j.id for j in driver.job_list_expired(limit=10, now=later, isolated=True)] == [first.id]
+    assert {j.id for j in driver.job_list_expired(limit=10, now=later, isolated=False)} == {
+        beside.id
+    }
+    charged = Failure(again.lease, error(1, later), retry_at=later, isolate=True)
+    assert driver.job_fail_many([charged], now=later) == {first.id}
+    assert get(driver, first.id).attempt == 1, "a crash alone keeps its attempt"
+
+
+def test_a_claim_passes_over_the_names_it_skips(driver: Driver) -> None:
+    """``ClaimParams.skip``: a worker that lacks a job's name leaves it for a worker that knows
+    it (a rolling deploy), by every claim of unlimited jobs: one queue or several, in a cycle or
+    not, ordinary or isolated; an empty skip claims as before."""
+    unknown, known, other_queue = (
+        new_job(name="new.job", priority=9),
+        new_job(name="old.job"),
+        new_job(name="new.job", queue="other"),
+    )
+    insert(driver, unknown, known, other_queue)
+    base = _params(5, now=at(1))
+    skip = ("new.job", "gone.job")
+    one = driver.job_cycle(Cycle(claim=replace(base, skip=skip)), now=at(1)).claimed
+    assert [j.id for j in one] == [known.id]
+    several = replace(base, queues=("default", "other"), skip=skip)
+    assert driver.job_claim(several) == []
+    assert driver.job_cycle(Cycle(claim=several), now=at(1)).claimed == []
+    alone = driver.job_cycle(Cycle(claim=replace(base, isolated=True, skip=skip)), now=at(1))
+    assert alone.claimed == []
+    everything = driver.job_cycle(Cycle(claim=replace(base, queues=("default", "other"))))
+    assert {j.id for j in everything.claimed} == {unknown.id, other_queue.id}

@@ -270,3 +270,25 @@ def test_job_flow_says_why_a_job_waits(driver: Driver) -> None:
     assert state.why_waiting() == (
         f"rate-limited until {at(13):%H:%M:%S} UTC (2/2 starts in 0:00:10 on api)"
     )
+
+
+def test_a_limited_claim_passes_over_the_names_it_skips(driver: Driver) -> None:
+    """``ClaimParams.skip`` holds for jobs with a limit and for the unlimited jobs a limited
+    claim takes beside them: a worker that lacks a name never claims it in a loop."""
+    new_limited = limited("acct=a", 5, name="new.job", priority=9)
+    new_plain = new_job(name="new.job", priority=9)
+    old_limited, old_plain = limited("acct=a", 5, name="old.job"), new_job(name="old.job")
+    insert(driver, new_limited, new_plain, old_limited, old_plain)
+    params = ClaimParams(
+        queues=("default",),
+        limit=10,
+        lease_for=LEASE,
+        worker_id="w",
+        now=at(1),
+        limited=True,
+        skip=("new.job",),
+    )
+    claimed = driver.job_cycle(Cycle(claim=params), now=at(1)).claimed
+    assert {job.id for job in claimed} == {old_limited.id, old_plain.id}
+    rest = claim_limited(driver, 2)
+    assert {job.id for job in rest} == {new_limited.id, new_plain.id}

@@ -24,7 +24,7 @@ pytest.importorskip("django")
 from django.db import connection, connections, transaction
 
 from ultimat3.jobs import App
-from ultimat3.jobs.integrations.django import JobsBackend, using
+from ultimat3.jobs.integrations.django import JobsBackend, django_task, prepare, using
 from ultimat3.jobs.records import JobState
 from ultimat3.jobs.testing import drain
 
@@ -123,7 +123,8 @@ def test_the_task_backend_joins_atomic_and_maps_the_options(app: App) -> None:
     if app._outbox is not None:
         assert app.relay().tick() == 2
     job = app.get_job(now_result.id)
-    assert (job.name, job.queue, job.priority) == ("django_task", "emails", 7)
+    assert (job.name, job.queue, job.priority) == (send_mail.module_path, "emails", 7)
+    assert job.max_attempts == 1  # Django gives one attempt
     assert app.get_job(later_result.id).run_at == later
     assert app.get_job(later_result.id).state is JobState.SCHEDULED
     backend = send_mail.get_backend()
@@ -202,3 +203,82 @@ def test_the_task_backend_of_a_fresh_app_joins_the_first_requests_atomic(
     assert [j.id for j in app.list_jobs()] == [kept.id]
     drain(app)
     assert TASK_CALLS == [("kept@example.com", "")]
+
+
+def test_a_workers_app_runs_each_task_under_its_own_name(fresh: tuple[str, App]) -> None:
+    """A worker process has its own App object, which no enqueue registered anything on:
+    ``prepare`` (what ``--app ultimat3.jobs.integrations.django`` runs) makes it run the
+    tasks, each job named by its task's import path, with the one attempt Django gives."""
+    alias, app = fresh
+    result = send_mail.using(backend=alias).enqueue("w@example.com")
+    # A row of an earlier release, which named every task's job django_task.
+    app.register(types.SimpleNamespace(job=django_task))
+    app.enqueue(
+        django_task,
+        {
+            "task": send_mail.module_path,
+            "args": ["old@example.com"],
+            "kwargs": {},
+            "backend": alias,
+            "enqueued_at": datetime.now(UTC).isoformat(),
+        },
+        max_attempts=1,
+    )
+    worker_app = App(app.url)
+    sys.modules["u3j_django_fresh"].app = worker_app  # type: ignore[attr-defined]
+    try:
+        prepare(worker_app, discover=False)
+        assert drain(worker_app, queues=["default"]).completed == 2  # as `worker -q default`
+        assert sorted(TASK_CALLS) == [("old@example.com", ""), ("w@example.com", "")]
+        done = worker_app.get_job(result.id)
+        assert (done.name, done.state, done.max_attempts) == (
+            send_mail.module_path,
+            JobState.COMPLETED,
+            1,
+        )
+        assert worker_app.registry.job_named(send_mail.module_path) is not None
+    finally:
+        worker_app.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_manage_py_migrate_creates_the_job_tables(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """With the integration in INSTALLED_APPS, ``migrate`` brings the job tables of the App a
+    backend names on that alias up to date, through the library's own migrations."""
+    from django.apps import apps
+    from django.core.management import call_command
+
+    from ultimat3.jobs.drivers import open_driver
+
+    alias = f"fresh_{kind}"
+    target = connections[alias]
+    target.close()
+    if kind == "sqlite":
+        target.settings_dict["NAME"] = str(tmp_path / "fresh.sqlite3")
+        url = f"sqlite:///{tmp_path / 'fresh.sqlite3'}"
+    else:
+        from psycopg.conninfo import conninfo_to_dict
+
+        parts = conninfo_to_dict(request.getfixturevalue("pg_empty_dsn"))
+        target.settings_dict.update(
+            NAME=parts["dbname"], USER=parts["user"], HOST=parts["host"], PORT=parts["port"]
+        )
+        url = f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+    module = types.ModuleType("u3j_django_fresh")
+    module.app = App(url)  # type: ignore[attr-defined]  # never opened: it would migrate
+    sys.modules[module.__name__] = module
+    apps.set_installed_apps(["ultimat3.jobs.integrations.django"])
+    try:
+        driver = open_driver(url)
+        try:
+            assert not driver.schema_current()
+            call_command("migrate", "ultimat3_jobs", database=alias, verbosity=0)
+            assert driver.schema_current()
+        finally:
+            driver.close()
+    finally:
+        apps.unset_installed_apps()
+        sys.modules.pop(module.__name__, None)
+        target.close()

@@ -504,7 +504,7 @@ def test_bad_max_attempts_is_refused() -> None:
 def test_async_tasks_run_on_the_workers_event_loop(alias: str, app: App) -> None:
     result = async_answer.using(backend=alias).enqueue(21)
     failing = async_failing.using(backend=alias).enqueue()
-    assert app.get_job(result.id).name == "django_task_async"
+    assert app.get_job(result.id).name == result.task.module_path
     with app.worker(queues=["default"], concurrency=2, poll_interval="100ms"):
         value = app.result(result.id, timeout=60)
         with pytest.raises(Exception, match="async failure"):

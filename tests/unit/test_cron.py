@@ -540,3 +540,17 @@ def test_plan_matches_the_reference(
         )
         assert again.fire == ()
         assert again.missed == 0
+
+
+@pytest.mark.parametrize(
+    ("expr", "minutes"),
+    [
+        ("29-29/2 * * * *", [29]),  # a one-value range stepped is that value, as in Debian cron
+        ("5-5/10 * * * *", [5]),
+        ("50-59/5 * * * *", [50, 55]),
+    ],
+)
+def test_a_stepped_range_fires_only_inside_the_range(expr: str, minutes: list[int]) -> None:
+    start = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
+    fires = next_runs(expr, "UTC", start - timedelta(seconds=1), count=6)
+    assert sorted({f.minute for f in fires}) == minutes

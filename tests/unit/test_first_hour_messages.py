@@ -185,3 +185,38 @@ def test_public_docstrings_speak_to_users() -> None:
             leaks += [where for where, doc in docs if "seed" in doc.lower()]
     assert leaks == []
     assert "seed" not in (task.__doc__ or "")
+
+
+def _two_strings(to: str, subject: str) -> None: ...
+
+
+def _three(order: dict[str, Any], ctx: Any, extra: int) -> None: ...
+
+
+def _keyword_required(order: dict[str, Any], *, region: str) -> None: ...
+
+
+def _star_args(*args: Any) -> None: ...
+
+
+@pytest.mark.parametrize("fn", [_two_strings, _three, _keyword_required, _star_args])
+def test_a_job_function_of_another_shape_is_refused_at_definition(fn: Any) -> None:
+    with pytest.raises(ultimat3.jobs.ConfigurationError) as raised:
+        job(fn)
+    assert fn.__qualname__ in raised.value.cause
+    assert "def send(order: dict, ctx: JobContext)" in (raised.value.fix or "")
+    assert "named ctx or context" in (raised.value.fix or "")
+
+
+def _annotated(order: dict[str, Any], run: ultimat3.jobs.JobContext) -> None: ...
+
+
+def _named(order: dict[str, Any], ctx) -> None: ...  # type: ignore[no-untyped-def]
+
+
+def _alone(order: dict[str, Any], *, dry_run: bool = False) -> None: ...
+
+
+@pytest.mark.parametrize(("fn", "wants"), [(_annotated, True), (_named, True), (_alone, False)])
+def test_the_accepted_shapes_say_whether_they_take_the_context(fn: Any, wants: bool) -> None:
+    assert job(fn).wants_context is wants

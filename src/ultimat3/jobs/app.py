@@ -24,12 +24,12 @@ from contextlib import AbstractContextManager, contextmanager
 from contextvars import Token
 from datetime import timedelta
 from types import ModuleType
-from typing import Any, Literal, TypeVar, Unpack
+from typing import Any, Literal, Protocol, TypeVar, Unpack
 
 from ultimat3.jobs import events
 from ultimat3.jobs.clock import Clock, SystemClock
 from ultimat3.jobs.driver import Driver, Joined, current_tx
-from ultimat3.jobs.drivers import default_url, open_driver, url_from_env
+from ultimat3.jobs.drivers import canonical_url, default_url, open_driver, url_from_env
 from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError, JobNotFoundError, RegistrationError
 from ultimat3.jobs.job import (
@@ -72,6 +72,18 @@ DEFAULT_PAYLOAD_LIMIT = 1_048_576
 _NO_OPTIONS = EnqueueOptions()
 
 
+class Ambient(Protocol):
+    """Where an enqueue outside any ``using()`` block finds the transaction it runs in: a
+    framework's own notion of one (an integration's ``install``, e.g. a SQLAlchemy session's
+    transaction). Returns it joined (``App._join``), or None when the code runs in none."""
+
+    def joined(self, app: App) -> Joined | None: ...
+
+    async def joined_async(self, app: App) -> Joined | None:
+        """The same, on the event loop, before ``enqueue_async`` leaves it."""
+        ...
+
+
 class App(Enqueuer):
     """A job database and the jobs registered with it."""
 
@@ -95,7 +107,8 @@ class App(Enqueuer):
             )
         if driver is not None and url is not None:
             raise ConfigurationError("App got both url= and driver=", fix="pass one of them")
-        self.url = url or (None if driver is not None else url_from_env() or default_url())
+        url = url or (None if driver is not None else url_from_env() or default_url())
+        self.url = canonical_url(url) if url is not None else None
         self.mode: Mode = mode
         self.clock: Clock = clock or SystemClock()
         self.serializer = Serializer(codecs=codecs, payload_limit=payload_limit)
@@ -113,6 +126,11 @@ class App(Enqueuer):
         #: its URL; opened and migrated on first use).
         self._outbox: OutboxStore | str | None = outbox
         self._outbox_opened = False
+        #: Transactions found without ``using()`` (``_add_ambient``: an integration's install).
+        self._ambient: tuple[Ambient, ...] = ()
+        #: Asked, in order, for the handle of a job name no module registered (a worker meets
+        #: it on a claimed job): an integration's jobs, named at enqueue (``_add_job_resolver``).
+        self._job_resolvers: tuple[Callable[[App, str], JobHandle[Any] | None], ...] = ()
         if modules:
             self.register(*modules)
 
@@ -155,7 +173,7 @@ class App(Enqueuer):
                 fix="drop --url, or build the App without opening it at import time (no "
                 "app.open() or enqueue at module level), so that --url can choose its database",
             )
-        self.url = url
+        self.url = canonical_url(url)
 
     def _unopened_driver(self) -> Driver:
         """The driver, opened but not yet migrated (to identify a connection first)."""
@@ -175,7 +193,23 @@ class App(Enqueuer):
         return registered
 
     def knows(self, handle: JobHandle[Any]) -> bool:
+        """Whether ``handle`` is one of this app's registered jobs."""
         return self.registry.knows(handle)
+
+    def _job_named(self, name: str) -> JobHandle[Any] | None:
+        """The handle of the job ``name``: registered, or found by a resolver (which registers
+        it); None when neither knows it."""
+        found = self.registry.job_named(name)
+        if found is None:
+            for resolve in self._job_resolvers:
+                found = resolve(self, name)
+                if found is not None:
+                    break
+        return found
+
+    def _add_job_resolver(self, resolve: Callable[[App, str], JobHandle[Any] | None]) -> None:
+        if resolve not in self._job_resolvers:
+            self._job_resolvers = (*self._job_resolvers, resolve)
 
     def close(self) -> None:
         """Close the database and stop being the app that handles enqueue through."""
@@ -230,13 +264,37 @@ class App(Enqueuer):
         """``enqueue`` for async code: the same logic, off the event loop's thread. Inside an
         async connection's transaction, calls run one at a time on it (``asyncio.gather`` of
         many is safe), each as part of the transaction."""
-        return await _off_loop(lambda: self.enqueue(handle, input, **options))
+        return await self._in_ambient_off_loop(lambda: self.enqueue(handle, input, **options))
 
     async def enqueue_many_async(
         self, handle: JobHandle[Any], inputs: Iterable[Any], /, **options: Unpack[EnqueueKwargs]
     ) -> list[EnqueueResult]:
+        """``enqueue_many`` for async code: the event loop is never blocked; inside an async
+        connection's transaction the jobs are part of it, as with ``enqueue_async``."""
         values = list(inputs)
-        return await _off_loop(lambda: self.enqueue_many(handle, values, **options))
+        return await self._in_ambient_off_loop(lambda: self.enqueue_many(handle, values, **options))
+
+    async def _in_ambient_off_loop(self, call: Callable[[], _R]) -> _R:
+        """``_off_loop(call)`` inside the ambient transaction, when one is found here (on the
+        event loop, where an async session can still reach its connection)."""
+        if self._ambient and current_tx.get() is None:
+            for source in self._ambient:
+                joined = await source.joined_async(self)
+                if joined is not None:
+                    token = current_tx.set(joined)
+                    try:
+                        return await _off_loop(call)
+                    finally:
+                        current_tx.reset(token)
+        return await _off_loop(call)
+
+    def _add_ambient(self, source: Ambient) -> None:
+        """Have enqueues outside ``using()`` ask ``source`` for the transaction they run in."""
+        if source not in self._ambient:
+            self._ambient = (*self._ambient, source)
+
+    def _remove_ambient(self, source: Ambient) -> None:
+        self._ambient = tuple(s for s in self._ambient if s is not source)
 
     def _builder(self, handle: JobHandle[Any], options: EnqueueOptions) -> Builder:
         """The builder of ``handle``'s jobs with ``options``, once ``handle`` is known to be
@@ -274,6 +332,15 @@ class App(Enqueuer):
         by the driver, which may build it as it writes: ``NewJobs``)."""
         if self._intercept is not None:
             return self._intercept(list(jobs))
+        if self._ambient and current_tx.get() is None:
+            for source in self._ambient:
+                joined = source.joined(self)
+                if joined is not None:
+                    token = current_tx.set(joined)
+                    try:
+                        return self._insert(jobs, outbox, label)
+                    finally:
+                        current_tx.reset(token)
         driver = self.driver
         store = None
         if self._outbox is not None and current_tx.get() is not None:
@@ -411,6 +478,7 @@ class App(Enqueuer):
         dead_retention: DurationInput | None = None,
         heartbeat: DurationInput | None = None,
         stuck_limit: DurationInput | None = "5m",
+        unknown_grace: DurationInput = "1h",
     ) -> Worker:
         """A worker for this app's jobs (``worker.run()`` blocks; ``with worker:`` runs it in
         background threads). Settings that cannot work are refused here, naming the option:
@@ -435,6 +503,7 @@ class App(Enqueuer):
             rescue_interval=to_timedelta(rescue_interval, name="rescue_interval"),
             prune_interval=to_timedelta(prune_interval, name="prune_interval"),
             stuck_limit=maybe(stuck_limit, "stuck_limit"),
+            unknown_grace=to_timedelta(unknown_grace, name="unknown_grace"),
             maintenance=MaintenanceConfig(
                 retention=to_timedelta(retention, name="retention"),
                 dead_retention=maybe(dead_retention, "dead_retention"),
@@ -457,7 +526,7 @@ class App(Enqueuer):
             )
         return Worker(
             driver=self.driver,
-            handles=self.registry.job_named,
+            handles=self._job_named,
             queues=chosen,
             serializer=self.serializer,
             clock=self.clock,
@@ -515,11 +584,14 @@ class App(Enqueuer):
         )
 
     def queues_of_jobs(self) -> tuple[str, ...]:
+        """The queues of the registered jobs, sorted: what a worker serves by default."""
         return tuple(sorted({h.queue for h in self.registry.jobs.values()}))
 
     # -- inspecting and operating ------------------------------------------------------------
 
     def get_job(self, job_id: str, *, tenant_id: str | None = None) -> Job:
+        """The job with this id, as it stands now; ``JobNotFoundError`` when there is none (or
+        it was pruned)."""
         found = self.driver.job_get(job_id, tenant_id=tenant_id)
         if found is None:
             raise JobNotFoundError(f"no job has the id {job_id!r}")
@@ -540,6 +612,8 @@ class App(Enqueuer):
         limit: int = 50,
         before_id: str | None = None,
     ) -> list[Job]:
+        """Jobs, newest id first, filtered by state (one or several), queue, job name and tenant:
+        at most ``limit``, older than ``before_id`` (the last id of the previous page)."""
         return self.driver.job_list(
             _filter(state, queue, name, tenant_id), limit=limit, before_id=before_id
         )
@@ -552,6 +626,7 @@ class App(Enqueuer):
         name: str | None = None,
         tenant_id: str | None = None,
     ) -> int:
+        """How many jobs match the filters (as ``list_jobs``'s, without paging)."""
         counts = self.driver.job_count(_filter(state, queue, name, tenant_id))
         return sum(counts.values())
 
@@ -596,12 +671,16 @@ class App(Enqueuer):
         )
 
     def pause_queue(self, queue: str) -> None:
+        """Stop workers from claiming the queue's jobs (running ones finish; enqueues go on)
+        until ``resume_queue``."""
         self.driver.queue_set_paused(queue, True)
 
     def resume_queue(self, queue: str) -> None:
+        """Let workers claim a paused queue's jobs again."""
         self.driver.queue_set_paused(queue, False)
 
     def queues(self) -> list[QueueInfo]:
+        """Every queue that has jobs or a pause setting, with its jobs counted by state."""
         return self.driver.queue_list()
 
     def workers(self) -> list[WorkerInfo]:

@@ -75,8 +75,9 @@ class Context:
 
     @property
     def existing_app(self) -> App:
-        """The App, for a command that reads or changes jobs: its database must exist, so a
-        command run in the wrong folder says so rather than create an empty SQLite file."""
+        """The App, for a command that reads or changes jobs: its database and its job tables
+        must exist, so a command run in the wrong folder or against a new database says so
+        rather than create an empty SQLite file or the schema."""
         app = self.app
         if app._driver is None and app.url and app.url.startswith("sqlite:"):
             path = sqlite_path(app.url).absolute()
@@ -86,6 +87,15 @@ class Context:
                     fix="run from your project's folder, or pass --app module:attribute (or "
                     "--url sqlite:///path/to/jobs.sqlite3); `ultimat3-jobs migrate` creates "
                     "a database",
+                )
+        if not app._opened:
+            driver = app._unopened_driver()
+            if not driver.schema_current():
+                raise ConfigurationError(
+                    f"the job tables in {driver.display_url} are missing or older than this "
+                    "version of ultimat3-jobs, and this command never creates or changes them",
+                    fix="run `ultimat3-jobs migrate` (a worker migrates too), then this "
+                    "command again",
                 )
         return app
 
@@ -438,6 +448,14 @@ def _worker_options(f: F) -> F:
             show_default=True,
             type=DURATION,
             help="Exit (code 70) when jobs past their timeout hold every slot for this long.",
+        ),
+        click.option(
+            "--unknown-grace",
+            default="1h",
+            show_default=True,
+            type=DURATION,
+            help="How long a job whose name this worker lacks waits for a worker that knows it "
+            "(given back without using an attempt) before it is dead-lettered.",
         ),
     ]
     for option in reversed(options):

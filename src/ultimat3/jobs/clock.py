@@ -16,6 +16,9 @@ from typing import Protocol, runtime_checkable
 
 @runtime_checkable
 class Clock(Protocol):
+    """Where the library reads time: ``App(clock=...)``. ``SystemClock`` is the real one;
+    ``ultimat3.jobs.testing.FakeClock`` moves only when told."""
+
     def now(self) -> datetime:
         """The current time, timezone-aware, in UTC."""
         ...
@@ -38,16 +41,23 @@ def utcnow() -> datetime:
 
 
 class SystemClock:
+    """The real clock: the system's time (``pinned()`` is None: a driver uses its database's
+    clock where it can, as PostgreSQL's ``now()``)."""
+
     def now(self) -> datetime:
+        """The current time, timezone-aware, in UTC."""
         return datetime.now(UTC)
 
     def pinned(self) -> datetime | None:
+        """None: the database reads its own clock."""
         return None
 
     def monotonic(self) -> float:
+        """``time.monotonic()``."""
         return time.monotonic()
 
     def sleep(self, seconds: float, wake: threading.Event | None = None) -> bool:
+        """Wait ``seconds`` or until ``wake`` is set; True when woken."""
         if wake is None:
             time.sleep(max(0.0, seconds))
             return False
@@ -72,17 +82,21 @@ class FakeClock:
         self._lock = threading.Lock()
 
     def now(self) -> datetime:
+        """The fake time, timezone-aware, in UTC."""
         with self._lock:
             return self._now
 
     def pinned(self) -> datetime | None:
+        """The fake time: drivers use it instead of the database's clock."""
         return self.now()
 
     def monotonic(self) -> float:
+        """Seconds moved forward so far (``advance``, and ``set`` forward)."""
         with self._lock:
             return self._mono
 
     def sleep(self, seconds: float, wake: threading.Event | None = None) -> bool:
+        """Return at once, advancing nothing: True when ``wake`` is set."""
         return wake.is_set() if wake is not None else False
 
     def advance(self, by: timedelta | float) -> datetime:
@@ -97,6 +111,8 @@ class FakeClock:
             return self._now
 
     def set(self, to: datetime) -> None:
+        """Jump to ``to`` (timezone-aware), forward or back; ``monotonic()`` only moves
+        forward."""
         if to.tzinfo is None:
             raise ValueError("FakeClock.set needs a timezone-aware datetime")
         with self._lock:

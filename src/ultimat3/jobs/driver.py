@@ -324,7 +324,7 @@ class Driver(Protocol):
     ) -> set[str]:
         """Record each failure in the job's error history; the job becomes ``scheduled`` at
         ``retry_at`` (``available`` when that is not after now), or ``dead`` when ``retry_at`` is
-        None. Return the ids changed."""
+        None; ``Failure.refund`` gives its attempt back. Return the ids changed."""
         ...
 
     def job_snooze(
@@ -349,9 +349,13 @@ class Driver(Protocol):
         loses its lease, so its worker's later writes match nothing)."""
         ...
 
-    def job_list_expired(self, *, limit: int, now: datetime | None = None) -> list[Job]:
+    def job_list_expired(
+        self, *, limit: int, now: datetime | None = None, isolated: bool | None = None
+    ) -> list[Job]:
         """Started running jobs whose lease expired before now, oldest expiry first. The caller
-        fails them through their (expired) lease, so a worker that comes back races fairly."""
+        fails them through their (expired) lease, so a worker that comes back races fairly.
+        ``isolated``: None lists them all, True those claimed alone (isolated, see
+        ``Failure.isolate``), False those claimed beside others."""
         ...
 
     def job_list_running(self, *, limit: int) -> list[Job]:

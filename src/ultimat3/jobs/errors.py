@@ -12,7 +12,9 @@ exit code the command line uses for it. A class's docstring is its default messa
     │   └── PayloadTooLargeError
     ├── DeserializationError        a stored payload that cannot be decoded
     ├── OutboxNoTxError             mode="required" and no transaction to join
-    ├── DriverUnavailableError      the database cannot be reached or used
+    ├── DriverUnavailableError      the database cannot be reached or used, or a write of
+    │                               ours failed in your transaction (retryable=False; the
+    │                               transaction goes on: in_callers_transaction)
     ├── JobNotFoundError
     ├── InvalidStateError           an action that the job's state does not allow
     ├── JobFailedError              a result asked of a job that ended dead or cancelled
@@ -136,6 +138,33 @@ class DriverUnavailableError(JobsError):
         #: the standby was promoted); False when only a change (a migration, a fix) can help.
         self.retryable = retryable
         super().__init__(cause, fix=fix, driver=driver, retryable=retryable)
+
+
+#: What every failure of an enqueue (or completion) inside a caller's transaction adds to its
+#: fix: the library's write ran in a savepoint, which was rolled back (the rule of
+#: ARCHITECTURE.md, "The life of a job").
+KEPT_TRANSACTION = (
+    "your transaction is still usable and holds nothing of this call (its savepoint was rolled "
+    "back): go on with it, commit or roll back; retrying the call inside that same transaction "
+    "is not the remedy, retry the whole transaction once the cause is gone"
+)
+
+
+def in_callers_transaction(
+    cause: str, *, driver: str, fix: str, kept: bool = True
+) -> DriverUnavailableError:
+    """The error of a write of ours that failed inside a caller's transaction: not retryable
+    there (``retryable=False``: the transaction is the caller's to retry, not ours), with
+    ``KEPT_TRANSACTION`` after ``fix``; ``kept=False`` when the database ended the whole
+    transaction itself (SQLite after a full disk or an I/O error), which the fix then says."""
+    tail = (
+        KEPT_TRANSACTION
+        if kept
+        else "the database rolled your whole transaction back: run it again from the start"
+    )
+    return DriverUnavailableError(
+        cause, driver=driver, fix=f"{fix}; {tail}" if fix else tail, retryable=False
+    )
 
 
 class JobNotFoundError(JobsError):

@@ -52,9 +52,9 @@ CATALOGUE: dict[str, str] = {
     "jobs.job.dead": "a job used its last attempt (dead-lettered, or dropped)",
     "jobs.job.snoozed": "a job snoozed itself",
     "jobs.job.cancelled": "a job cancelled itself",
-    "jobs.job.rescued": "the maintenance node failed a job whose worker vanished",
+    "jobs.job.rescued": "a worker rescued a job whose worker vanished (`charged`: the attempt counts)",
     "jobs.job.released-unstarted": "an unstarted claim's lease expired: it went back",
-    "jobs.job.unknown": "a job no function of this worker is registered for",
+    "jobs.job.unknown": "a job no function of this worker is registered for (`dead`: its grace ended)",
     "jobs.job.timeout": "a job ran past its timeout",
     "jobs.job.isolated": "a rescued job runs alone",
     "jobs.lease.lost": "a worker gave up a lease (rescued elsewhere, cancelled, unconfirmed)",
@@ -95,6 +95,8 @@ CATALOGUE: dict[str, str] = {
     "jobs.postgres.pooler": "what the PostgreSQL driver found about a connection pooler",
     "jobs.postgres.replanned": "a slow statement made its connection plan every statement again",
 }
+"""Every event name a service emits, with what it means: the names ``subscribe(names=...)``
+takes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +124,7 @@ class Subscription:
         self.names = names
 
     def close(self) -> None:
+        """Unsubscribe: the handler gets no event emitted after this returns."""
         with _lock:
             global _subscriptions
             _subscriptions = tuple(s for s in _subscriptions if s is not self)

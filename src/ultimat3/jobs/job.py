@@ -155,6 +155,7 @@ class JobContext:
 
     @property
     def is_last_attempt(self) -> bool:
+        """True on the job's last attempt: if it fails now, it goes to dead-letter."""
         return self.attempt >= self.max_attempts
 
 
@@ -246,6 +247,8 @@ class JobHandle(Generic[InputT]):
 
     @property
     def name(self) -> str:
+        """The job's registered name (its export name, or ``@job(name=...)``);
+        ``RegistrationError`` before it is registered."""
         if self._name is None:
             qual = getattr(self.fn, "__qualname__", repr(self.fn))
             raise unregistered(self, qual) or RegistrationError(
@@ -256,6 +259,7 @@ class JobHandle(Generic[InputT]):
 
     @property
     def bound_name(self) -> str | None:
+        """The registered name, or None before registration (``name`` raises then)."""
         return self._name
 
     def _bind_name(self, name: str) -> None:
@@ -312,6 +316,7 @@ class JobHandle(Generic[InputT]):
         return self._app().enqueue(self, input, **options)
 
     async def enqueue_async(self, input: InputT, **options: Unpack[EnqueueKwargs]) -> EnqueueResult:
+        """``enqueue`` for async code (see ``App.enqueue_async``)."""
         return await self._app().enqueue_async(self, input, **options)
 
     def result(
@@ -333,6 +338,7 @@ class JobHandle(Generic[InputT]):
         timeout: DurationInput | None = None,
         tenant_id: str | None = None,
     ) -> Any:
+        """``result`` for async code: the event loop is never blocked."""
         job_id = job.id if isinstance(job, EnqueueResult) else job
         return await self._app().result_async(job_id, timeout=timeout, tenant_id=tenant_id)
 
@@ -373,7 +379,9 @@ def job(
     """Define a job: ``@job`` or ``@job(queue="mail", retry=Retry(attempts=5))``.
 
     The function takes one JSON input (a dict, list, str, number, bool or None; or a dataclass
-    or pydantic model when annotated so) and, optionally, a ``JobContext`` second. ``def``
+    or pydantic model when annotated so) and, optionally, a ``JobContext`` second (annotated
+    so, or named ``ctx`` or ``context``); a function of any other shape is a
+    ``ConfigurationError`` here, at definition, not at run time. ``def``
     handlers run on the worker's threads, ``async def`` handlers on its event loop.
     ``concurrency=Limit(...)`` bounds how many run at once across every worker, and
     ``rate=Rate(...)`` how many start per period, and ``unique=Unique(...)`` how many may exist
@@ -531,11 +539,26 @@ def check_queue_name(name: str) -> str:
     return _check_name(name, "queue")
 
 
+#: The names a context parameter may have when it is not annotated ``JobContext``.
+CONTEXT_NAMES = frozenset({"ctx", "context"})
+
+_SHAPES = (
+    "a job function takes its JSON input, then optionally its context: "
+    "`def send(order: dict)`, `def send(order: dict, ctx: JobContext)` or "
+    "`def send(order, ctx)` (a second parameter is the context when it is annotated "
+    "JobContext or named ctx or context); further parameters need defaults and must be "
+    "keyword-only (after a `*`)"
+)
+
+
 def _wants_context(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` takes a ``JobContext`` second, checked at definition so that a function
+    of another shape (``def send(to, subject)``) fails at import, not at run time."""
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return False
+    qual = getattr(fn, "__qualname__", repr(fn))
     positional = [
         p
         for p in params
@@ -543,7 +566,39 @@ def _wants_context(fn: Callable[..., Any]) -> bool:
     ]
     if len(positional) == 0:
         raise ConfigurationError(
-            f"job function {getattr(fn, '__qualname__', fn)!r} takes no input parameter",
-            fix="give it one parameter for its JSON input, e.g. `def send(input: dict) -> None`",
+            f"job function {qual!r} takes no input parameter",
+            fix=_SHAPES,
         )
-    return len(positional) >= 2
+    extra = [
+        p
+        for p in params
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is inspect.Parameter.empty
+    ] + [
+        p
+        for p in params
+        if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ]
+    if len(positional) > 2 or extra:
+        names = ", ".join(p.name for p in params)
+        raise ConfigurationError(
+            f"job function {qual!r} takes ({names}): a worker passes it one input and, "
+            "optionally, a JobContext",
+            fix=_SHAPES,
+        )
+    if len(positional) == 1:
+        return False
+    second = positional[1]
+    if _is_context_annotation(second.annotation) or second.name in CONTEXT_NAMES:
+        return True
+    raise ConfigurationError(
+        f"job function {qual!r} takes a second parameter {second.name!r} that is not a "
+        "JobContext: the worker would pass its context there",
+        fix=_SHAPES,
+    )
+
+
+def _is_context_annotation(annotation: object) -> bool:
+    if annotation is JobContext:
+        return True
+    # ``from __future__ import annotations`` leaves the annotation as its source text.
+    return isinstance(annotation, str) and annotation.rsplit(".", 1)[-1] == "JobContext"

@@ -264,6 +264,7 @@ class Unique:
         return mask
 
     def describe(self) -> str:
+        """The rule in words, as ``ultimat3-jobs schedule`` prints it."""
         window = f" per {self.period}" if self.period is not None else ""
         return f"unique{window} while {'/'.join(self.states or ())}, on conflict {self.on_conflict}"
 
@@ -322,6 +323,7 @@ class Rate:
 
     @property
     def period(self) -> timedelta:
+        """``per`` as a ``timedelta``."""
         return self._period
 
     def as_limit(self) -> Limit:
@@ -329,4 +331,5 @@ class Rate:
         return Limit(NO_LIMIT, key=self.key, per=self.scope)
 
     def describe(self) -> str:
+        """The rule in words, as ``ultimat3-jobs schedule`` prints it."""
         return f"{self.max} starts per {self.per}"

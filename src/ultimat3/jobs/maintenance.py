@@ -1,11 +1,18 @@
-"""Maintenance: rescue jobs whose worker vanished, and prune finished rows, on one elected node.
+"""Maintenance: rescue jobs whose worker vanished (on every worker), and prune finished rows
+(on one elected node).
 
 Guarantees and limits:
 
-- **One node acts.** Every worker runs the maintenance loop, but only the holder of the
-  ``maintenance`` leadership (a lease row in ``x_leaders``, renewed each tick) rescues and
-  prunes; the others idle. Rescues are fenced by the expired lease, so two rescuers racing
-  (a leader that lost its lease and the next) still change each job once.
+- **Rescue follows the lease.** Every worker runs a rescue pass each ``rescue_interval``, leader
+  or not, so a job whose worker died or froze is free again within its lease plus one rescue
+  interval, whoever held the maintenance leadership (a frozen leader still holds it until its
+  time to live ends). Rescues are fenced by the expired lease and idempotent: two workers that
+  race change each job once, and only the one that changed it reports it.
+- **One node prunes.** Only the holder of the ``maintenance`` leadership (a lease row in
+  ``x_leaders``, renewed each tick) prunes finished rows and stale worker rows. The worker
+  gives the leadership a time to live of one lease (1 s to 15 s), and a standby asks for it at
+  least every rescue interval, so a dead leader's successor takes over within a lease and a
+  rescue interval.
 - **Rescue is by lease, not by age.** A running job is rescued only once its lease expired on
   the database's clock, i.e. no heartbeat renewed it for a whole lease. A job whose worker is
   alive keeps its lease however long it runs.
@@ -16,11 +23,15 @@ Guarantees and limits:
   lease in which its worker could have renewed it and did not.
 - **Only a started job loses its attempt.** A worker claims only for handlers that are free,
   and its claim records that the jobs start (``job_cycle``); a job claimed without that
-  (``job_claim``) whose lease expired goes back to the queue with its attempt refunded. A started one is rescued as ``worker_lost`` with the attempt
-  counted (it was counted at claim), so a job that kills its worker on every attempt ends
-  ``dead`` after ``max_attempts`` starts. A rescued job is marked *isolated*: it is claimed alone, with
-  nothing else running in its worker, until it returns (see ``ultimat3.jobs.worker``).
-- **Dead workers leave the list.** Each rescue pass deletes the rows of workers whose
+  (``job_claim``) whose lease expired goes back to the queue with its attempt refunded.
+- **A crash costs only the job that caused it.** A started job whose worker died while it ran
+  beside other jobs cannot be told from its neighbours: it is rescued as ``worker_lost`` with
+  its attempt given back (``Failure.refund``), due at once, and marked *isolated*: it is
+  claimed alone, with nothing else running in its worker, until it returns (see
+  ``ultimat3.jobs.worker``). Only a crash while it ran alone counts the attempt (it was
+  counted at claim), so a job that kills its worker on every attempt ends ``dead`` after
+  ``max_attempts`` starts alone, and a healthy job killed beside it pays nothing.
+- **Dead workers leave the list.** Each pass of the leader deletes the rows of workers whose
   heartbeat is older than ``worker_stale`` (default three leases): a worker killed with -9
   leaves the workers table within that, a clean exit at once.
 - **Pruning keeps up.** Each pass deletes ``completed`` and ``cancelled`` rows finished longer
@@ -137,38 +148,39 @@ class Maintenance:
         self._standby_every = leader_ttl.total_seconds() / 3
 
     def tick(self, *, rescue_every: float, prune_every: float) -> int:
-        """One pass: keep or take leadership; on the leader, rescue and prune when due.
-        Returns how many jobs were rescued."""
+        """One pass: keep or take leadership; rescue when due (on every node); on the leader,
+        prune when due. Returns how many jobs were rescued."""
         self.leading = self.driver.leader_elect(
             LEADERSHIP, self.holder, self.leader_ttl, now=self.clock.pinned()
         )
-        if not self.leading:
-            # A standby asks again at the rescue cadence (at most a third of the leadership's
-            # time to live): each ask is an upsert that waits on the leader's row.
-            self._standby_every = min(rescue_every, self.leader_ttl.total_seconds() / 3)
-            self._backlog = False  # the next leader's to find
-            return 0
+        # A standby asks again at the rescue cadence (at most a third of the leadership's
+        # time to live): each ask is an upsert that waits on the leader's row.
+        self._standby_every = min(rescue_every, self.leader_ttl.total_seconds() / 3)
         now = time.monotonic()
         rescued = 0
         if now >= self._next_rescue:
             self._next_rescue = now + rescue_every
             rescued = len(self.rescue())
-            self.prune_workers()
+            if self.leading:
+                self.prune_workers()
+        if not self.leading:
+            self._backlog = False  # the next leader's to find
+            return rescued
         if now >= self._next_prune or self._backlog:
             self._next_prune = now + prune_every
             self.prune()
         return rescued
 
     def next_in(self) -> float:
-        """Seconds until the next pass: at once while a prune backlog remains; on a standby,
-        its rescue cadence (a leader that dies is replaced once its leadership expires, within
-        one cadence more); on the leader, when the next rescue is due, and at least often
-        enough to keep the leadership."""
+        """Seconds until the next pass: at once while a prune backlog remains; else when the
+        next rescue is due, and at least often enough to keep the leadership (on the leader)
+        or to take it over within one cadence of its expiry (on a standby)."""
         if self._backlog:
             return 0.05
+        due = self._next_rescue - time.monotonic()
         if not self.leading:
-            return max(0.05, self._standby_every)
-        due = min(self._next_rescue, self._next_prune) - time.monotonic()
+            return max(0.05, min(due, self._standby_every))
+        due = min(due, self._next_prune - time.monotonic())
         return max(0.05, min(due, self.leader_ttl.total_seconds() / 3))
 
     def resign(self) -> None:
@@ -180,8 +192,10 @@ class Maintenance:
             self.leading = False
 
     def rescue(self) -> list[str]:
-        """Fail every job whose lease expired; return the ids rescued. Deferred (returns [])
-        while this process saw a write stall less than ``grace`` ago."""
+        """Fail every job whose lease expired; return the ids this call rescued. A job that ran
+        alone (isolated) is charged its attempt (and may end dead); one that ran beside others
+        gets it back and is isolated. Deferred (returns []) while this process saw a write
+        stall less than ``grace`` ago."""
         healthy = self.driver.stalls.healthy_for()
         if healthy < self.grace.total_seconds():
             if not self._deferred:
@@ -197,10 +211,13 @@ class Maintenance:
         released = self.driver.job_release_unstarted(now=self.clock.pinned())
         for job_id in released:
             events.warning("jobs.job.released-unstarted", job_id=job_id)
+        return self._rescue(isolated=True) + self._rescue(isolated=False)
+
+    def _rescue(self, *, isolated: bool) -> list[str]:
         rescued: list[str] = []
         while True:
             expired = self.driver.job_list_expired(
-                limit=self.config.rescue_batch, now=self.clock.pinned()
+                limit=self.config.rescue_batch, now=self.clock.pinned(), isolated=isolated
             )
             if not expired:
                 return rescued
@@ -208,18 +225,30 @@ class Maintenance:
             failures: list[Failure] = []
             drops: list[str] = []
             for job in expired:
-                error = attempt_error(
-                    job,
-                    "worker_lost",
-                    "the lease expired: the worker crashed, hung, or lost the database",
-                    now,
-                )
-                failure, drop = decide_failure(
-                    job, self.handles(job.name), error, now, isolate=True
-                )
+                if isolated:
+                    error = attempt_error(
+                        job,
+                        "worker_lost",
+                        "the lease expired while the job ran alone: the worker crashed, hung, "
+                        "or lost the database",
+                        now,
+                    )
+                    failure, drop = decide_failure(
+                        job, self.handles(job.name), error, now, isolate=True
+                    )
+                    if drop:
+                        drops.append(job.id)
+                else:
+                    error = attempt_error(
+                        job,
+                        "worker_lost",
+                        "the lease expired while the job ran beside others: the worker crashed, "
+                        "hung, or lost the database; the attempt is given back and the job "
+                        "runs alone next",
+                        now,
+                    )
+                    failure = Failure(job.lease, error, now, isolate=True, refund=True)
                 failures.append(failure)
-                if drop:
-                    drops.append(job.id)
             changed = self.driver.job_fail_many(failures, now=self.clock.pinned())
             for job, failure in zip(expired, failures, strict=True):
                 if failure.lease.id in changed:
@@ -229,6 +258,7 @@ class Maintenance:
                         **events.job_fields(job),
                         worker_id=job.worker_id,
                         dead=failure.retry_at is None,
+                        charged=not failure.refund,
                     )
             if drops:
                 self.driver.job_discard([i for i in drops if i in changed])

@@ -79,6 +79,8 @@ class Tracing:
         self._subscription: events.Subscription | None = None
 
     def install(self) -> Tracing:
+        """Start tracing this process's enqueues and attempts (``instrument()`` calls it);
+        ``ConfigurationError`` when tracing is already installed."""
         if events.trace_context_for is not None:
             by_instrumentor = JobsInstrumentor().is_instrumented_by_opentelemetry
             raise ConfigurationError(
@@ -99,6 +101,7 @@ class Tracing:
         return self
 
     def uninstall(self) -> None:
+        """Stop tracing (what ``install`` did is undone)."""
         if events.trace_context_for == self.produce:
             events.trace_context_for = None
         if self._subscription is not None:
@@ -127,6 +130,8 @@ class Tracing:
         return f"{parent} {state}" if state else parent
 
     def consume(self, event: events.Event) -> None:
+        """The subscriber: opens a job attempt's ``process {queue}`` span when it starts and
+        ends it, with the outcome, when it finishes."""
         job = event.job
         if job is None:
             return
@@ -193,6 +198,7 @@ def instrument(tracer_provider: Any = None, *, new_trace: bool = False) -> Traci
 
 
 def uninstrument() -> None:
+    """Undo ``instrument()`` (nothing when it was not called)."""
     global _installed
     if _installed is not None:
         _installed.uninstall()

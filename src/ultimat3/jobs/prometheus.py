@@ -103,6 +103,7 @@ class Metrics:
         self._subscription: events.Subscription | None = None
 
     def subscribe(self) -> Metrics:
+        """Start counting this process's job events; returns self."""
         names = [
             "jobs.job.enqueued",
             "jobs.job.started",
@@ -114,6 +115,7 @@ class Metrics:
         return self
 
     def close(self) -> None:
+        """Stop counting (the metrics keep their values)."""
         if self._subscription is not None:
             self._subscription.close()
             self._subscription = None
@@ -156,6 +158,7 @@ class DatabaseCollector(Collector):
         self.worker_stale = worker_stale
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        """The gauges, read now (Prometheus's client calls it on each scrape)."""
         depth = GaugeMetricFamily(
             "ultimat3_jobs_depth", "Jobs by queue and state.", labels=["queue", "state"]
         )

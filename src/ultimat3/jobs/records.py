@@ -20,9 +20,14 @@ from enum import StrEnum
 from typing import Any, cast
 
 DEFAULT_QUEUE = "default"
+"""The queue of a job that names none (``@job`` without ``queue=``)."""
 
 
 class JobState(StrEnum):
+    """Where a job is in its life: ``scheduled`` (due later), ``available`` (due, waiting for a
+    worker), ``running`` (claimed, under a lease), and the final ``completed``, ``dead`` (its
+    last attempt failed: dead-letter) and ``cancelled``. A ``str``: ``JobState.DEAD == "dead"``."""
+
     SCHEDULED = "scheduled"
     AVAILABLE = "available"
     RUNNING = "running"
@@ -276,6 +281,7 @@ class AttemptError:
     exception_path: str = ""
 
     def to_json(self) -> dict[str, Any]:
+        """This error as the JSON object a job's ``errors`` column stores."""
         data: dict[str, Any] = {
             "attempt": self.attempt,
             "at": self.at.isoformat(),
@@ -291,6 +297,7 @@ class AttemptError:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> AttemptError:
+        """The error ``to_json`` wrote (fields it did not write get their defaults)."""
         return cls(
             attempt=int(data["attempt"]),
             at=datetime.fromisoformat(data["at"]),
@@ -342,6 +349,8 @@ class Job:
 
     @property
     def lease(self) -> Lease:
+        """The lease of a running job (its id and lease token); ``ValueError`` for a job that
+        holds none."""
         if self.lease_token is None:
             raise ValueError(f"job {self.id} is {self.state}, it holds no lease")
         return Lease(self.id, self.lease_token)
@@ -436,10 +445,16 @@ class Failure:
     #: The job's worker died under it (a rescue): until it returns, it is claimed only alone.
     #: Any other failure clears the mark.
     isolate: bool = False
+    #: The attempt is given back (``attempt`` goes down by one): a rescue of a job whose worker
+    #: died while it ran beside other jobs, which cannot tell which of them caused it.
+    refund: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class QueueInfo:
+    """A queue as ``App.queues()`` and ``ultimat3-jobs queues list`` show it: its name,
+    whether it is paused, its jobs counted by state, and when its oldest due job became due."""
+
     name: str
     paused: bool
     counts: dict[JobState, int] = field(default_factory=dict)
@@ -521,6 +536,9 @@ class ClaimParams:
     #: Also claim jobs with a concurrency limit (see ``limits``); False claims only jobs
     #: without one, by the same statement as before limits existed.
     limited: bool = False
+    #: Job names not to claim: names this worker lacks and skips for a while (a rolling
+    #: deploy). Empty: the usual claim statements (one queue keeps its fast one).
+    skip: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

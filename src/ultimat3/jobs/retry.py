@@ -123,6 +123,8 @@ class Retry:
 
 
 DEFAULT_RETRY = Retry()
+"""The retry policy of a job that names none: ``Retry()``'s defaults (``ultimat3-jobs schedule``
+prints its delays)."""
 
 
 @dataclass(frozen=True, slots=True)

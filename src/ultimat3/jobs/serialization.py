@@ -453,14 +453,15 @@ def _decode_datetime(text: str) -> datetime:
     return datetime.fromisoformat(text)
 
 
-#: Aware ``datetime`` as ISO 8601 text (a ``zoneinfo`` zone kept as a ``[Area/City]`` suffix).
 DATETIME: Codec[datetime] = Codec(datetime, "datetime", _encode_datetime, _decode_datetime)
-#: ``date`` as ``YYYY-MM-DD``.
+"""Aware ``datetime`` as ISO 8601 text (a ``zoneinfo`` zone kept as a ``[Area/City]`` suffix):
+``App(..., codecs=[DATETIME])`` lets job input hold ``datetime`` values."""
 DATE: Codec[date] = Codec(date, "date", date.isoformat, date.fromisoformat)
-#: ``uuid.UUID`` as its canonical text. (Not the class: ``uuid.UUID`` is.)
+"""``date`` as ``YYYY-MM-DD``."""
 UUID: Codec[uuid.UUID] = Codec(uuid.UUID, "uuid", str, uuid.UUID)
-#: ``decimal.Decimal`` as its exact text (``"1.10"`` keeps its trailing zero).
+"""``uuid.UUID`` as its canonical text. (This is the codec, not the class: ``uuid.UUID`` is.)"""
 DECIMAL: Codec[Decimal] = Codec(Decimal, "decimal", str, Decimal)
+"""``decimal.Decimal`` as its exact text (``"1.10"`` keeps its trailing zero)."""
 
 
 # -- internals ------------------------------------------------------------------------------

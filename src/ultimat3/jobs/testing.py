@@ -42,6 +42,8 @@ class FakeClock(_FakeClock):
     """A clock that moves only when told; ``advance`` also takes text such as "90s"."""
 
     def advance(self, by: DurationInput) -> datetime:
+        """Move the clock forward by ``by`` (a ``timedelta``, seconds, or text such as "90s")
+        and return the new time."""
         return super().advance(to_timedelta(by))
 
 

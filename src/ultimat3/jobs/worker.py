@@ -22,14 +22,19 @@
    database, so before it can have been rescued elsewhere. Not on a single-writer database
    (SQLite): there a stall holds every writer, the rescuer included, and the rescuer trusts
    an expiry only once writes have flowed for a full lease, so leases are kept through it.
-4. **maintenance** loop: rescue and prune, on the one node elected for it.
+4. **maintenance** loop: rescue expired leases (on every worker) and prune (on the one node
+   elected for it).
 
 A job whose worker dies while it holds it (started, by its claim) is rescued as
 ``worker_lost`` and *isolated*: a worker runs it alone (nothing else in flight) until it
-returns; one a shutdown gives back before a thread took it goes back with its attempt. The
-cycle runs under the policy of a ``supervise.Loop`` (``Loop.once``), the heartbeat and
-maintenance as loops of their own; a critical one that keeps failing unexpectedly stops the
-worker with ``exit_code`` 70, releasing what it holds, for its supervisor to restart it.
+returns. Its attempt counts only if it ran alone when the worker died; one a shutdown gives
+back before a thread took it goes back with its attempt. A job whose name this worker lacks
+(a rolling deploy) is given back, its attempt refunded, and passed over by this worker's
+claims for a while (``ClaimParams.skip``); ``unknown_grace`` after it became due it is
+dead-lettered as ``unknown_job``. The cycle runs under the policy of a ``supervise.Loop``
+(``Loop.once``), the heartbeat and maintenance as loops of their own; a critical one that
+keeps failing unexpectedly stops the worker with ``exit_code`` 70, releasing what it holds,
+for its supervisor to restart it.
 """
 
 from __future__ import annotations
@@ -81,6 +86,9 @@ FATAL_EXIT = 70
 _SHORT_JOB = 0.002
 #: An event loop that has not run a callback for this long is reported as blocked.
 _LOOP_BLOCKED_AFTER = 1.0
+#: How long a worker passes over a job name it lacks (a rolling deploy) before it claims a job
+#: of that name again (at most ``unknown_grace``).
+_UNKNOWN_SKIP = 60.0
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,11 @@ class WorkerConfig:
     stuck_limit: timedelta | None = timedelta(minutes=5)
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     worker_id: str = ""
+    #: How long a job whose name this worker lacks waits for a worker that knows it (counted
+    #: from when it became due) before it is dead-lettered as ``unknown_job``. Until then each
+    #: worker that lacks it gives it back without charging an attempt and passes over it for a
+    #: while (a rolling deploy).
+    unknown_grace: timedelta = timedelta(hours=1)
 
     def __post_init__(self) -> None:
         if (
@@ -128,7 +141,7 @@ class WorkerConfig:
                 "is a third of "
                 "the lease), or a longer lease",
             )
-        for name in ("poll_interval", "rescue_interval", "prune_interval"):
+        for name in ("poll_interval", "rescue_interval", "prune_interval", "unknown_grace"):
             if getattr(self, name) <= timedelta(0):
                 raise ConfigurationError(f"{name} must be positive", fix=f'use e.g. {name}="1s"')
 
@@ -263,6 +276,9 @@ class Worker:
             self.config.maintenance,
             holder=self.worker_id,
             grace=self.config.lease,
+            # A lease long (1 s to 15 s): a dead leader's successor takes over within a lease
+            # and a rescue interval (rescue itself runs on every worker).
+            leader_ttl=min(max(self.config.lease, timedelta(seconds=1)), timedelta(seconds=15)),
         )
         #: This worker's row in the workers table (``ultimat3-jobs workers``).
         self.presence = Presence(
@@ -298,6 +314,8 @@ class Worker:
         self._loop_blocked = False
         self._signals_seen = 0
         self._next_isolation_check = 0.0
+        #: Job names this worker lacks and passes over in its claims, until (time.monotonic()).
+        self._skipping: dict[str, float] = {}
         self._stuck_since: float | None = None
         self._next_beat = 0.0
 
@@ -436,6 +454,7 @@ class Worker:
 
     @property
     def inflight(self) -> int:
+        """How many claimed jobs this worker holds now (running, or about to start)."""
         with self._lock:
             return len(self._held)
 
@@ -518,6 +537,7 @@ class Worker:
                 isolated=isolated,
                 token=token(),
                 limited=self.limited,
+                skip=self._skipped() if self._skipping else (),
             )
         try:
             result = self.driver.job_cycle(
@@ -548,6 +568,15 @@ class Worker:
             self._failed_written(fails, result.failed)
         self._write_rare(rare)
         return result.claimed
+
+    def _skipped(self) -> tuple[str, ...]:
+        """The job names this worker passes over now (``_prepare`` adds them)."""
+        now = self.clock.monotonic()
+        skipping = self._skipping.copy()  # handler threads add to it
+        for name, until in skipping.items():
+            if until <= now:
+                self._skipping.pop(name, None)
+        return tuple(sorted(name for name, until in skipping.items() if until > now))
 
     def _release_lost_claims(self) -> None:
         while self._lost_claims:
@@ -614,6 +643,9 @@ class Worker:
             if not alone.run.free:
                 return 0, False
             self._alone = None
+            # Another isolated job may wait: look before claiming others, so that isolated
+            # jobs run back to back (each is exposed to a crash of the worker while it runs).
+            self._next_isolation_check = 0.0
         with self._lock:
             busy = self._busy
         now = time.monotonic()
@@ -1009,6 +1041,9 @@ class Worker:
             prune_every=self.config.prune_interval.total_seconds(),
         )
         self.stats.rescued += rescued
+        if rescued:  # claim what came back now, and look for isolated jobs at once
+            self._next_isolation_check = 0.0
+            self._wake.set()
         return self.maintenance.next_in()
 
     # -- shutdown ------------------------------------------------------------------------------
@@ -1110,22 +1145,7 @@ class Worker:
         handle = held.handle
         now = self.clock.now()
         if handle is None:
-            names = ", ".join(self.registered()) or "none"
-            error = attempt_error(
-                job,
-                "unknown_job",
-                f"no job named {job.name!r} is registered in this worker (registered: {names})",
-                now,
-            )
-            events.warning(
-                "jobs.job.unknown",
-                job,
-                **events.job_fields(job),
-                registered=names,
-                fix="deploy the code that defines it to this worker, or discard the job",
-            )
-            failure, drop = decide_failure(job, None, error, now)
-            return Outcome("fail", failure=failure, drop=drop)
+            return self._unknown(job, now)
         try:
             value = self.serializer.loads(job.input, into=handle.input_type)
         except DeserializationError as exc:
@@ -1136,6 +1156,48 @@ class Worker:
         if handle.wants_context:
             args.append(self._context(held))
         return handle, args
+
+    def _unknown(self, job: Job, now: datetime) -> Outcome:
+        """A job whose name this worker lacks: given back for a worker that knows it, its
+        attempt refunded and its due time kept (the grace counts from it), and passed over by
+        this worker's claims for a while; dead-lettered as ``unknown_job`` once it has waited
+        ``unknown_grace`` since it became due (no worker that knows it claimed it meanwhile:
+        such a worker would have run it, and any outcome but a completion moves its due time)."""
+        names = ", ".join(self.registered()) or "none"
+        grace = self.config.unknown_grace
+        fix = "deploy the code that defines it to the workers of its queue, or discard the job"
+        if now - job.run_at >= grace:
+            error = attempt_error(
+                job,
+                "unknown_job",
+                f"no job named {job.name!r} is registered in this worker (registered: {names}), "
+                f"and no worker that knows it claimed it within {format_duration(grace)}",
+                now,
+            )
+            events.warning(
+                "jobs.job.unknown",
+                job,
+                **events.job_fields(job),
+                registered=names,
+                dead=True,
+                fix=fix,
+            )
+            return Outcome("fail", failure=Failure(job.lease, error, None))
+        until = self._skipping.get(job.name, 0.0)
+        if until <= self.clock.monotonic():  # once per skip period, not for each job of the name
+            events.warning(
+                "jobs.job.unknown",
+                job,
+                **events.job_fields(job),
+                registered=names,
+                dead=False,
+                waits_until=(job.run_at + grace).isoformat(),
+                fix=fix,
+            )
+        self._skipping[job.name] = self.clock.monotonic() + min(
+            _UNKNOWN_SKIP, grace.total_seconds()
+        )
+        return Outcome("release", run_at=job.run_at)
 
     def _context(self, held: _Held) -> JobContext:
         job = held.job

@@ -12,6 +12,10 @@
   other parameter goes to libpq, re-encoded, so a percent-encoded password arrives as
   written.
 - ``memory://`` (one process, nothing persisted: tests and demos)
+
+SQLAlchemy's URLs name the same databases: ``postgresql+psycopg://``,
+``postgresql+psycopg_async://`` and ``postgresql+psycopg2://`` open the PostgreSQL driver, ``sqlite+pysqlite:///`` and
+``sqlite+aiosqlite:///`` the SQLite one (``canonical_url``), so an app keeps one setting.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import os
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
+from ultimat3.jobs.dialects import canonical_url as canonical_url
 from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.errors import ConfigurationError
 
@@ -42,6 +47,7 @@ def sqlite_path(url: str) -> Path:
 
 def open_driver(url: str) -> Driver:
     """Open (not yet migrate) the driver a URL names."""
+    url = canonical_url(url)
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     if scheme == "sqlite":
         from ultimat3.jobs.drivers.sqlite import SqliteDriver

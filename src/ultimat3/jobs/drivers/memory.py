@@ -345,7 +345,8 @@ class MemoryDriver:
         at = _now(params.now)
         queues = set(params.queues)
         wake_at = None
-        if params.limited or params.isolated:  # a scan of every waiting job: the rarer claims
+        skip = set(params.skip)
+        if params.limited or params.isolated or skip:  # a scan of every waiting job: rarer
             due = (
                 job
                 for job in map(self._jobs.__getitem__, self._waiting)
@@ -354,6 +355,7 @@ class MemoryDriver:
                 and not self._paused.get(job.queue, False)
                 and (job.id in self._isolated) is params.isolated
                 and (params.limited or job.id not in self._limits)
+                and job.name not in skip
             )
             if params.limited:
                 best, wake_at = self._within_limits(due, max(0, params.limit), at)
@@ -560,6 +562,8 @@ class MemoryDriver:
             if job is None:
                 continue
             errors = (*job.errors, failure.error)
+            if failure.refund:
+                job = replace(job, attempt=max(job.attempt - 1, 0))
             if failure.retry_at is None:
                 job = replace(job, state=JobState.DEAD, finished_at=at, errors=errors)
             else:
@@ -731,7 +735,9 @@ class MemoryDriver:
         )
         return running[: max(0, limit)]
 
-    def job_list_expired(self, *, limit: int, now: datetime | None = None) -> list[Job]:
+    def job_list_expired(
+        self, *, limit: int, now: datetime | None = None, isolated: bool | None = None
+    ) -> list[Job]:
         at = _now(now)
         with self._lock:
             expired = [
@@ -741,6 +747,7 @@ class MemoryDriver:
                 and job.id in self._started
                 and job.lease_expires_at is not None
                 and job.lease_expires_at < at
+                and (isolated is None or (job.id in self._isolated) is isolated)
             ]
         expired.sort(key=lambda job: (job.lease_expires_at, job.id))
         return expired[: max(0, limit)]

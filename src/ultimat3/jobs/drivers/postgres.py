@@ -16,10 +16,17 @@ Guarantees (beyond the ``Driver`` protocol's rules, which this driver keeps):
   A batch without ``executor`` that loses a deadlock to another writer is run again.
 - **Transactional enqueue.** With ``executor=`` (a caller's psycopg ``Connection``, or the one
   ``transaction()`` yields) inserts and completions run on that connection inside a
-  SAVEPOINT, so a failed insert leaves the caller's transaction usable, and the driver never
-  commits it. A connection in autocommit mode with no transaction open is accepted: the
-  insert then commits on its own. A non-autocommit connection with no transaction yet gets the
-  implicit one psycopg opens, left open for the caller to commit.
+  SAVEPOINT, and the driver never commits it. Any failure (a lock or statement timeout under
+  the caller's own settings, a serialization failure, a deadlock, a row refused by a
+  constraint or trigger of the caller's) rolls back to the savepoint, so the caller's
+  transaction stays usable and holds nothing of the call, and raises a
+  ``DriverUnavailableError`` with ``retryable=False`` that names the cause ("another
+  transaction holds idempotency key ... : waited past lock_timeout 2s") and says to retry
+  the whole transaction, not the call inside it (``errors.in_callers_transaction``). The
+  savepoint costs two round trips (``SAVEPOINT``, ``RELEASE``). A connection in autocommit
+  mode with no transaction open is accepted: the insert then commits on its own. A
+  non-autocommit connection with no transaction yet gets the implicit one psycopg opens,
+  left open for the caller to commit.
 - **Limits** (``ultimat3.jobs.limits``): a limited claim is two pipelined statements in one
   transaction, per-key ``pg_try_advisory_xact_lock`` then the claim, whose fresh snapshot makes
   its counts exact; the completion or failure of a limited job NOTIFYs its queue (a slot
@@ -144,7 +151,12 @@ from ultimat3.jobs.driver import (
     renew_after_fork,
 )
 from ultimat3.jobs.drivers import pool_log
-from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError, SerializationError
+from ultimat3.jobs.errors import (
+    ConfigurationError,
+    DriverUnavailableError,
+    SerializationError,
+    in_callers_transaction,
+)
 from ultimat3.jobs.limits import keys_to_look
 from ultimat3.jobs.records import (
     FINAL_STATES,
@@ -183,6 +195,7 @@ try:
 
     _IDLE = pq.TransactionStatus.IDLE
     _INTRANS = pq.TransactionStatus.INTRANS
+    _INERROR = pq.TransactionStatus.INERROR
 except ImportError as _exc:  # pragma: no cover - exercised only without the extra
     _MISSING: ImportError | None = _exc
 else:
@@ -235,6 +248,13 @@ _RETRYABLE_CLASSES = ("08", "53", "57", "58", "40")
 _RETRYABLE_STATES = frozenset({"25006", "55P03"})
 _STATES = {state.value: state for state in JobState}
 _MICROSECOND = timedelta(microseconds=1)
+#: The savepoint around every write of ours in a caller's transaction (``_joined``).
+_SAVEPOINT = b"ultimat3_jobs"
+_SAVEPOINT_SQL = b"SAVEPOINT " + _SAVEPOINT
+_RELEASE_SQL = b"RELEASE SAVEPOINT " + _SAVEPOINT
+_ROLLBACK_TO = b"ROLLBACK TO SAVEPOINT " + _SAVEPOINT + b"; " + _RELEASE_SQL
+#: The caller's own timeouts, which an error of ours in their transaction names.
+_TIMEOUTS = b"SELECT current_setting('lock_timeout'), current_setting('statement_timeout')"
 _MIGRATE_FIX = "run `ultimat3-jobs migrate` (or driver.migrate()) against this database"
 _ADOPT_FIX = (
     "pass a psycopg 3 Connection to the job database (or the executor that "
@@ -590,8 +610,6 @@ class PostgresDriver:
                 f"the job tables ({self._jobs_table}) are not in the connection's database",
                 fix=_MIGRATE_FIX,
             )
-        # The driver's own identity object (equal to theirs, as checked): the enqueue's
-        # flat path tells it by `is` (``_insert_plain_joined``).
         return Joined(connection, self.identity())
 
     # -- jobs --------------------------------------------------------------------------------
@@ -606,12 +624,9 @@ class PostgresDriver:
         if not jobs:
             return []
         if executor is not None:
-            if len(jobs) == 1 and now is None:
-                flat = self._insert_plain_joined(executor, jobs[0])
-                if flat is not None:
-                    return flat
-            # A deadlock here is the caller's to handle: their transaction holds other locks.
-            with self._joined(executor) as conn:
+            # In a savepoint of the caller's transaction (``_joined``). A deadlock here is the
+            # caller's to handle: their transaction holds other locks.
+            with self._joined(executor, jobs) as conn:
                 if len(jobs) == 1:  # the common case: one statement, look-ups on a conflict
                     rows = self._execute_insert(conn, jobs, now, bounded=False)
                     if rows:
@@ -655,38 +670,6 @@ class PostgresDriver:
                 if attempt == 2 or not isinstance(exc.__cause__, pg_errors.DeadlockDetected):
                     raise
         raise AssertionError("unreachable")
-
-    def _insert_plain_joined(self, executor: Joined, job: NewJob) -> list[InsertResult] | None:
-        """The usual enqueue inside a caller's transaction, flat: a plain job (``_plain``) on
-        the connection of a transaction ``adopt`` joined and that is still open, as one
-        statement with positional parameters. None for anything else: ``job_insert_many``
-        then takes the general path (``_joined``), which decides and says what is wrong.
-        Nothing here can end the caller's transaction (see ``_joined``).
-
-        A path of its own because it is the product's signature call, made right after a
-        round trip of the caller's, when the caches are cold and each layer costs several
-        times its hot figure: the general path's context manager, identity look-up and
-        named parameters cost as much as the statement's own client work."""
-        conn = executor.connection
-        database = executor.database
-        if (
-            type(executor) is not Joined
-            or not _plain(job)
-            or (database is not self._identity and database != self._identity)
-            or conn.pgconn.transaction_status != _INTRANS
-        ):
-            return None
-        try:
-            cursor = our_cursor(conn)
-            params = self._plain_params(job)
-            rows = cursor.execute(self._insert_plain_sql, params, prepare=self._prepare).fetchall()
-            if rows:
-                return [InsertResult(rows[0][0], deduped=False)]
-            return self._insert(conn, [job], None, bounded=False)  # a duplicate: look it up
-        except psycopg.DataError as exc:
-            raise _refused(exc) from None
-        except psycopg.Error as exc:
-            self._reraise(exc, conn)
 
     def _plain_params(self, job: NewJob) -> tuple[Any, ...]:
         """The parameters of ``job_insert_plain``, in its order."""
@@ -750,6 +733,7 @@ class PostgresDriver:
             "worker_id": params.worker_id,
             "started": started,
             "token": params.token or ids.token(),
+            "skip": _text_array(sorted(params.skip)),
         }
         return [
             (self._q["job_claim_limited_setup"], {}),
@@ -782,10 +766,12 @@ class PostgresDriver:
         }
         queues = sorted(set(params.queues))
         suffix = "_relaxed" if relaxed else ""
-        if len(queues) == 1 and not params.isolated:
+        if len(queues) == 1 and not (params.isolated or params.skip):
             values["queue"] = queues[0]
             return self._with_limit("job_claim_queue" + suffix, params.limit), values
-        values.update(queues=_text_array(queues), limit=params.limit)
+        values.update(
+            queues=_text_array(queues), limit=params.limit, skip=_text_array(sorted(params.skip))
+        )
         return self._q[("job_claim_isolated" if params.isolated else "job_claim") + suffix], values
 
     def _with_limit(self, name: str, limit: int) -> bytes:
@@ -810,7 +796,11 @@ class PostgresDriver:
             if relaxed:
                 alone = self._fetch(*self._claim_query(claim, started=True, relaxed=True))
                 return CycleResult(claimed=[_job(row) for row in alone])
-            if not cycle.failures and len(set(claim.queues)) == 1 and not claim.isolated:
+            if (
+                not cycle.failures
+                and len(set(claim.queues)) == 1
+                and not (claim.isolated or claim.skip)
+            ):
                 return self._cycle_queue(cycle, claim, now)
         steps: list[tuple[bytes, dict[str, Any]]] = []
         if relaxed:
@@ -954,6 +944,7 @@ class PostgresDriver:
                         "error": f.error.to_json(),
                         "retry_at": f.retry_at.isoformat() if f.retry_at is not None else None,
                         "isolate": f.isolate,
+                        "refund": f.refund,
                     }
                     for f in ordered
                 ]
@@ -1003,10 +994,13 @@ class PostgresDriver:
         )
         return bool(rows)
 
-    def job_list_expired(self, *, limit: int, now: datetime | None = None) -> list[Job]:
+    def job_list_expired(
+        self, *, limit: int, now: datetime | None = None, isolated: bool | None = None
+    ) -> list[Job]:
         if limit <= 0:
             return []
-        rows = self._fetch("job_list_expired", {"limit": limit, "now": now})
+        params = {"limit": limit, "now": now, "isolated": isolated}
+        rows = self._fetch("job_list_expired", params)
         return [_job(row) for row in rows]
 
     def job_list_running(self, *, limit: int) -> list[Job]:
@@ -1636,18 +1630,9 @@ class PostgresDriver:
             elif key == jobs[at].idempotency_key:
                 found.setdefault(at, id_)
             elif at not in found:
-                self._refuse_id(conn, id_)
+                # In a caller's transaction, ``_joined`` rolls back to its savepoint.
+                raise ValueError(f"job id {id_} is already stored under another key")
         return found
-
-    def _refuse_id(self, conn: Conn, job_id: str) -> NoReturn:
-        """A job's id is stored under another key: raise, having the database refuse it too
-        (the stored row inserted once more meets the primary key), so that in a caller's
-        transaction, as after any failed statement, nothing can commit without the job."""
-        try:
-            self._exec(conn, self._q["job_refuse_id"], {"id": job_id})
-        except pg_errors.UniqueViolation:
-            pass
-        raise ValueError(f"job id {job_id} is already stored under another key")
 
     def _fetch(
         self, name: str | bytes, params: dict[str, Any], *, prepare: bool | None = None
@@ -1879,13 +1864,9 @@ class PostgresDriver:
         conn = self._pool.getconn(timeout=_POOL_WAIT)
         return conn
 
-    @contextmanager
-    def _joined(self, executor: Joined) -> Iterator[Conn]:
-        """Run inside the caller's transaction without ever ending it. No savepoint: every
-        write we make there is one statement on validated values, and PostgreSQL undoes a
-        failed statement whole; a failure then aborts the caller's transaction, as any failed
-        statement of theirs would, so nothing can commit without the job. An idle autocommit
-        connection gets a BEGIN/COMMIT of its own, as its own statements would commit."""
+    def _joined_conn(self, executor: Joined) -> Conn:
+        """The connection of a caller's transaction, joined by ``adopt`` (or already, with
+        this database's identity), and still usable: closed or failed raise."""
         if isinstance(executor, Joined) and executor.database == self.identity():
             # Joined by ``adopt`` (the type checked there, the database again by the caller):
             # only the transaction's state can have changed since, and one read tells.
@@ -1893,16 +1874,124 @@ class PostgresDriver:
         else:
             conn = self.adopt(executor).connection
         status = conn.pgconn.transaction_status
-        if status != pq.TransactionStatus.INTRANS and status != pq.TransactionStatus.IDLE:
+        if status != _INTRANS and status != _IDLE:
             check_joinable(conn, fix=_ADOPT_FIX)  # closed, or failed: says so
-        try:
-            if status == pq.TransactionStatus.IDLE and conn.autocommit:
+        return conn
+
+    @contextmanager
+    def _joined(self, executor: Joined, jobs: Sequence[NewJob] = ()) -> Iterator[Conn]:
+        """Run inside the caller's transaction without ever ending it, in a SAVEPOINT: a
+        failure of ours (a lock or statement timeout, a serialization failure, a row refused
+        by a constraint) rolls back to it, so the caller's transaction stays usable and holds
+        nothing of the call (``_caller_failed``). A non-autocommit connection with no
+        transaction yet gets the one psycopg opens for the SAVEPOINT, left open for the caller.
+        An idle autocommit connection gets a BEGIN/COMMIT of its own, as its own statements
+        would commit. ``jobs``: the jobs being written, which an error names."""
+        conn = self._joined_conn(executor)
+        if conn.pgconn.transaction_status == _IDLE and conn.autocommit:
+            try:
                 with conn.transaction():
                     yield conn
-            else:
-                yield conn
-        except psycopg.Error as exc:
+            except psycopg.Error as exc:
+                self._reraise(exc, conn)
+            return
+        cursor = our_cursor(conn)
+        try:
+            cursor.execute(_SAVEPOINT_SQL, prepare=self._prepare)
+        except BaseException as exc:  # the transaction as it was: nothing of ours to undo
+            self._caller_failed(exc, conn, jobs, savepoint=False)
+        try:
+            yield conn
+            cursor.execute(_RELEASE_SQL, prepare=self._prepare)
+        except BaseException as exc:
+            self._caller_failed(exc, conn, jobs, savepoint=True)
+
+    def _caller_failed(
+        self, exc: BaseException, conn: Conn, jobs: Sequence[NewJob], *, savepoint: bool
+    ) -> NoReturn:
+        """A write of ours in the caller's transaction failed: roll back to our savepoint
+        (when the server ran it: ``savepoint``), then raise what happened, as an error that
+        names the cause and says that the transaction goes on
+        (``errors.in_callers_transaction``). A lost connection took the transaction with it,
+        and says so as any lost connection does."""
+        kept = not conn.broken and conn.pgconn.transaction_status in (_INTRANS, _INERROR)
+        settings: tuple[str, str] = ("", "")
+        if kept and savepoint:
+            try:
+                cursor = our_cursor(conn)
+                cursor.execute(_ROLLBACK_TO, prepare=False)
+                if isinstance(exc, psycopg.Error) and exc.sqlstate in ("55P03", "57014"):
+                    row = cursor.execute(_TIMEOUTS, prepare=False).fetchone()
+                    settings = (str(row[0]), str(row[1])) if row else settings
+            except psycopg.Error:
+                kept = False
+        if not isinstance(exc, psycopg.Error):
+            raise exc
+        if not kept or conn.broken:
             self._reraise(exc, conn)
+        raise self._in_callers_transaction(exc, conn, jobs, *settings) from exc
+
+    def _in_callers_transaction(
+        self,
+        exc: psycopg.Error,
+        conn: Conn,
+        jobs: Sequence[NewJob],
+        lock_timeout: str,
+        statement_timeout: str,
+    ) -> Exception:
+        """The error of ``exc``, raised by a write of ours that was rolled back to its savepoint
+        in the caller's transaction, which goes on (``_caller_failed``)."""
+        if isinstance(exc, psycopg.DataError):
+            return _refused(exc)  # a value of the job: nothing to do with the caller
+        if isinstance(exc, pg_errors.UndefinedTable | pg_errors.InvalidSchemaName):
+            return self._translate(exc, conn)  # missing tables: said as ever
+        state = exc.sqlstate or ""
+        message = _first_line(exc)
+        what = f"the enqueue of {_jobs_named(jobs)}" if jobs else "a write of ultimat3-jobs"
+        keys = [j.idempotency_key for j in jobs if j.idempotency_key != j.id]
+        keys += [j.unique_key for j in jobs if j.unique_key is not None]
+        holder = (
+            f"another transaction holds idempotency key {_listed(keys)} and has not ended"
+            if keys
+            else "another transaction holds a lock on the job table (a migration, or a "
+            "statement run by hand)"
+        )
+        if state == "55P03":
+            cause = f"{holder}: {what} waited past lock_timeout {lock_timeout}"
+            fix = (
+                "let that transaction end first (a key then dedupes onto its job), or raise "
+                "lock_timeout"
+            )
+        elif state == "57014" and "statement timeout" in message:
+            cause = (
+                f"{what} ran past statement_timeout {statement_timeout}: perhaps "
+                f"{holder}, or the server is slow"
+            )
+            fix = "let a transaction holding the key end first, or raise statement_timeout"
+        elif state == "40001":
+            cause = (
+                f"PostgreSQL could not serialize {what} with a concurrent transaction: {message}"
+            )
+            fix = (
+                "a REPEATABLE READ or SERIALIZABLE transaction fails so when another one "
+                "commits the same key or rows meanwhile"
+            )
+        elif state == "40P01":
+            cause = f"{what} deadlocked with another transaction: {message}"
+            fix = "take locks (and enqueue keys) in one order in your transactions"
+        elif state.startswith("23"):
+            constraint = getattr(exc.diag, "constraint_name", None)
+            cause = f"PostgreSQL refused the row of {what}: {message}" + (
+                f" (constraint {constraint})" if constraint and constraint not in message else ""
+            )
+            fix = (
+                "a constraint or trigger added to the job tables refused it (the library's own "
+                "schema refuses none of its rows)"
+            )
+        else:
+            cause = f"PostgreSQL failed {what}: {message} (SQLSTATE {state})"
+            fix = "see the message above"
+        return in_callers_transaction(cause, driver=_NAME, fix=fix)
 
     def _reraise(self, exc: psycopg.Error, conn: Conn) -> NoReturn:
         translated = self._translate(exc, conn)
@@ -1976,6 +2065,20 @@ class PostgresDriver:
                 self._bound(conn)
                 self._identity, _ = identify(conn, self._jobs_table, self.display_url)
         return self._identity
+
+
+def _jobs_named(jobs: Sequence[NewJob]) -> str:
+    """The jobs of a call, for an error: ``job send_email``, ``3 jobs of send_email``."""
+    if not jobs:
+        return "a job"
+    names = sorted({job.name for job in jobs})
+    named = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    return f"job {named}" if len(jobs) == 1 else f"{len(jobs)} jobs of {named}"
+
+
+def _listed(values: Sequence[str]) -> str:
+    """Keys for an error: the first three, quoted."""
+    return ", ".join(repr(v) for v in values[:3]) + (", ..." if len(values) > 3 else "")
 
 
 def _plain(job: NewJob) -> bool:

@@ -18,8 +18,12 @@ What it guarantees:
 - **One schema.** Migrations are numbered ``.sql`` files applied inside ``BEGIN IMMEDIATE``,
   recorded in ``x_migrations``; any number of processes may migrate an empty file at once.
 - **Transactional enqueue on the caller's connection.** ``executor=`` runs the insert (or the
-  completion) inside a ``SAVEPOINT`` of the caller's transaction, so a failure rolls back only
-  our part, and the rows become visible if and only if the caller commits. An adopted
+  completion) inside a ``SAVEPOINT`` of the caller's transaction, always, so a failure rolls
+  back all of our part and nothing of the caller's (a ``RAISE(FAIL)`` trigger keeps what its
+  statement did; the insert and its count are two statements), and the rows become visible
+  if and only if the caller commits. The error says so, and is not retryable inside that
+  transaction (``errors.in_callers_transaction``), unless SQLite itself rolled the whole
+  transaction back (a full disk, an I/O error), which it then says. An adopted
   connection in Python's legacy transaction mode (``isolation_level`` not None, the default of
   ``sqlite3.connect``) that has no transaction open gets the ``BEGIN`` its own INSERT would have
   issued (as ``BEGIN IMMEDIATE``) and the transaction is left open: the job is visible once the
@@ -49,6 +53,14 @@ Limits:
   start write transactions with ``BEGIN IMMEDIATE``; we cannot retry a transaction we do not own.
 - A thread inside ``transaction()`` holds the write lock: a write without ``executor=`` from the
   same thread would wait for itself, so it fails at once with a clear error instead.
+- The application's own connection in this process holding the write lock (a SQLAlchemy
+  session after ``flush()``, a ``sqlite3`` connection in a transaction, not joined with
+  ``using``) while an enqueue, ``transaction()``, a migration or the set-up of a new file waits
+  for it: told within a second by a ``ConfigurationError`` saying so, not after
+  ``busy_timeout`` (``dialects.sqlite.blocked_here``: the lock's owner is read from Linux's
+  ``/proc/locks``, and none of the library's connections in this process is in a transaction
+  on the file). Elsewhere than Linux, and when another thread of this process holds the lock
+  less than half a second, the call waits as for any writer.
 - Connections are per thread (``threading.local``), closed when the thread ends or by
   ``close()``; call ``close()`` only once the threads using the driver have stopped.
 - WAL needs shared memory between processes: the file must be on a local filesystem (a network
@@ -62,7 +74,6 @@ import logging
 import math
 import operator
 import os
-import random
 import sqlite3
 import threading
 import time
@@ -79,6 +90,7 @@ from ultimat3.jobs.dialects.sqlite import (
     CANTOPEN,
     CORRUPT,
     FULL,
+    INNER_BUSY_MS,
     IOERR,
     MICROSECOND,
     NOTADB,
@@ -87,13 +99,19 @@ from ultimat3.jobs.dialects.sqlite import (
     check_unconverted,
     close_quietly,
     connection_file,
+    disown,
     file_identity,
+    hold_own,
+    holder_watch,
     is_busy,
     once,
     pending_versions,
+    plain_rows,
     primary_code,
+    retry_busy,
     rollback_quietly,
     write_in,
+    write_lock_holders,
 )
 from ultimat3.jobs.dialects.sqlite import dt as _dt
 from ultimat3.jobs.dialects.sqlite import now_us as _now_us
@@ -106,7 +124,11 @@ from ultimat3.jobs.driver import (
     current_tx,
     renew_after_fork,
 )
-from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
+from ultimat3.jobs.errors import (
+    ConfigurationError,
+    DriverUnavailableError,
+    in_callers_transaction,
+)
 from ultimat3.jobs.limits import keys_to_look
 from ultimat3.jobs.records import (
     FINAL_STATES,
@@ -142,14 +164,10 @@ _STATES = {state.value: state for state in JobState}
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 _MIN_VERSION = (3, 37, 0)  # STRICT tables; RETURNING (3.35) comes with it
 
-# SQLite's own busy handler sleeps 1, 2, 5, 10, ... up to 100 ms between polls, so a waiter that
-# has waited a while reacts slowly when the lock frees, and newcomers overtake it (with 4
-# processes on 2 cores it starved one process and kept others waiting up to 3 s). It absorbs
-# only the first 2 ms here; past that our retry loop polls every 0.5-2 ms with jitter, which
-# bounded the worst wait near 150-300 ms in the same test.
-_INNER_BUSY_MS = 2
-_BACKOFF_FIRST = 0.0005
-_BACKOFF_CAP = 0.002
+_SETUP_FIX = (
+    "run `ultimat3-jobs migrate` once, or call app.open() at start-up, before any request "
+    "opens a transaction"
+)
 
 # wait_for_jobs, where no file watch is to be had (not Linux): a poll costs a thread wake-up
 # plus a read transaction, 50-150 us of CPU on a busy 2-core VM, so polling every millisecond
@@ -318,7 +336,7 @@ class SqliteDriver:
         self.display_url = f"sqlite:///{self.path}"
         self._synchronous = level
         self._busy_timeout = float(busy_timeout)
-        self._inner_busy_ms = min(_INNER_BUSY_MS, int(self._busy_timeout * 1000))
+        self._inner_busy_ms = min(INNER_BUSY_MS, int(self._busy_timeout * 1000))
         self._lock = threading.Lock()
         self._conns: dict[int, sqlite3.Connection] = {}
         self._local = threading.local()
@@ -348,12 +366,14 @@ class SqliteDriver:
             conns, lock = self._conns, self._lock
             with lock:
                 conns[key] = slot.conn
+            hold_own(slot.conn, self.path)
 
             def drop(conn: sqlite3.Connection = slot.conn) -> None:
                 if os.getpid() != pid:
                     return  # a forked child must not close (or touch) its parent's connections
                 with lock:
                     conns.pop(key, None)
+                disown(conn)
                 close_quietly(conn)
 
             weakref.finalize(slot, drop)
@@ -378,22 +398,10 @@ class SqliteDriver:
         except sqlite3.Error as exc:
             raise self._unavailable(exc) from exc
         try:
-            if self._caller_holds_lock(conn):
-                # Setting up a new file needs its write lock, which the caller's transaction
-                # around us holds: waiting could only time out.
-                try:
-                    self._configure(conn)
-                except sqlite3.OperationalError as exc:
-                    if not is_busy(exc):
-                        raise self._unavailable(exc) from exc
-                    raise ConfigurationError(
-                        f"the job file {self.path} is not set up yet, and the transaction "
-                        "around this call holds the SQLite write lock that setting it up needs",
-                        fix="run `ultimat3-jobs migrate` once, or call app.open() at start-up, "
-                        "before any request opens a transaction",
-                    ) from None
-            else:
-                self._retry(lambda: self._configure(conn))
+            # Setting up a new file (WAL mode) needs every other connection out of it: one of
+            # this process in a transaction that has read or written it could only be waited
+            # for until the timeout.
+            self._retry(lambda: self._configure(conn), self._setup_held_here)
         except BaseException:
             close_quietly(conn)
             raise
@@ -441,6 +449,7 @@ class SqliteDriver:
             conns = list(self._conns.values())
             self._conns.clear()
         for conn in conns:
+            disown(conn)
             close_quietly(conn)
 
     # -- errors ------------------------------------------------------------------------------
@@ -456,9 +465,11 @@ class SqliteDriver:
         code = primary_code(exc)
         folder = os.path.dirname(self.path)
         if is_busy(exc):
+            others = sorted((write_lock_holders(self.path) or frozenset()) - {os.getpid()})
+            by = f" (process {', '.join(map(str, others))})" if others else ""
             cause = (
-                f"the SQLite database {self.path} stayed locked by another writer for more "
-                f"than {self._busy_timeout:g}s ({exc})"
+                f"the SQLite database {self.path} stayed locked by another writer{by} for "
+                f"more than {self._busy_timeout:g}s ({exc})"
             )
             fix = (
                 "find what holds a long write transaction on that file (a stuck process, a "
@@ -530,40 +541,81 @@ class SqliteDriver:
                 "the transaction, or connect with autocommit=sqlite3.LEGACY_TRANSACTION_CONTROL "
                 "and isolation_level='IMMEDIATE'; and retry the whole transaction"
             )
-        return DriverUnavailableError(cause, driver="sqlite", fix=fix)
+        if getattr(exc, "sqlite_errorcode", 0) == BUSY_SNAPSHOT:  # it can no longer write
+            return DriverUnavailableError(cause, driver="sqlite", fix=fix, retryable=False)
+        return in_callers_transaction(cause, driver="sqlite", fix=fix)
 
     # -- retry loops -------------------------------------------------------------------------
 
-    def _retry(self, attempt: Callable[[], _T]) -> _T:
-        """Run ``attempt`` until it is not refused as busy, up to ``busy_timeout`` seconds. A
-        long wait is noted in ``stalls``: other writers could not write meanwhile either."""
+    def _retry(
+        self,
+        attempt: Callable[[], _T],
+        held_here: Callable[[], ConfigurationError] | None = None,
+    ) -> _T:
+        """Run ``attempt`` until it is not refused as busy, up to ``busy_timeout`` seconds
+        (``dialects.sqlite.retry_busy``). A long wait is noted in ``stalls``: other writers
+        could not write meanwhile either. With ``held_here``, a wait for a lock that this
+        process holds on a connection of its own ends with the error it makes
+        (``dialects.sqlite.holder_watch``)."""
+        try:
+            return attempt()
+        except sqlite3.Error as exc:
+            if not _translatable(exc):
+                raise
+            if not is_busy(exc):
+                raise self._unavailable(exc) from exc
         started = time.monotonic()
-        deadline = started + self._busy_timeout
-        delay = _BACKOFF_FIRST
-        waited = False
-        while True:
-            try:
-                result = attempt()
-            except sqlite3.Error as exc:
-                if not _translatable(exc):
-                    raise
-                if not is_busy(exc):
-                    raise self._unavailable(exc) from exc
-                waited = True
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self.stalls.note_failure()
-                    raise self._unavailable(exc) from exc
-                time.sleep(min(left, random.uniform(delay / 2, delay)))
-                delay = min(delay * 2, _BACKOFF_CAP)
-            else:
-                if waited:
-                    self.stalls.note_wait(time.monotonic() - started)
-                return result
+        watch = None if held_here is None else holder_watch(self.path, held_here)
+        try:
+            result = retry_busy(attempt, timeout=self._busy_timeout, on_busy=watch)
+        except sqlite3.Error as exc:
+            if not _translatable(exc):
+                raise
+            if is_busy(exc):
+                self.stalls.note_failure()
+            raise self._unavailable(exc) from exc
+        self.stalls.note_wait(time.monotonic() - started)
+        return result
 
-    def _write(self, body: Callable[[sqlite3.Connection], _T]) -> _T:
+    def _held_here(self, doing: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"this process holds the write lock on a connection of its own to {self.path} "
+            f"(not one of the library's), so {doing} could only wait for it, and for ever when "
+            "it is this thread's: a SQLAlchemy session after flush(), a sqlite3 connection in a "
+            "transaction",
+            fix="enqueue through it with using(app, session) "
+            "(ultimat3.jobs.integrations.sqlalchemy), or app.using(conn) for a sqlite3 "
+            "connection, so the job is part of its transaction; or enqueue after it commits. "
+            "If another thread of this process holds it, keep that transaction short",
+        )
+
+    def _enqueue_held_here(self) -> ConfigurationError:
+        return self._held_here("this enqueue")
+
+    def _migrate_held_here(self) -> ConfigurationError:
+        return ConfigurationError(
+            f"the job tables in {self.path} need migrating, and this process holds the write "
+            "lock that migrating needs on a connection of its own (the transaction around this "
+            "call, once it has written)",
+            fix=_SETUP_FIX,
+        )
+
+    def _setup_held_here(self) -> ConfigurationError:
+        return ConfigurationError(
+            f"the job file {self.path} is new, and setting it up (WAL mode) needs every other "
+            "connection out of it, but a connection of this process holds a lock on it (the "
+            "transaction around this call, once it has read or written the file)",
+            fix=_SETUP_FIX,
+        )
+
+    def _write(
+        self,
+        body: Callable[[sqlite3.Connection], _T],
+        held_here: Callable[[], ConfigurationError] | None = None,
+    ) -> _T:
         """Run ``body`` in its own ``BEGIN IMMEDIATE`` transaction on this thread's connection,
-        retrying the whole transaction while the database is busy."""
+        retrying the whole transaction while the database is busy (``held_here``: see
+        ``_retry``)."""
         slot = self._slot()
         if slot.depth or self._caller_holds_lock(slot.conn):
             raise ConfigurationError(
@@ -572,7 +624,7 @@ class SqliteDriver:
                 fix="make the write part of the transaction (enqueue without outbox=False, or "
                 "pass executor=), or make it after the transaction ends",
             )
-        return self._retry(lambda: once(slot.conn, body))
+        return self._retry(lambda: once(slot.conn, body), held_here)
 
     def _caller_holds_lock(self, own: sqlite3.Connection) -> bool:
         """True when the code calling us runs inside a transaction on this file (another App's,
@@ -597,15 +649,12 @@ class SqliteDriver:
         self,
         executor: Joined,
         body: Callable[[sqlite3.Connection], _T],
-        *,
-        savepoint: bool = True,
     ) -> _T:
-        """Run ``body`` as part of the caller's transaction on ``executor`` (see
-        ``dialects.sqlite.write_in`` for connections in legacy and autocommit modes).
-
-        ``savepoint=False`` is for bodies that are atomic on their own (one statement, or their
-        own savepoint): SQLite undoes a failed statement without touching the transaction
-        around it, so the extra SAVEPOINT/RELEASE round trips would buy nothing."""
+        """Run ``body`` as part of the caller's transaction on ``executor``, in a savepoint
+        (see ``dialects.sqlite.write_in``, also for connections in legacy and autocommit
+        modes). A failure inside the caller's open transaction was rolled back to the
+        savepoint: it raises ``errors.in_callers_transaction``, which says so and names the
+        cause."""
         conn = executor.connection
         if (
             type(executor) is not Joined
@@ -613,16 +662,24 @@ class SqliteDriver:
             or not isinstance(conn, sqlite3.Connection)
         ):  # the usual one, a Joined this driver made, needs no look-ups: ``adopt`` decides
             conn = self.adopt(executor).connection
+        opened = conn.in_transaction
         try:
-            return write_in(
-                conn, body, savepoint=_SAVEPOINT if savepoint else None, retry=self._retry
-            )
+            return write_in(conn, body, savepoint=_SAVEPOINT, retry=self._retry)
         except sqlite3.Error as exc:
             if not _translatable(exc):
                 raise
             if is_busy(exc) and conn.in_transaction:
                 raise self._caller_busy(exc, conn) from exc
-            raise self._unavailable(exc) from exc
+            translated = self._unavailable(exc)
+            if not opened:
+                raise translated from exc
+            raise in_callers_transaction(
+                translated.cause, driver="sqlite", fix=translated.fix, kept=conn.in_transaction
+            ) from exc
+        except DriverUnavailableError as exc:  # a row refused (``_insert_one``)
+            if not opened:
+                raise
+            raise in_callers_transaction(exc.cause, driver="sqlite", fix=exc.fix) from exc
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -633,15 +690,22 @@ class SqliteDriver:
         known = migrations("sqlite")
         if not self._read(lambda conn: pending_versions(conn, known, _Q)):
             return []
-        joined = current_tx.get()
-        if joined is not None and self._caller_holds_lock(self._slot().conn):
+        # Inside a caller's transaction on this file (a first enqueue in app.using(conn)),
+        # whether it holds the write lock is asked of SQLite's locks, not inferred from the
+        # transaction being open: a deferred BEGIN that has written nothing holds none, and
+        # the tables are created on our connection meanwhile.
+        slot = self._slot()
+        if slot.depth:
             raise ConfigurationError(
-                f"the job tables in {self.path} need migrating, and the transaction around "
-                "this call holds the SQLite write lock that migrating needs",
-                fix="run `ultimat3-jobs migrate` once, or call app.open() at start-up, before "
-                "any request opens a transaction",
+                f"the job tables in {self.path} need migrating, and this thread is inside "
+                "driver.transaction() on it",
+                fix=_SETUP_FIX,
             )
-        done = self._write(lambda conn: apply_migrations(conn, known, _Q))
+        done = self._retry(
+            lambda: once(slot.conn, lambda conn: apply_migrations(conn, known, _Q)),
+            self._migrate_held_here,
+        )
+        self._check_caller_sees_tables()
         if done:
             _log.info(
                 "jobs.sqlite.migrated: %s to version %d",
@@ -650,6 +714,30 @@ class SqliteDriver:
                 extra={"event": "jobs.sqlite.migrated", "path": self.path, "versions": done},
             )
         return done
+
+    def _check_caller_sees_tables(self) -> None:
+        """After a migration inside a caller's transaction: a transaction that read the file
+        before it holds a snapshot without the tables, and can never see them. Said now, with
+        what to do, rather than as "no such table" from the insert."""
+        joined = current_tx.get()
+        if joined is None or joined.database != self._identity:
+            return
+        conn = joined.connection
+        if not isinstance(conn, sqlite3.Connection) or not conn.in_transaction:
+            return
+        try:
+            with plain_rows(conn):
+                seen = conn.execute(_Q["migrations_table_exists"]).fetchone() is not None
+        except sqlite3.Error as exc:
+            raise self._unavailable(exc) from exc
+        if not seen:
+            raise ConfigurationError(
+                f"the job tables in {self.path} were created just now, but the transaction "
+                "around this call had read the file before, and SQLite keeps showing it the "
+                "file as it was then (its snapshot), without them",
+                fix="roll the transaction back and run it again: the tables exist now. To spare "
+                f"a request this, {_SETUP_FIX}",
+            )
 
     def schema_current(self) -> bool:
         known = migrations("sqlite")
@@ -704,7 +792,10 @@ class SqliteDriver:
                 fix="use the transaction you are in (app.using(conn)), or open this one after "
                 "it ends",
             )
-        self._retry(lambda: conn.execute("BEGIN IMMEDIATE"))
+        self._retry(
+            lambda: conn.execute("BEGIN IMMEDIATE"),
+            lambda: self._held_here("driver.transaction() (app.transaction())"),
+        )
         slot.depth = 1
         try:
             yield joined
@@ -781,10 +872,8 @@ class SqliteDriver:
             return _insert(conn, jobs, now_us, rows, batches)
 
         if executor is None:
-            return self._write(body)
-        # One INSERT is atomic on its own; a batch needs the savepoint, since its row-by-row
-        # pass can fail half way.
-        return self._on_executor(executor, body, savepoint=len(jobs) > 1)
+            return self._write(body, self._enqueue_held_here)
+        return self._on_executor(executor, body)
 
     def job_claim(self, params: ClaimParams) -> list[Job]:
         if params.limit <= 0 or not params.queues:
@@ -933,8 +1022,14 @@ class SqliteDriver:
             query = _Q["job_cancel_leased"]
         return self._write(lambda conn: conn.execute(query, args).rowcount == 1)
 
-    def job_list_expired(self, *, limit: int, now: datetime | None = None) -> list[Job]:
-        args = {"now": _now_us(now), "limit": max(0, limit)}  # SQLite reads LIMIT -1 as "all"
+    def job_list_expired(
+        self, *, limit: int, now: datetime | None = None, isolated: bool | None = None
+    ) -> list[Job]:
+        args = {
+            "now": _now_us(now),
+            "limit": max(0, limit),  # SQLite reads LIMIT -1 as "all"
+            "isolated": None if isolated is None else int(isolated),
+        }
         rows = self._read(lambda conn: conn.execute(_Q["job_list_expired"], args).fetchall())
         return [_job(row) for row in rows]
 
@@ -1419,7 +1514,13 @@ def _insert_one(conn: sqlite3.Connection, job: NewJob, row: tuple[Any, ...]) -> 
     except sqlite3.IntegrityError as exc:
         if "x_jobs.id" in str(exc):
             raise ValueError(f"job id {job.id} is already stored under another key") from exc
-        raise ValueError(f"job {job.id} cannot be stored: {exc}") from exc
+        raise DriverUnavailableError(
+            f"SQLite refused the row of job {job.name} ({job.id}): {exc}",
+            driver="sqlite",
+            fix="a constraint or trigger added to the job tables refused it (the library's own "
+            "schema refuses none of its rows)",
+            retryable=False,
+        ) from exc
     if inserted:
         return InsertResult(job.id, False)
     found = None
@@ -1451,6 +1552,7 @@ def _failure_rows(failures: Sequence[Failure], now_us: int) -> list[dict[str, An
             "id": failure.lease.id,
             "token": failure.lease.token,
             "isolated": int(failure.isolate),
+            "refund": int(failure.refund),
         }
         for failure in failures
     ]
@@ -1493,11 +1595,12 @@ def _claim(
     }
     queues = sorted(set(params.queues))
     wake: list[int] = []
-    if len(queues) == 1 and not params.isolated and not params.limited:
+    if len(queues) == 1 and not (params.isolated or params.limited or params.skip):
         args["queue"] = queues[0]
         rows = conn.execute(_CLAIM_QUEUE, args).fetchall()
     else:
         args["isolated"] = int(params.isolated)
+        args["skip"] = json.dumps(sorted(params.skip))
         rows = _claim_queues(conn, queues, args, after if params.limited else None, wake)
     jobs = [_job(row) for row in rows]
     jobs.sort(key=_claim_order)
@@ -1523,6 +1626,7 @@ def _claim_queues(
             "now": args["now"],
             "limit": args["limit"],
             "isolated": args["isolated"],
+            "skip": args["skip"],
         }
         if after is None:
             rows = conn.execute(_Q["job_claim_candidates"], query_args)

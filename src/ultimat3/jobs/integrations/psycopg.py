@@ -11,12 +11,12 @@ event loop. ``enqueue_async`` runs the sync core on a worker thread (the binding
 the context); every statement that thread sends holds that lock, so it never interleaves with
 a statement of another task on the connection, and it runs in your open transaction: it is
 the same session. Concurrent ``enqueue_async`` calls in one block (``asyncio.gather``) run one
-after the other, each whole, and the insert needs no savepoint, so nothing can interleave. A plain ``app.enqueue(...)`` on the event loop's thread works too (it blocks
+after the other, each whole (its savepoint included), so nothing can interleave. A plain ``app.enqueue(...)`` on the event loop's thread works too (it blocks
 the loop for the insert, as any sync call does) while no other task holds the connection.
 
 Guarantee: the job rows (or ``x_outbox`` rows) are written inside your transaction and exist
-if and only if you commit; a failed insert aborts the transaction, as a failed statement of
-yours would.
+if and only if you commit; a failed insert rolls back to its savepoint and raises, and your
+transaction goes on (the rule of ARCHITECTURE.md, "The life of a job").
 
 Limits: the view is valid for the ``async with`` block only; it shares the connection's
 session but not its Python-side settings (adapters, row factory, prepared statements: the view

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
+from ultimat3.jobs.dialects import canonical_url
 from ultimat3.jobs.errors import ConfigurationError
 from ultimat3.jobs.outbox_store import OutboxStore
 
@@ -36,6 +37,7 @@ def _sqlite_path(url: str) -> Path:
 
 def open_store(url: str) -> OutboxStore:
     """Open (not yet migrate) the outbox store a URL names."""
+    url = canonical_url(url)
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     if scheme == "sqlite":
         from ultimat3.jobs.outboxes.sqlite import SqliteOutboxStore

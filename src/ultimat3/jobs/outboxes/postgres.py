@@ -60,7 +60,11 @@ from ultimat3.jobs.driver import (
     Joined,
     OneConnection,
 )
-from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
+from ultimat3.jobs.errors import (
+    ConfigurationError,
+    DriverUnavailableError,
+    in_callers_transaction,
+)
 from ultimat3.jobs.outbox_store import OutboxRecord, OutboxStore
 from ultimat3.jobs.records import NewJob
 from ultimat3.jobs.sql import migrations, queries
@@ -304,10 +308,10 @@ class PostgresOutboxStore(OneConnection):
     def stage(
         self, executor: Joined, jobs: Sequence[NewJob], *, now: datetime | None = None
     ) -> None:
-        """Write the rows on the caller's connection, in their transaction, without a
-        savepoint: a failed statement aborts the caller's transaction, as theirs would, so
-        nothing commits without its jobs (an idle autocommit connection gets a BEGIN/COMMIT
-        of its own)."""
+        """Write the rows on the caller's connection, in their transaction, inside a savepoint:
+        a failure rolls back to it, so the caller's transaction stays usable and holds none of
+        the rows (``errors.in_callers_transaction``). An idle autocommit connection gets a
+        BEGIN/COMMIT of its own."""
         if not jobs:
             return
         conn = self.adopt(executor).connection
@@ -329,18 +333,35 @@ class PostgresOutboxStore(OneConnection):
             for job in jobs
         ]
         query = self._q["stage"]
-        try:
-            if conn.autocommit and conn.pgconn.transaction_status == pq.TransactionStatus.IDLE:
+        if conn.autocommit and conn.pgconn.transaction_status == pq.TransactionStatus.IDLE:
+            try:
                 with conn.transaction(), our_cursor(conn) as cur:
                     cur.executemany(query, rows)
-            else:
-                with our_cursor(conn) as cur:
-                    cur.executemany(query, rows)
-        except psycopg.Error as exc:
-            translated = self._translate(exc, conn)
-            if translated is exc:
-                raise
-            raise translated from exc
+            except psycopg.Error as exc:
+                translated = self._translate(exc, conn)
+                if translated is exc:
+                    raise
+                raise translated from exc
+            return
+        with our_cursor(conn) as cur:
+            cur.execute(b"SAVEPOINT ultimat3_jobs_outbox", prepare=False)
+            try:
+                cur.executemany(query, rows)
+                cur.execute(b"RELEASE SAVEPOINT ultimat3_jobs_outbox", prepare=False)
+            except psycopg.Error as exc:
+                if conn.broken:
+                    raise self._translate(exc, conn) from exc
+                cur.execute(
+                    b"ROLLBACK TO SAVEPOINT ultimat3_jobs_outbox; "
+                    b"RELEASE SAVEPOINT ultimat3_jobs_outbox",
+                    prepare=False,
+                )
+                raise in_callers_transaction(
+                    f"PostgreSQL refused to stage {len(rows)} job(s) in the outbox: "
+                    f"{str(exc).strip().splitlines()[0]}",
+                    driver=_NAME,
+                    fix="see the message above",
+                ) from exc
 
     # -- the relay's side --------------------------------------------------------------------
 

@@ -15,6 +15,12 @@ What it guarantees:
   published. Marks commit with the claim; a relay killed before that commit leaves its rows
   unpublished, and the next claim publishes them again (the job's idempotency key collapses
   the repeat).
+- **No lock of ours across a wait on your database.** The store's one connection is shared
+  by the threads that use the store behind a Python lock, taken for one attempt at a time:
+  while the claim waits for a business transaction's write lock (``dialects.sqlite.
+  retry_busy``), the lock is free, and the store's identity, which every enqueue in a
+  business transaction asks for, is computed once and never takes it. So a business
+  transaction that holds the write lock never waits for the relay that waits for it.
 
 Limits: the claim holds the write lock of your database while it publishes (one insert
 transaction on the job database per queue in the batch: milliseconds), so your writers wait
@@ -28,21 +34,26 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from ultimat3.jobs.dialects.sqlite import (
+    INNER_BUSY_MS,
     apply_migrations,
     connection_file,
+    disown,
     dt,
     dt_or_none,
     file_identity,
+    hold_own,
+    holder_watch,
     now_us,
     pending_versions,
     plain_rows,
+    retry_busy,
     rollback_quietly,
     us,
     write_in,
@@ -63,6 +74,7 @@ _PACKAGE = "ultimat3.jobs.outboxes"
 _Q = queries("sqlite", _PACKAGE)
 _SAVEPOINT = "ultimat3_jobs_outbox"
 _NAME = "sqlite-outbox"
+_T = TypeVar("_T")
 
 
 def _record(row: Sequence[Any]) -> OutboxRecord:
@@ -143,6 +155,7 @@ class SqliteOutboxStore(OneConnection):
         self._busy_timeout = float(busy_timeout)
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
+        self._identity: DatabaseId | None = None
         self._closed = False
         self._hold_one_connection()
 
@@ -160,37 +173,73 @@ class SqliteOutboxStore(OneConnection):
             )
         if self._conn is None:
             try:
+                # SQLite's busy handler waits only a moment, with our lock held; the
+                # longer wait is retry_busy's, with it released.
                 self._conn = sqlite3.connect(
                     self.path,
-                    timeout=self._busy_timeout,
+                    timeout=min(INNER_BUSY_MS / 1000, self._busy_timeout),
                     isolation_level=None,
                     check_same_thread=False,
                 )
             except sqlite3.Error as exc:
                 raise self._unavailable(exc) from exc
             self._opened(self._conn)
+            hold_own(self._conn, self.path)  # the library's own (dialects.sqlite.blocked_here)
         return self._conn
 
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE`` on the store's connection: the write lock before any read."""
-        with self._lock:
+    def _begin(self) -> sqlite3.Connection:
+        """One try at ``BEGIN IMMEDIATE``: on success the connection is returned with the
+        store's lock held (the transaction is this thread's until ``_write`` releases it); on a
+        refusal the lock is released, so nothing waits on it while ``retry_busy`` pauses."""
+        self._lock.acquire()
+        try:
             conn = self._own()
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
+            conn.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self._lock.release()
+            raise
+        return conn
+
+    @contextmanager
+    def _write(
+        self, held_here: Callable[[], Exception] | None = None
+    ) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` on the store's connection: the write lock before any read. The
+        wait for it holds no lock of ours (``_begin``); with ``held_here``, a wait for a lock
+        the application's own connection in this process holds ends with that error
+        (``dialects.sqlite.holder_watch``)."""
+        watch = None if held_here is None else holder_watch(self.path, held_here)
+        try:
+            conn = retry_busy(self._begin, timeout=self._busy_timeout, on_busy=watch)
+        except sqlite3.Error as exc:
+            raise self._unavailable(exc) from exc
+        try:
+            yield conn
+            # In rollback-journal mode a commit waits for readers to leave; the transaction
+            # is ours meanwhile, so the lock stays held.
+            retry_busy(lambda: conn.execute("COMMIT"), timeout=self._busy_timeout)
+        except sqlite3.Error as exc:
+            rollback_quietly(conn)
+            if isinstance(exc, sqlite3.OperationalError):
                 raise self._unavailable(exc) from exc
-            try:
-                yield conn
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                rollback_quietly(conn)
-                if isinstance(exc, sqlite3.OperationalError):
-                    raise self._unavailable(exc) from exc
-                raise
-            except BaseException:
-                rollback_quietly(conn)
-                raise
+            raise
+        except BaseException:
+            rollback_quietly(conn)
+            raise
+        finally:
+            self._lock.release()
+
+    def _read(self, body: Callable[[sqlite3.Connection], _T]) -> _T:
+        """``body`` on the store's connection, the lock held for each try only."""
+
+        def attempt() -> _T:
+            with self._lock:
+                return body(self._own())
+
+        try:
+            return retry_busy(attempt, timeout=self._busy_timeout)
+        except sqlite3.Error as exc:
+            raise self._unavailable(exc) from exc
 
     def _unavailable(self, exc: sqlite3.Error) -> DriverUnavailableError:
         text = str(exc)
@@ -218,6 +267,7 @@ class SqliteOutboxStore(OneConnection):
         with self._lock:
             self._closed = True
             if self._conn is not None:
+                disown(self._conn)
                 try:
                     self._conn.close()
                 except sqlite3.Error:
@@ -233,20 +283,32 @@ class SqliteOutboxStore(OneConnection):
         known = migrations("sqlite", _PACKAGE)
         if self.schema_current():
             return []
-        with self._write() as conn:
+        with self._write(self._migrate_held_here) as conn:
             return apply_migrations(conn, known, _Q)
 
+    def _migrate_held_here(self) -> ConfigurationError:
+        return ConfigurationError(
+            f"the outbox table x_outbox in {self.path} needs creating, and this process holds "
+            "the write lock that creating it needs on a connection of its own (the transaction "
+            "around this call, once it has written)",
+            fix="run `ultimat3-jobs migrate` once (it creates x_outbox too), or call the "
+            "store's migrate() at start-up, before any request opens a transaction",
+        )
+
     def schema_current(self) -> bool:
-        with self._lock:
-            try:
-                return not pending_versions(self._own(), migrations("sqlite", _PACKAGE), _Q)
-            except sqlite3.Error as exc:
-                raise self._unavailable(exc) from exc
+        known = migrations("sqlite", _PACKAGE)
+        return not self._read(lambda conn: pending_versions(conn, known, _Q))
 
     def identity(self, *, refresh: bool = False) -> DatabaseId:
-        with self._lock:
-            self._own()  # the file exists once opened
-        return file_identity(self.path)
+        """The file, by device and inode: computed once (again on ``refresh``), without the
+        store's lock, which a claim may hold while the caller's transaction asks for it."""
+        found = self._identity
+        if found is None or refresh:
+            if not os.path.exists(self.path):
+                with self._lock:
+                    self._own()  # the file exists once opened
+            found = self._identity = file_identity(self.path)
+        return found
 
     def migration_sql(self) -> list[tuple[int, str]]:
         record = _Q["migration_record"].rstrip().rstrip(";")
@@ -324,11 +386,7 @@ class SqliteOutboxStore(OneConnection):
             yield _Batch(conn, [_record(row) for row in rows])
 
     def pending_count(self) -> int:
-        with self._lock:
-            try:
-                return int(self._own().execute(_Q["pending_count"]).fetchone()[0])
-            except sqlite3.Error as exc:
-                raise self._unavailable(exc) from exc
+        return int(self._read(lambda conn: conn.execute(_Q["pending_count"]).fetchone()[0]))
 
     def prune(self, *, published_before: datetime, limit: int) -> int:
         if limit <= 0:

@@ -191,14 +191,6 @@ SELECT k.ord, j.id, j.idempotency_key
 FROM k
 JOIN {schema}.x_jobs j ON j.id = k.id
 
--- name: job_refuse_id
--- A job's id is stored under another key (job_ids_by_key): the stored row once more, which the
--- primary key refuses, so the statement fails, and with it the transaction it is part of.
-INSERT INTO {schema}.x_jobs
-    (id, name, queue, input, idempotency_key, state, max_attempts, run_at, created_at)
-SELECT id, name, queue, input, idempotency_key, state, max_attempts, run_at, created_at
-FROM {schema}.x_jobs WHERE id = %(id)s
-
 -- name: job_claim
 -- Per queue, the due jobs in claim order, locked without waiting (SKIP LOCKED: rows another
 -- claim holds are passed over, never waited for); then the best `limit` across the queues.
@@ -216,6 +208,7 @@ WITH due AS (
           AND j.run_at <= coalesce(%(now)s::timestamptz, now())
           AND NOT j.isolated  -- the driver derives job_claim_isolated: "AND j.isolated"
           AND j.limit_key IS NULL  -- limited jobs: job_limit_lock, job_claim_limited
+          AND j.name <> ALL(%(skip)s::text[])  -- names this worker lacks (ClaimParams.skip)
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -452,11 +445,14 @@ SET state = CASE
     run_at = coalesce(f.retry_at, j.run_at),
     finished_at = CASE WHEN f.retry_at IS NULL THEN coalesce(%(now)s::timestamptz, now()) END,
     errors = j.errors || jsonb_build_array(f.error),
+    -- A rescue of a job that ran beside others gives its attempt back (f.refund).
+    attempt = CASE WHEN f.refund THEN greatest(j.attempt - 1, 0) ELSE j.attempt END,
     lease_token = NULL,
     lease_expires_at = NULL,
     isolated = coalesce(f.isolate, false)
 FROM json_to_recordset(%(failures)s::json)
-       AS f(id text, token text, error jsonb, retry_at timestamptz, isolate boolean)
+       AS f(id text, token text, error jsonb, retry_at timestamptz, isolate boolean,
+            refund boolean)
 WHERE j.id = ANY(%(ids)s::text[])
   AND j.id = f.id AND j.lease_token = f.token AND j.state = 'running'
 RETURNING j.id, j.state, j.queue, j.limit_key, j.awaited
@@ -517,12 +513,13 @@ WHERE j.id = %(id)s
 RETURNING j.id
 
 -- name: job_list_expired
+-- %(isolated)s NULL lists every one, true those that ran alone, false those beside others.
 SELECT id, name, queue, input::text, tenant_id, idempotency_key, priority, state, attempt,
        max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
        lease_expires_at, worker_id, errors::text, cancel_reason, trace_context, result::text
 FROM {schema}.x_jobs
 WHERE state = 'running' AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
-  AND started
+  AND started AND (%(isolated)s::boolean IS NULL OR isolated = %(isolated)s::boolean)
 ORDER BY lease_expires_at, id
 LIMIT %(limit)s
 
@@ -968,6 +965,7 @@ WITH free AS (
           AND j.run_at <= coalesce(%(now)s::timestamptz, now())
           AND j.isolated = %(isolated)s
           AND j.limit_key IS NULL
+          AND j.name <> ALL(%(skip)s::text[])
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -1017,6 +1015,7 @@ lim_rows AS (
           AND j.state IN ('scheduled', 'available')
           AND j.run_at <= coalesce(%(now)s::timestamptz, now())
           AND j.isolated = %(isolated)s
+          AND j.name <> ALL(%(skip)s::text[])
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT least(%(limit)s, greatest(k.free, 0))
     ) c

@@ -131,12 +131,14 @@ WHERE paused = 1 AND name IN (SELECT value FROM json_each(:queues));
 -- name: job_claim_candidates
 -- Several queues: the best :limit of each queue, merged in Python, then claimed by id.
 -- :isolated picks ordinary jobs (0) or isolated ones (1), each from its own partial index.
+-- :skip is a JSON array of job names this worker lacks (ClaimParams.skip), usually empty.
 SELECT id, priority, run_at FROM x_jobs
 WHERE queue = :queue
   AND state IN ('scheduled', 'available')
   AND run_at <= :now
   AND isolated = :isolated
   AND limit_key IS NULL
+  AND name NOT IN (SELECT value FROM json_each(:skip))
   AND NOT EXISTS (SELECT 1 FROM x_queues WHERE name = :queue AND paused = 1)
 ORDER BY priority DESC, run_at, id
 LIMIT :limit;
@@ -174,6 +176,7 @@ SELECT NULL, 0, 0, 0, 0, 0, NULL,
             SELECT id, priority, run_at FROM x_jobs
             WHERE queue = :queue AND state IN ('scheduled', 'available')
               AND run_at <= :now AND isolated = :isolated AND limit_key IS NULL
+              AND name NOT IN (SELECT value FROM json_each(:skip))
             ORDER BY priority DESC, run_at, id
             LIMIT :limit) c)
 WHERE :plain AND NOT EXISTS (SELECT 1 FROM x_queues WHERE name = :queue AND paused = 1)
@@ -202,6 +205,7 @@ SELECT keys.k, h.limit_max,
                 WHERE queue = :queue AND limit_key = keys.k
                   AND state IN ('scheduled', 'available')
                   AND run_at <= :now AND isolated = :isolated
+                  AND name NOT IN (SELECT value FROM json_each(:skip))
                 ORDER BY priority DESC, run_at, id
                 LIMIT :limit) c)
        END
@@ -297,7 +301,8 @@ WHERE id = ? AND lease_token = ? AND state = 'running';
 
 -- name: job_fail
 -- :retry_at NULL parks the job as dead; :error is one AttemptError.to_json() object;
--- :isolated says whether the job is isolated from now on (a rescue) or not (any other failure).
+-- :isolated says whether the job is isolated from now on (a rescue) or not (any other failure);
+-- :refund (1) gives the attempt back (a rescue of a job that ran beside others).
 UPDATE x_jobs
 SET state = CASE
         WHEN :retry_at IS NULL THEN 'dead'
@@ -307,6 +312,7 @@ SET state = CASE
     run_at = coalesce(:retry_at, run_at),
     finished_at = CASE WHEN :retry_at IS NULL THEN :now END,
     errors = json_insert(errors, '$[#]', json(:error)),
+    attempt = max(attempt - :refund, 0),
     lease_token = NULL,
     lease_expires_at = NULL,
     isolated = :isolated
@@ -345,12 +351,14 @@ WHERE id = :id
   AND (:tenant_id IS NULL OR tenant_id = :tenant_id);
 
 -- name: job_list_expired
--- Started jobs only: an unstarted one is released by job_release_unstarted instead.
+-- Started jobs only: an unstarted one is released by job_release_unstarted instead. :isolated
+-- NULL lists every one, 1 those that ran alone (isolated), 0 those that ran beside others.
 SELECT id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
        max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,
        lease_expires_at, worker_id, errors, cancel_reason, trace_context, result
 FROM x_jobs
 WHERE state = 'running' AND lease_expires_at < :now AND started = 1
+  AND (:isolated IS NULL OR isolated = :isolated)
 ORDER BY lease_expires_at, id
 LIMIT :limit;
 

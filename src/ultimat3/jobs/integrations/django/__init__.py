@@ -24,13 +24,26 @@ The task backend (Django 6 ``django.tasks``; on older Django the ``django-tasks`
         "OPTIONS": {"APP": "myproject.jobs:app"},     # optional DATABASE: the alias to join
     }}                                                 # optional MAX_ATTEMPTS: default 1
 
-``task.enqueue(...)`` becomes one ``django_task`` job (``django_task_async`` for an ``async
-def`` task, run on the worker's event loop) whose input is the task's import path, its JSON
-arguments, the backend's alias and the time of the enqueue. Django's ``priority`` (-100..100,
-higher first), ``queue_name`` and ``run_after`` map to the job's priority, queue and
-``run_at``. Inside ``atomic()`` on the ``DATABASE`` alias it joins the transaction, as above;
-outside it commits at once. ``get_result(id)`` reads the job and returns a result equal to
-the one ``enqueue()`` returned while nothing has happened to it.
+``task.enqueue(...)`` becomes one job named by the task's import path
+(``shop.tasks.total``: so it reads in ``jobs list``, ``schedule``, the dashboard and the
+metrics), whose attempts are the backend's and whose input is that path, its JSON arguments,
+the backend's alias and the time of the enqueue; an ``async def`` task runs on the worker's
+event loop. Django's ``priority`` (-100..100, higher first), ``queue_name`` and ``run_after``
+map to the job's priority, queue and ``run_at``. Inside ``atomic()`` on the ``DATABASE`` alias
+it joins the transaction, as above; outside it commits at once. ``get_result(id)`` reads the
+job and returns a result equal to the one ``enqueue()`` returned while nothing has happened to
+it. Rows of earlier releases (``django_task``, ``django_task_async``) still run.
+
+The worker, and every other command, finds the App through the settings::
+
+    DJANGO_SETTINGS_MODULE=myproject.settings ultimat3-jobs --app ultimat3.jobs.integrations.django worker
+
+``app``, read from this module, runs ``django.setup()``, takes the one App that the ``TASKS``
+backends name and ``prepare``s it: each task of the installed applications' ``tasks`` modules
+is registered under its import path, and a task defined elsewhere is registered when a worker
+first meets its name (``App._add_job_resolver``). With ``"ultimat3.jobs.integrations.django"``
+in ``INSTALLED_APPS``, ``manage.py migrate`` creates the job tables: its migration runs the
+library's own migrations, through the library's connection, on each alias a backend names.
 
 Django's contract, kept:
 
@@ -55,8 +68,9 @@ used up, or a return value that cannot be stored) or cancelled. ``task_finished`
 the attempt that ends the task, not for one that a retry follows. An operator's ``jobs retry``
 makes a FAILED task READY again.
 
-Limits: workers must serve the tasks' queues (``ultimat3-jobs worker -q emails``) and import a
-module that calls ``django.setup()`` before the App is built. ``started_at`` is the start of
+Limits: workers must serve the tasks' queues (``worker -q default -q emails``); a worker
+started with ``--app myproject.jobs:app`` rather than this module knows Django's tasks only
+if that module calls ``prepare(app)`` after ``django.setup()``. ``started_at`` is the start of
 the latest attempt (as ``last_attempted_at``). No signal is sent for an attempt that the worker
 ends itself (a timeout, a lost worker). ``atomic()`` is sync-only in Django; from async views,
 ``aenqueue`` runs the enqueue through ``sync_to_async``, as Django's base backend does. On
@@ -69,6 +83,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import sys
+import threading
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -79,9 +96,12 @@ from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections  # ty
 from django.utils import timezone  # type: ignore[import-untyped]
 from django.utils.module_loading import import_string  # type: ignore[import-untyped]
 
+from ultimat3.jobs import events
+from ultimat3.jobs.drivers import open_driver
 from ultimat3.jobs.errors import ConfigurationError, JobNotFoundError
-from ultimat3.jobs.job import JobContext, current_app, job
+from ultimat3.jobs.job import JobContext, JobHandle, current_app, job
 from ultimat3.jobs.records import AttemptError, Job, JobState
+from ultimat3.jobs.retry import Retry
 
 
 def _tasks(path: str) -> Any:
@@ -108,7 +128,7 @@ except ImportError:  # Django < 6: the backport's
 if TYPE_CHECKING:
     from ultimat3.jobs.app import App
 
-__all__ = ["JobsBackend", "django_task", "django_task_async", "using"]
+__all__ = ["JobsBackend", "django_task", "django_task_async", "prepare", "using"]
 
 #: The names of the two jobs that run Django tasks.
 _JOB_NAMES = frozenset({"django_task", "django_task_async"})
@@ -138,8 +158,7 @@ def using(app: App, alias: str | None = None) -> Iterator[Any]:
 # -- the jobs that run Django tasks, in the worker ------------------------------------------
 
 
-@job(name="django_task")
-def django_task(payload: dict[str, Any], ctx: JobContext) -> Any:
+def _run(payload: dict[str, Any], ctx: JobContext) -> Any:
     """Run one ``django.tasks`` task: ``{"task": import path, "args": [...], "kwargs": {...},
     "backend": alias, "enqueued_at": ISO time}``; returns what the task returns."""
     task, running = _start(payload, ctx)
@@ -158,10 +177,9 @@ def django_task(payload: dict[str, Any], ctx: JobContext) -> Any:
         close_old_connections()
 
 
-@job(name="django_task_async")
-async def django_task_async(payload: dict[str, Any], ctx: JobContext) -> Any:
-    """``django_task`` for an ``async def`` task, awaited on the worker's event loop (what
-    touches the database, reading the job and the signals' receivers, runs on a thread)."""
+async def _run_async(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """``_run`` for an ``async def`` task, awaited on the worker's event loop (what touches
+    the database, reading the job and the signals' receivers, runs on a thread)."""
     task, running = await asyncio.to_thread(_start, payload, ctx)
     try:
         if task.takes_context:
@@ -176,6 +194,12 @@ async def django_task_async(payload: dict[str, Any], ctx: JobContext) -> Any:
     except BaseException:
         _failed(running, ctx)
         raise
+
+
+#: The job that ran every ``def`` Django task in earlier releases: its rows still run.
+django_task = job(name="django_task", retry=Retry(attempts=1))(_run)
+#: The job that ran every ``async def`` Django task in earlier releases: its rows still run.
+django_task_async = job(name="django_task_async", retry=Retry(attempts=1))(_run_async)
 
 
 def _start(payload: dict[str, Any], ctx: JobContext) -> tuple[Any, Any]:
@@ -304,8 +328,8 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc]  # Django's classes ar
 
     @property
     def app(self) -> App:
-        """The App of ``OPTIONS["APP"]`` (``module:attribute``), with ``django_task``
-        registered on it."""
+        """The App of ``OPTIONS["APP"]`` (``module:attribute``), which knows how to run Django
+        tasks (``prepare``)."""
         from ultimat3.jobs.app import App
 
         if not self._app_ref:
@@ -320,11 +344,12 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc]  # Django's classes ar
                 f"OPTIONS['APP'] = {self._app_ref!r} is not an App",
                 fix="point it at a module attribute holding App(...), e.g. myproject.jobs:app",
             )
-        if not value.knows(django_task):
-            value.register(_Exports)
+        prepare(value, discover=False)
         return value
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
+        """Enqueue a Django task as a job (``task.enqueue()`` calls it): inside ``atomic()`` on
+        the job database it joins that transaction; returns the ``TaskResult``."""
         self.validate_task(task)
         enqueued_at = timezone.now()
         # Django's own check first: what it refuses raises its TypeError ("Unsupported type").
@@ -341,7 +366,7 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc]  # Django's classes ar
             if timezone.is_naive(run_at):
                 run_at = timezone.make_aware(run_at)
         app = self.app
-        handle = django_task_async if iscoroutinefunction(task.func) else django_task
+        handle = _task_handle(app, task, self._max_attempts)
         options: dict[str, Any] = {
             "queue": task.queue_name,
             "priority": task.priority,
@@ -371,18 +396,150 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc]  # Django's classes ar
         return result
 
     def get_result(self, result_id: str) -> Any:
+        """The ``TaskResult`` of an enqueued task, from its job as it stands now;
+        ``TaskResultDoesNotExist`` when there is none."""
         app = self.app
         try:
             found = app.get_job(result_id)
         except JobNotFoundError:
             raise TaskResultDoesNotExist(result_id) from None
-        if found.name not in _JOB_NAMES:
-            raise TaskResultDoesNotExist(result_id)
+        if found.name not in _JOB_NAMES and app.decode_input(found).get("task") != found.name:
+            raise TaskResultDoesNotExist(result_id)  # not a Django task's job
         return _task_result(app, found, self.alias)
 
 
-class _Exports:
-    """What ``app.register`` takes from this module: the jobs that run Django tasks."""
+# -- each task its own job ------------------------------------------------------------------
 
-    django_task = django_task
-    django_task_async = django_task_async
+_lock = threading.Lock()
+
+
+def _task_handle(app: App, task: Any, attempts: int) -> JobHandle[Any]:
+    """The job of ``task`` on ``app``, named by its import path (registered on first use):
+    its queue is the task's, its attempts ``attempts`` (its backend's)."""
+    name = task.module_path
+    found = app.registry.job_named(name)
+    if found is not None:
+        return found
+    with _lock:
+        found = app.registry.job_named(name)
+        if found is not None:
+            return found
+        run = _run_async if iscoroutinefunction(task.func) else _run
+        made = job(name=name, queue=task.queue_name, retry=Retry(attempts=attempts))(run)
+        app.register(types.SimpleNamespace(job=made))
+        return made
+
+
+def _our_backends() -> list[JobsBackend]:
+    """The ``TASKS`` backends that are ``JobsBackend``s, by alias."""
+    from django.conf import settings  # type: ignore[import-untyped]
+
+    task_backends = _tasks("").task_backends
+    found = [task_backends[alias] for alias in sorted(getattr(settings, "TASKS", {}))]
+    return [backend for backend in found if isinstance(backend, JobsBackend)]
+
+
+def _resolve(app: App, name: str) -> JobHandle[Any] | None:
+    """The job of a name no module registered, when it is the import path of a Django task
+    (a worker meets it on a claimed job; the job's input names the backend it was enqueued
+    through, and its row the attempts that backend gave)."""
+    if name in _JOB_NAMES:  # a row of an earlier release
+        legacy = django_task if name == "django_task" else django_task_async
+        app.register(types.SimpleNamespace(job=legacy))
+        return legacy
+    if "." not in name:
+        return None
+    try:
+        found = import_string(name)
+    except ImportError:
+        return None
+    if not isinstance(found, _base.Task):
+        return None
+    try:
+        backend = _tasks("").task_backends[found.backend]
+    except Exception:  # an alias the settings lost: the row's own max_attempts still holds
+        backend = None
+    return _task_handle(
+        app, found, backend._max_attempts if isinstance(backend, JobsBackend) else 1
+    )
+
+
+def prepare(app: App, *, discover: bool = True) -> App:
+    """Make ``app`` run Django tasks: each task under its own import path when a worker meets
+    it (and the rows of earlier releases, named ``django_task``), and, with ``discover``, the tasks
+    of every installed application's ``tasks`` module registered now (so ``schedule`` and
+    ``worker`` without ``-q`` see them). Idempotent."""
+    app._add_job_resolver(_resolve)
+    if discover:
+        from django.apps import apps  # type: ignore[import-untyped]
+        from django.utils.module_loading import autodiscover_modules
+
+        autodiscover_modules("tasks")
+        mine = {b.alias: b for b in _our_backends() if b.app is app}
+        for config in apps.get_app_configs():
+            module = sys.modules.get(f"{config.name}.tasks")
+            for value in vars(module).values() if module is not None else ():
+                if isinstance(value, _base.Task) and value.backend in mine:
+                    _task_handle(app, value, mine[value.backend]._max_attempts)
+    return app
+
+
+def _settings_app() -> App:
+    """The App of the Django settings' ``TASKS`` (see ``app`` in the module), prepared."""
+    import django  # type: ignore[import-untyped]
+    from django.apps import apps
+    from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-untyped]
+
+    try:
+        if not apps.ready:
+            django.setup()
+        backends = _our_backends()
+    except ImproperlyConfigured as exc:
+        raise ConfigurationError(
+            f"Django is not configured: {exc}",
+            fix="set DJANGO_SETTINGS_MODULE (e.g. DJANGO_SETTINGS_MODULE=myproject.settings)",
+        ) from exc
+    found: dict[int, App] = {}
+    for backend in backends:
+        found.setdefault(id(backend.app), backend.app)
+    if len(found) != 1:
+        named = ", ".join(f"{b.alias}: {b._app_ref}" for b in backends) or "none"
+        raise ConfigurationError(
+            f"the Django settings' TASKS name {len(found)} Apps through JobsBackend ({named})",
+            fix="name one App in every JobsBackend's OPTIONS['APP'], or point --app at your "
+            "App's module and call ultimat3.jobs.integrations.django.prepare(app) there",
+        )
+    return prepare(next(iter(found.values())))
+
+
+def __getattr__(name: str) -> Any:
+    """``app``: the App your Django settings' ``TASKS`` name, after ``django.setup()``, ready
+    to run their tasks (``prepare``): ``ultimat3-jobs --app ultimat3.jobs.integrations.django``."""
+    if name == "app":
+        return _settings_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _migrate_job_tables(apps: Any, schema_editor: Any) -> None:
+    """The Django migration's step: the job tables of every App that a ``JobsBackend`` on
+    this database alias names, created or brought up to date by the library's own migrations
+    (on a connection of the library's, outside Django's transaction)."""
+    alias = schema_editor.connection.alias
+    done: set[str] = set()
+    for backend in _our_backends():
+        if backend._database != alias:
+            continue
+        target = backend.app
+        if target.url is None:
+            target.open()
+            continue
+        if target.url in done:
+            continue
+        done.add(target.url)
+        driver = open_driver(target.url)
+        try:
+            applied = driver.migrate()
+        finally:
+            driver.close()
+        if applied:
+            events.info("jobs.migrated", versions=applied)

@@ -1,0 +1,239 @@
+"""A failed enqueue leaves the caller's transaction usable (ARCHITECTURE.md, "The life of a
+job", the rule; docs/guarantees.md, "Transactional enqueue"): whatever the database raised,
+the enqueue's own writes are rolled back to its savepoint, the error names the cause and says
+the enqueue cannot be retried inside that transaction, and the caller's own rows in the same
+transaction commit."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ultimat3.jobs import App, DriverUnavailableError, JobsError, job
+
+
+@job
+def ship(input: dict[str, Any]) -> None:
+    return None
+
+
+@job(idempotency_key=lambda i: f"order-{i['order']}")
+def receipt(input: dict[str, Any]) -> None:
+    return None
+
+
+def _refused_in_place(exc: JobsError) -> None:
+    """The common shape of the error: not the outage's, not retryable in that transaction."""
+    assert not isinstance(exc, DriverUnavailableError) or exc.retryable is False
+    assert "server is running" not in exc.fix
+    assert "transaction" in exc.fix
+
+
+# -- PostgreSQL ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pg_url(pg_dsn: str) -> str:
+    from psycopg.conninfo import conninfo_to_dict
+
+    parts = conninfo_to_dict(pg_dsn)
+    return f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+
+
+@pytest.fixture
+def pg_app(pg_url: str, make_module: Any) -> Iterator[App]:
+    import psycopg
+
+    app = App(pg_url, modules=[make_module(ship=ship, receipt=receipt)])
+    app.open()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("create table orders (id int primary key)")
+    yield app
+    app.close()
+
+
+def _orders(url: str) -> list[int]:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        return [row[0] for row in conn.execute("select id from orders order by id")]
+
+
+@pytest.mark.postgres
+def test_pg_lock_timeout_on_a_key_another_transaction_holds(pg_app: App, pg_url: str) -> None:
+    """The issue's case: another session enqueued order-42 and has not committed; the caller's
+    enqueue of the same key waits for it until its lock_timeout."""
+    import psycopg
+
+    with psycopg.connect(pg_url) as other, psycopg.connect(pg_url) as conn:
+        with pg_app.using(other):
+            receipt.enqueue({"order": 42})  # left uncommitted: the key is held
+        conn.execute("set lock_timeout = '200ms'")
+        conn.commit()
+        with conn.transaction(), pg_app.using(conn):
+            conn.execute("insert into orders values (1)")
+            with pytest.raises(JobsError) as caught:
+                receipt.enqueue({"order": 42})
+            conn.execute("insert into orders values (2)")  # the transaction goes on
+        other.rollback()
+    exc = caught.value
+    _refused_in_place(exc)
+    assert "order-42" in exc.cause and "lock_timeout" in exc.cause and "200ms" in exc.cause
+    assert _orders(pg_url) == [1, 2]
+    assert pg_app.count_jobs() == 0
+
+
+@pytest.mark.postgres
+def test_pg_statement_timeout_in_the_callers_transaction(pg_app: App, pg_url: str) -> None:
+    import psycopg
+
+    with psycopg.connect(pg_url) as other, psycopg.connect(pg_url) as conn:
+        with pg_app.using(other):
+            receipt.enqueue({"order": 7})
+        conn.execute("set statement_timeout = '200ms'")
+        conn.commit()
+        with conn.transaction(), pg_app.using(conn):
+            conn.execute("insert into orders values (1)")
+            with pytest.raises(JobsError) as caught:
+                receipt.enqueue({"order": 7})
+            conn.execute("insert into orders values (2)")
+        other.rollback()
+    _refused_in_place(caught.value)
+    assert "statement_timeout" in caught.value.cause and "200ms" in caught.value.cause
+    assert _orders(pg_url) == [1, 2]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("refusal", ["check", "unique"])
+def test_pg_a_row_refused_by_a_constraint_of_the_caller(
+    pg_app: App, pg_url: str, refusal: str
+) -> None:
+    """A CHECK constraint the caller added on the job table, or a trigger of theirs whose
+    write hits a unique index: the first job is refused, the second one goes in."""
+    import psycopg
+
+    table = "ultimat3_jobs.x_jobs"
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        if refusal == "check":
+            admin.execute(
+                f"alter table {table} add constraint no_drones "
+                "check (input::text not like '%drone%')"
+            )
+        else:
+            admin.execute("create table shipped (what text primary key)")
+            admin.execute("insert into shipped values ('drone')")
+            admin.execute(
+                "create function note_shipped() returns trigger language plpgsql as $$ begin "
+                "insert into shipped values (new.input->>'what'); return new; end $$"
+            )
+            admin.execute(
+                f"create trigger note_shipped after insert on {table} "
+                "for each row execute function note_shipped()"
+            )
+    with psycopg.connect(pg_url) as conn, conn.transaction(), pg_app.using(conn):
+        conn.execute("insert into orders values (1)")
+        with pytest.raises(JobsError) as caught:
+            ship.enqueue({"what": "drone"})
+        conn.execute("insert into orders values (2)")
+        kept = ship.enqueue({"what": "book"})
+    _refused_in_place(caught.value)
+    assert ("no_drones" if refusal == "check" else "shipped") in caught.value.cause
+    assert _orders(pg_url) == [1, 2]
+    assert pg_app.count_jobs() == 1
+    assert json.loads(pg_app.get_job(kept.id).input) == {"what": "book"}
+
+
+@pytest.mark.postgres
+def test_pg_serialization_failure_in_a_repeatable_read_transaction(
+    pg_app: App, pg_url: str
+) -> None:
+    """The caller's snapshot predates another transaction's commit of the same key: ON
+    CONFLICT cannot dedupe onto a row the snapshot does not see, and PostgreSQL refuses."""
+    import psycopg
+
+    with psycopg.connect(pg_url) as conn:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        with conn.transaction(), pg_app.using(conn):
+            conn.execute("insert into orders values (1)")  # the snapshot is taken
+            receipt.enqueue({"order": 9}, outbox=False)  # committed by the app on its own
+            with pytest.raises(JobsError) as caught:
+                receipt.enqueue({"order": 9})
+            conn.execute("insert into orders values (2)")
+    _refused_in_place(caught.value)
+    assert "serializ" in caught.value.cause
+    assert _orders(pg_url) == [1, 2]
+    assert pg_app.count_jobs() == 1
+
+
+# -- SQLite ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sq_app(tmp_path: Path, make_module: Any) -> Iterator[App]:
+    app = App(f"sqlite:///{tmp_path / 'jobs.sqlite3'}", modules=[make_module(ship=ship)])
+    app.open()
+    yield app
+    app.close()
+
+
+def _connect(app: App, timeout: float = 5.0) -> sqlite3.Connection:
+    path = app.driver.path  # type: ignore[attr-defined]
+    conn = sqlite3.connect(path, isolation_level=None, timeout=timeout)
+    conn.execute("create table if not exists orders (id integer primary key)")
+    return conn
+
+
+def test_sqlite_a_trigger_of_the_caller_refuses_the_job_half_way(sq_app: App) -> None:
+    """RAISE(FAIL) ends the statement but keeps what it did before failing, here the job's
+    row: only the enqueue's savepoint takes it back, so that a failed enqueue writes nothing."""
+    conn = _connect(sq_app)
+    conn.execute(
+        "create trigger no_drones after insert on x_jobs when new.input like '%drone%' "
+        "begin select raise(fail, 'no drones'); end"
+    )
+    conn.execute("begin immediate")
+    with sq_app.using(conn):
+        conn.execute("insert into orders values (1)")
+        with pytest.raises(JobsError) as caught:
+            ship.enqueue({"what": "drone"})
+        conn.execute("insert into orders values (2)")
+        kept = ship.enqueue({"what": "book"})
+    conn.execute("commit")
+    _refused_in_place(caught.value)
+    assert "no drones" in caught.value.cause
+    assert [r[0] for r in conn.execute("select id from orders order by id")] == [1, 2]
+    assert conn.execute("select count(*) from x_jobs").fetchone() == (1,)
+    assert sq_app.count_jobs() == 1
+    assert json.loads(sq_app.get_job(kept.id).input) == {"what": "book"}
+    conn.close()
+
+
+def test_sqlite_busy_in_the_callers_deferred_transaction(sq_app: App) -> None:
+    """The caller's deferred transaction has written nothing, and another connection holds
+    the write lock past the caller's busy timeout: the enqueue fails, the caller's transaction
+    is still open, and writes once the other one is gone."""
+    conn = _connect(sq_app, timeout=0.2)
+    holder = _connect(sq_app)
+    holder.execute("begin immediate")
+    holder.execute("insert into orders values (99)")
+    conn.execute("begin")
+    with sq_app.using(conn):
+        with pytest.raises(JobsError) as caught:
+            ship.enqueue({"what": "book"})
+        assert conn.in_transaction
+        holder.execute("rollback")
+        conn.execute("insert into orders values (1)")
+        kept = ship.enqueue({"what": "lamp"})
+    conn.execute("commit")
+    _refused_in_place(caught.value)
+    assert "lock" in caught.value.cause
+    assert [r[0] for r in conn.execute("select id from orders")] == [1]
+    assert sq_app.count_jobs() == 1
+    assert json.loads(sq_app.get_job(kept.id).input) == {"what": "lamp"}
+    conn.close()
+    holder.close()

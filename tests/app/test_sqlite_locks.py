@@ -1,0 +1,277 @@
+"""Who holds SQLite's write lock, asked of SQLite's locks rather than guessed from "a
+transaction is open":
+
+- A deferred ``BEGIN`` (Python's, Django's) that has written nothing holds no lock: the first
+  enqueue inside it migrates a fresh file on the library's connection, and joins it.
+- A transaction that read the file before the tables existed is told why it cannot see them;
+  one that wrote is refused within a second, not after the busy timeout.
+- A write lock held by the application's own connection in this process (a SQLAlchemy
+  session after ``flush()``, a ``sqlite3`` connection in a transaction) while an enqueue goes
+  through the app's own connection is named within a second; one held by another process is
+  waited for, and the error names that process; one held a moment by another thread of this
+  process is waited for.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import types
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ultimat3.jobs import App, ConfigurationError, DriverUnavailableError, job
+from ultimat3.jobs.drivers.sqlite import SqliteDriver
+
+#: The lock's owner is read from Linux's /proc/locks; elsewhere such a wait lasts busy_timeout.
+linux_only = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the lock's owner is read from /proc/locks"
+)
+
+HELD_HERE = "this process holds the write lock on a connection of its own"
+
+
+@job
+def record(value: Any) -> None:
+    pass
+
+
+@pytest.fixture
+def module(make_module: Callable[..., types.ModuleType]) -> types.ModuleType:
+    return make_module("sqlite_locks_jobs", record=record)
+
+
+@pytest.fixture
+def migrated(tmp_path: Path, module: types.ModuleType) -> Iterator[tuple[Path, App]]:
+    """A job file migrated beforehand with a business table, and an App on it with a short
+    busy timeout (a wait that should not happen fails the test quickly on the old code)."""
+    path = tmp_path / "jobs.sqlite3"
+    app = App(driver=SqliteDriver(path, busy_timeout=3.0), modules=[module])
+    app.open()
+    with closing(sqlite3.connect(path, isolation_level=None)) as setup:
+        setup.execute("CREATE TABLE orders (id integer)")
+    yield path, app
+    app.close()
+
+
+def test_a_deferred_transaction_that_wrote_nothing_migrates_a_fresh_file(
+    tmp_path: Path, module: types.ModuleType
+) -> None:
+    path = tmp_path / "jobs.sqlite3"
+    app = App(f"sqlite:///{path}", modules=[module])
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN")  # deferred, as Python's and Django's: no lock yet
+        started = time.monotonic()
+        with app.using(conn):
+            record.enqueue({"order": 1})
+        assert time.monotonic() - started < 1.0
+        conn.execute("CREATE TABLE orders (id integer)")
+        conn.execute("INSERT INTO orders VALUES (1)")
+        conn.execute("COMMIT")
+        assert app.count_jobs() == 1
+        # And the job was part of the transaction: a rolled-back one leaves none.
+        conn.execute("BEGIN")
+        with app.using(conn):
+            record.enqueue({"order": 2})
+        conn.execute("ROLLBACK")
+        assert app.count_jobs() == 1
+    finally:
+        conn.close()
+        app.close()
+
+
+def test_a_transaction_that_read_before_the_migration_is_told_why_it_cannot_see_it(
+    tmp_path: Path, module: types.ModuleType
+) -> None:
+    path = tmp_path / "jobs.sqlite3"
+    with closing(sqlite3.connect(path, isolation_level=None)) as setup:
+        setup.execute("PRAGMA journal_mode=WAL")
+        setup.execute("CREATE TABLE orders (id integer)")
+    app = App(f"sqlite:///{path}", modules=[module])
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        conn.execute("SELECT count(*) FROM orders").fetchone()  # its snapshot starts here
+        with pytest.raises(ConfigurationError) as raised, app.using(conn):
+            record.enqueue({})
+        assert "snapshot" in raised.value.cause
+        assert raised.value.fix.startswith("roll the transaction back and run it again")
+        conn.execute("ROLLBACK")
+        conn.execute("BEGIN")  # run again: the tables exist now
+        with app.using(conn):
+            record.enqueue({})
+        conn.execute("COMMIT")
+        assert app.count_jobs() == 1
+    finally:
+        conn.close()
+        app.close()
+
+
+@linux_only
+def test_a_transaction_that_wrote_is_refused_within_a_second(
+    tmp_path: Path, module: types.ModuleType
+) -> None:
+    path = tmp_path / "jobs.sqlite3"
+    with closing(sqlite3.connect(path, isolation_level=None)) as setup:
+        setup.execute("PRAGMA journal_mode=WAL")
+        setup.execute("CREATE TABLE orders (id integer)")
+    app = App(driver=SqliteDriver(path, busy_timeout=3.0), modules=[module])
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO orders VALUES (1)")  # now it holds the write lock
+        started = time.monotonic()
+        with pytest.raises(ConfigurationError) as raised, app.using(conn):
+            record.enqueue({})
+        assert time.monotonic() - started < 1.0
+        assert "need migrating" in raised.value.cause
+        assert "the transaction around this call, once it has written" in raised.value.cause
+        assert "ultimat3-jobs migrate" in raised.value.fix
+    finally:
+        conn.close()
+        app.close()
+
+
+@linux_only
+def test_a_transaction_that_read_a_new_file_is_told_it_keeps_it_from_being_set_up(
+    tmp_path: Path, module: types.ModuleType
+) -> None:
+    path = tmp_path / "jobs.sqlite3"
+    app = App(driver=SqliteDriver(path, busy_timeout=3.0), modules=[module])
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()  # a read lock, held
+        started = time.monotonic()
+        with pytest.raises(ConfigurationError) as raised, app.using(conn):
+            record.enqueue({})
+        assert time.monotonic() - started < 1.0
+        assert "is new, and setting it up (WAL mode) needs every other" in raised.value.cause
+        assert "ultimat3-jobs migrate" in raised.value.fix
+        conn.execute("ROLLBACK")
+        conn.execute("BEGIN")
+        with app.using(conn):  # nothing read yet: set up and migrated on the app's connection
+            record.enqueue({})
+        conn.execute("COMMIT")
+        assert app.count_jobs() == 1
+    finally:
+        conn.close()
+        app.close()
+
+
+@linux_only
+def test_the_applications_own_lock_in_this_process_is_named_within_a_second(
+    migrated: tuple[Path, App],
+) -> None:
+    path, app = migrated
+    own = sqlite3.connect(path)  # Python's legacy mode: the INSERT opens a transaction
+    try:
+        own.execute("INSERT INTO orders VALUES (1)")  # holds the write lock, not joined
+        started = time.monotonic()
+        with pytest.raises(ConfigurationError) as raised:
+            record.enqueue({})  # through the app's own connection: would wait for `own`
+        took = time.monotonic() - started
+        assert took < 1.0, f"diagnosed after {took:.2f}s"
+        assert raised.value.cause.startswith(HELD_HERE)
+        assert raised.value.fix.startswith("enqueue through it with using(app, session)")
+        own.rollback()
+        record.enqueue({})  # once it is over, the enqueue goes through
+        assert app.count_jobs() == 1
+    finally:
+        own.close()
+
+
+@linux_only
+def test_a_sqlalchemy_session_after_flush_is_named_within_a_second(
+    migrated: tuple[Path, App],
+) -> None:
+    sqlalchemy = pytest.importorskip("sqlalchemy")
+    from sqlalchemy.orm import Session
+
+    path, _ = migrated
+    engine = sqlalchemy.create_engine(f"sqlite:///{path}")
+    try:
+        with Session(engine) as session, session.begin():
+            session.execute(sqlalchemy.text("INSERT INTO orders VALUES (1)"))
+            session.flush()
+            started = time.monotonic()
+            with pytest.raises(ConfigurationError) as raised:
+                record.enqueue({})  # forgot using(app, session)
+            assert time.monotonic() - started < 1.0
+            assert raised.value.cause.startswith(HELD_HERE)
+    finally:
+        engine.dispose()
+
+
+@linux_only
+def test_a_lock_held_by_another_process_is_waited_for_and_names_it(
+    migrated: tuple[Path, App],
+) -> None:
+    path, _ = migrated
+    fast = App(driver=SqliteDriver(path, busy_timeout=1.0), modules=[])
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sqlite3, sys\n"
+            f"c = sqlite3.connect({str(path)!r}, isolation_level=None)\n"
+            "c.execute('BEGIN IMMEDIATE')\n"
+            "print('held', flush=True)\n"
+            "sys.stdin.readline()\n",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        started = time.monotonic()
+        with pytest.raises(DriverUnavailableError) as raised:
+            fast.driver.job_insert_many([_job()])
+        assert time.monotonic() - started >= 1.0, "another process's lock is waited for"
+        assert f"another writer (process {holder.pid})" in raised.value.cause
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=10)
+        holder.stdout.close()
+        fast.close()
+
+
+def test_another_threads_short_transaction_in_this_process_is_waited_for(
+    migrated: tuple[Path, App],
+) -> None:
+    path, app = migrated
+    held = threading.Event()
+
+    def short_transaction() -> None:
+        with closing(sqlite3.connect(path, isolation_level=None)) as other:
+            other.execute("BEGIN IMMEDIATE")
+            other.execute("INSERT INTO orders VALUES (1)")
+            held.set()
+            time.sleep(0.3)  # the transaction's own work, shorter than the diagnosis
+            other.execute("COMMIT")
+
+    thread = threading.Thread(target=short_transaction)
+    thread.start()
+    try:
+        assert held.wait(5)
+        record.enqueue({})
+        assert app.count_jobs() == 1
+    finally:
+        thread.join()
+
+
+def _job() -> Any:
+    from ultimat3.jobs.records import NewJob
+
+    return NewJob(id="j1", name="record", queue="default", input="{}", idempotency_key="j1",
+                  max_attempts=1)  # fmt: skip

@@ -213,7 +213,8 @@ class JobsInstrumentor(BaseInstrumentor):  # type: ignore[misc]  # untyped upstr
     ``$ULTIMAT3_JOBS_OTEL_NEW_TRACE`` decides."""
 
     def instrumentation_dependencies(self) -> Collection[str]:
-        return ()  # the library instruments itself: nothing else must be installed
+        """None: the library instruments itself, so nothing else must be installed."""
+        return ()
 
     def _instrument(self, **kwargs: Any) -> None:
         new_trace = kwargs.get("new_trace")

@@ -25,17 +25,20 @@ class Captured:
 
 
 @contextmanager
-def traced() -> Iterator[Captured]:
+def traced(*, new_trace: bool = False) -> Iterator[Captured]:
     captured = Captured()
-    otel.instrument(tracer_provider=captured.provider)
+    otel.instrument(tracer_provider=captured.provider, new_trace=new_trace)
     try:
         yield captured
     finally:
         otel.uninstrument()
 
 
-def check_link(send: Any, process: Any, job_id: str, queue: str, attempt: int = 1) -> None:
-    """``process`` is the consumer span of ``job_id``, linked to the producer span ``send``."""
+def check_link(
+    send: Any, process: Any, job_id: str, queue: str, attempt: int = 1, *, child: bool = True
+) -> None:
+    """``process`` is the consumer span of ``job_id``, linked to the producer span ``send``
+    and, unless ``child`` is False (``new_trace``), its child in the same trace."""
     assert send.kind.name == "PRODUCER" and process.kind.name == "CONSUMER"
     assert send.name == process.name.replace("process", "send") == f"send {queue}"
     for span, operation in ((send, "send"), (process, "process")):
@@ -47,3 +50,9 @@ def check_link(send: Any, process: Any, job_id: str, queue: str, attempt: int = 
     (link,) = process.links
     assert link.context.trace_id == send.context.trace_id
     assert link.context.span_id == send.context.span_id
+    if child:
+        assert process.parent is not None and process.parent.span_id == send.context.span_id
+        assert process.context.trace_id == send.context.trace_id
+    else:
+        assert process.parent is None
+        assert process.context.trace_id != send.context.trace_id

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -563,8 +564,33 @@ def test_demo_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         "  job                    state      attempts  errors",
         "  send_receipt           completed  1/3",
         "  sync_inventory         completed  3/4       2 before it completed",
-        "  charge_legacy_gateway  completed  4/4       3 before it completed",
+        "  charge_legacy_gateway  completed  4/3+1     3 before it completed",
     ]
+    assert "1 dead;" in table[5]
+
+
+def test_the_demo_says_what_it_shows(tmp_path: Path) -> None:
+    """Each schedule says whether it is jittered; every attempt of every job has its
+    `running` line before its outcome's; an attempt past the job's own is shown as granted."""
+    code, out, _ = run("demo", "--dir", str(tmp_path))
+    assert code == 0, out
+    assert "send_receipt           3 attempts, retries after: 1s, 2s (jittered: each wait " in out
+    assert "sync_inventory         4 attempts, retries after: 400ms, 800ms, 1.6s (exact)" in out
+    live = [
+        (words[1], words[2], words[4])
+        for words in (line.split() for line in out.splitlines() if re.match(r" +\d+\.\d\ds ", line))
+    ]
+    for name, attempts in (
+        ("send_receipt", 1),
+        ("sync_inventory", 3),
+        ("charge_legacy_gateway", 4),
+    ):
+        mine = [(state, attempt) for who, state, attempt in live if who == name]
+        running = [a for state, a in mine if state == "running"]
+        assert len(running) == attempts, mine
+        ends = [a for state, a in mine if state != "running"]
+        assert ends == running, mine  # each attempt: running, then how it ended
+    assert "4/4" not in out and "attempt 4/3+1" in out
 
 
 def test_the_demo_cuts_a_long_error_with_an_ellipsis() -> None:

@@ -99,6 +99,6 @@ def test_a_command_exits_at_once(url: str, tmp_path: Path, env: dict[str, str]) 
             worker.kill()
             worker.wait()
     assert worker.returncode == 0, stderr
-    assert "stopped: WorkerStats" in stderr
+    assert " INFO stopped: 1 completed" in stderr
     _quiet(stderr)
     assert took < 3, f"the worker took {took:.1f}s to exit after SIGTERM"

@@ -66,10 +66,10 @@ def test_job_events_carry_their_fields_and_never_the_input(
     assert by[("jobs.job.enqueued", ok)]["queue"] == "mail"
     started = by[("jobs.job.started", ok)]
     assert started["queue_latency"] >= 0 and started["attempt"] == 1
-    assert by[("jobs.job.finished", ok)]["outcome"] == "complete"
+    assert by[("jobs.job.finished", ok)]["outcome"] == "completed"
     done = by[("jobs.job.completed", ok)]
     assert done["job"] == "sends" and done["queue"] == "mail" and done["tenant"] is None
     assert done["duration"] >= 0
     dead = by[("jobs.job.dead", bad)]
     assert dead["error"] == "ValueError" and dead["attempt"] == 1
-    assert by[("jobs.job.finished", bad)]["outcome"] == "fail"
+    assert by[("jobs.job.finished", bad)]["outcome"] == "dead"

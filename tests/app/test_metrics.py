@@ -76,6 +76,40 @@ def _drain(fault_app: App, spawn, *args: str) -> tuple[int, object]:  # type: ig
     return port, proc
 
 
+def _listening_on(port: int) -> str:
+    """The IPv4 address a listening socket on ``port`` is bound to (Linux's /proc/net/tcp)."""
+    table = Path("/proc/net/tcp")
+    if not table.exists():
+        pytest.skip("needs Linux's /proc/net/tcp")
+    for row in table.read_text().splitlines()[1:]:
+        local, state = row.split()[1], row.split()[3]
+        address, _, hex_port = local.partition(":")
+        if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+            return socket.inet_ntoa(bytes.fromhex(address)[::-1])
+    raise AssertionError(f"nothing listens on port {port}")
+
+
+def test_metrics_host_chooses_the_address(env: dict[str, str]) -> None:
+    port = _port()
+    proc = subprocess.Popen(
+        [*WORKER, "--metrics-port", str(port), "--metrics-host", "0.0.0.0"],
+        env=env,
+        cwd=HERE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(lambda: _scrapes(port), 30, "the metrics endpoint")
+        assert _listening_on(port) == "0.0.0.0"
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert f"INFO metrics on http://0.0.0.0:{port}/metrics" in stderr, stderr
+
+
 def _k(name: str, **labels: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     return name, tuple(sorted(labels.items()))
 
@@ -89,8 +123,10 @@ def _check_drain(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]) 
     assert samples[_k("ultimat3_jobs_retried_total", job="raises", queue=q)] == 3
     assert samples[_k("ultimat3_jobs_dead_total", job="raises", queue=q)] == 3
     duration = "ultimat3_jobs_duration_seconds_count"
-    assert samples[_k(duration, job="ledger", queue=q, outcome="complete")] == 40
-    assert samples[_k(duration, job="raises", queue=q, outcome="fail")] == 6
+    # One vocabulary: the duration's outcome label is the outcomes counter's.
+    assert samples[_k(duration, job="ledger", queue=q, outcome="completed")] == 40
+    assert samples[_k(duration, job="raises", queue=q, outcome="retried")] == 3
+    assert samples[_k(duration, job="raises", queue=q, outcome="dead")] == 3
     latency = "ultimat3_jobs_queue_latency_seconds"
     assert samples[_k(f"{latency}_count", job="ledger", queue=q)] == 40
     assert samples[_k(f"{latency}_sum", job="ledger", queue=q)] >= 0
@@ -108,6 +144,7 @@ def test_one_worker_process_serves_its_metrics(
     samples = _scrape(port)
     _check_drain(samples)
     assert samples[_k("ultimat3_jobs_workers_live")] == 1
+    assert _listening_on(port) == "127.0.0.1"  # loopback only, by default
     proc.send_signal(signal.SIGTERM)  # type: ignore[attr-defined]
     assert proc.wait(30) == 0  # type: ignore[attr-defined]
 
@@ -146,5 +183,5 @@ def test_a_port_in_use_is_an_explained_error(env: dict[str, str]) -> None:
             timeout=60,
         )
     assert done.returncode == 1
-    assert f"error: --metrics-port {port}: cannot listen on 0.0.0.0:{port}" in done.stderr
+    assert f"error: --metrics-port {port}: cannot listen on 127.0.0.1:{port}" in done.stderr
     assert "fix: choose a free port" in done.stderr

@@ -32,4 +32,4 @@ def test_the_consumer_span_links_to_the_request_through_the_relay(
         (process,) = spans.named("process")
     assert send.parent is not None and send.parent.span_id == request.get_span_context().span_id
     check_link(send, process, staged, job.queue)
-    assert process.attributes["ultimat3_jobs.outcome"] == "complete"
+    assert process.attributes["ultimat3_jobs.outcome"] == "completed"

@@ -40,6 +40,7 @@ from ultimat3.jobs.job import (
     Registered,
     Registry,
     current_app,
+    unregistered,
 )
 from ultimat3.jobs.maintenance import MaintenanceConfig
 from ultimat3.jobs.outbox import (
@@ -331,7 +332,7 @@ class App(Enqueuer):
     def _check_registered(self, handle: JobHandle[Any]) -> None:
         if not self.registry.knows(handle):
             label = handle.bound_name or getattr(handle.fn, "__qualname__", "?")
-            raise RegistrationError(
+            raise unregistered(handle, label) or RegistrationError(
                 f"job {label!r} is not registered with this app",
                 fix="call app.register(module) with the module that exports it before enqueuing",
             )

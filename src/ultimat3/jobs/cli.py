@@ -42,14 +42,14 @@ from ultimat3.jobs.errors import ConfigurationError, DurationError, JobsError
 from ultimat3.jobs.health import Check, run_checks
 from ultimat3.jobs.job import JobHandle
 from ultimat3.jobs.limits import NO_LIMIT
-from ultimat3.jobs.logs import LEVELS
+from ultimat3.jobs.logs import LEVELS, say
 from ultimat3.jobs.logs import configure as configure_logs
 from ultimat3.jobs.outboxes import open_store
 from ultimat3.jobs.pool import POOL_PID, ProcessPool, watch_parent
 from ultimat3.jobs.records import FlowState, Job, JobState, WorkerInfo
 from ultimat3.jobs.retry import retry_schedule
 from ultimat3.jobs.tasks import TaskHandle
-from ultimat3.jobs.worker import Worker
+from ultimat3.jobs.worker import Worker, WorkerStats
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -59,9 +59,11 @@ _APP_FIX = "point --app at the App in your code: --app package.module:attribute,
 class Context:
     """What the group's options say: the App reference and the database URL."""
 
-    def __init__(self, app_ref: str | None, url: str | None) -> None:
+    def __init__(self, app_ref: str | None, url: str | None, *, json_log: bool = False) -> None:
         self.app_ref = app_ref
         self.url = url
+        #: ``--log-format json``: every line on stderr is JSON, errors included.
+        self.json_log = json_log
         self._app: App | None = None
 
     @property
@@ -268,10 +270,14 @@ def fail(error: JobsError, as_json: bool = False) -> NoReturn:
 
 @contextmanager
 def explained(as_json: bool = False) -> Iterator[None]:
+    """A library error as its cause and fix (JSON with ``--json``, or under ``--log-format
+    json``, where every line on stderr is JSON), and its exit code."""
     try:
         yield
     except JobsError as error:
-        fail(error, as_json)
+        current = click.get_current_context(silent=True)
+        found = current.find_object(Context) if current is not None else None
+        fail(error, as_json or (found is not None and found.json_log))
 
 
 def emit(data: Any) -> None:
@@ -339,6 +345,13 @@ def clip(text: str, limit: int) -> str:
 )
 @click.option("-v", "--verbose", count=True, help="Log more (-v info, -vv debug).")
 @click.option(
+    "-q",
+    "--quiet",
+    is_flag=True,
+    help="No line per job's end (a worker prints one by default: completed, retried, dead, "
+    "snoozed, cancelled); warnings and errors still show.",
+)
+@click.option(
     "--log-level",
     type=click.Choice(sorted(LEVELS, key=LEVELS.__getitem__), case_sensitive=False),
     help="The log's level (overrides -v): info shows every completion, debug every start.",
@@ -348,7 +361,8 @@ def clip(text: str, limit: int) -> str:
     type=click.Choice(["text", "json"]),
     default="text",
     show_default=True,
-    help="The log on stderr: text lines, or one JSON object a line (event and fields as keys).",
+    help="The log on stderr: text lines, or one JSON object a line (event and fields as keys; "
+    "every line on stderr, errors included).",
 )
 @click.version_option(package_name="ultimat3-jobs")
 @click.pass_context
@@ -357,6 +371,7 @@ def cli(
     app_ref: str | None,
     url: str | None,
     verbose: int,
+    quiet: bool,
     log_level: str | None,
     log_format: Literal["text", "json"],
 ) -> None:
@@ -369,8 +384,8 @@ def cli(
         level = LEVELS[log_level.lower()]
     else:
         level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    configure_logs(level, log_format)
-    ctx.obj = Context(app_ref, url)
+    ctx.call_on_close(configure_logs(level, log_format, job_lines=not quiet))
+    ctx.obj = Context(app_ref, url, json_log=log_format == "json")
 
 
 def _worker_options(f: F) -> F:
@@ -455,6 +470,14 @@ def _metrics_options(f: F) -> F:
         is_flag=True,
         help="Label job metrics by tenant too (only for a bounded number of tenants).",
     )(f)
+    f = click.option(
+        "--metrics-host",
+        default="127.0.0.1",
+        show_default=True,
+        metavar="ADDRESS",
+        help="The address --metrics-port listens on (0.0.0.0: every interface; the metrics "
+        "have no authentication).",
+    )(f)
     return click.option(
         "--metrics-port",
         type=click.IntRange(1, 65535),
@@ -486,23 +509,30 @@ def worker(
     concurrency: int,
     processes: int,
     metrics_port: int | None,
+    metrics_host: str,
     metrics_tenant: bool,
     **settings: Any,
 ) -> None:
-    """Run jobs until SIGTERM/SIGINT (a second signal stops at once)."""
+    """Run jobs until SIGTERM/SIGINT (a second signal stops at once).
+
+    Prints a line per job's end (completed, retried, dead, snoozed, cancelled) with its
+    attempt and how long it ran; `ultimat3-jobs -q worker` prints none."""
     if processes > 1:
         metrics_dir = None
         with explained():
             app = ctx.app
             _build_worker(app, queues, concurrency, **settings)  # every option checked here
             app.open()  # and the schema migrated once, before the children start
-            click.echo(
+            say(
                 f"{processes} worker processes on {app.driver.display_url}, concurrency "
                 f"{concurrency} each",
-                err=True,
+                "jobs.cli.pool",
+                processes=processes,
+                url=app.driver.display_url,
+                concurrency=concurrency,
             )
             if metrics_port is not None:
-                metrics_dir = _pool_metrics(app, metrics_port)
+                metrics_dir = _pool_metrics(app, metrics_host, metrics_port)
             else:
                 app.close()
         try:
@@ -516,19 +546,42 @@ def worker(
         app = ctx.app
         w = _build_worker(app, queues, concurrency, **settings)
         if metrics_port is not None:
-            _worker_metrics(app, metrics_port, metrics_tenant)
-        click.echo(
+            _worker_metrics(app, metrics_host, metrics_port, metrics_tenant)
+        say(
             f"worker {w.worker_id} on {app.driver.display_url}, queues {', '.join(w.queues)}, "
             f"concurrency {concurrency}",
-            err=True,
+            "jobs.cli.worker",
+            worker_id=w.worker_id,
+            url=app.driver.display_url,
+            queues=",".join(w.queues),
+            concurrency=concurrency,
         )
-        stats = w.run()
-        click.echo(f"stopped: {stats}", err=True)
+        _stopped(w.run())
+    _exit_for_supervisor(w)
+
+
+def _stopped(stats: WorkerStats) -> None:
+    """The worker's closing line: what it did, in the outcomes' vocabulary."""
+    counts = {
+        "completed": stats.completed,
+        "retried": stats.failed,
+        "dead": stats.dead,
+        "snoozed": stats.snoozed,
+        "cancelled": stats.cancelled,
+        "released": stats.released,
+        "lost": stats.lost,
+    }
+    shown = ", ".join(f"{n} {word}" for word, n in counts.items() if n or word == "completed")
+    say(f"stopped: {shown}", "jobs.cli.stopped", claimed=stats.claimed, **counts)
+
+
+def _exit_for_supervisor(w: Worker) -> None:
     if w.exit_code:
-        click.echo(
+        say(
             "the worker stopped because one of its loops could not go on (see the log "
             f"above); exiting with {w.exit_code} so that its supervisor restarts it",
-            err=True,
+            "jobs.cli.exit",
+            code=w.exit_code,
         )
         sys.exit(w.exit_code)
 
@@ -541,30 +594,39 @@ def _load_metrics() -> Any:
     return prometheus
 
 
-def _pool_metrics(app: App, port: int) -> str:
+def _pool_metrics(app: App, host: str, port: int) -> str:
     """A pool: its children write their metrics to a folder of its own, and it serves them."""
     import tempfile
 
     path = tempfile.mkdtemp(prefix=f"ultimat3-jobs-metrics-{os.getpid()}-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = path  # before prometheus_client is imported
     try:
-        _load_metrics().serve(port, app, pool_dir=path)
+        _load_metrics().serve(port, app, pool_dir=path, addr=host)
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)
         raise
-    click.echo(f"metrics of the pool on :{port}/metrics", err=True)
+    say(
+        f"metrics of the pool on {_http(host, port)}",
+        "jobs.cli.metrics",
+        url=_http(host, port),
+    )
     return path
 
 
-def _worker_metrics(app: App, port: int, tenant: bool) -> None:
+def _http(host: str, port: int) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/metrics"
+
+
+def _worker_metrics(app: App, host: str, port: int, tenant: bool) -> None:
     """One worker process: its metrics, served by itself, or by its pool when it is a
     pool's child."""
     prometheus = _load_metrics()
     prometheus.Metrics(tenant=tenant).subscribe()
     if os.environ.get(POOL_PID) and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         return  # the pool serves the sum of its children
-    prometheus.serve(port, app)
-    click.echo(f"metrics on :{port}/metrics", err=True)
+    prometheus.serve(port, app, addr=host)
+    say(f"metrics on {_http(host, port)}", "jobs.cli.metrics", url=_http(host, port))
 
 
 def _without_processes(argv: list[str]) -> list[str]:
@@ -617,9 +679,11 @@ def scheduler(ctx: Context, leader: str, leader_ttl: timedelta, tick: timedelta)
                 "no task is registered", fix="register a module that exports task(...) handles"
             )
         s = app.scheduler(leader=_leader(leader), leader_ttl=leader_ttl, tick_interval=tick)
-        click.echo(
+        say(
             f"scheduler on {app.driver.display_url}: {', '.join(sorted(app.registry.tasks))}",
-            err=True,
+            "jobs.cli.scheduler",
+            url=app.driver.display_url,
+            tasks=",".join(sorted(app.registry.tasks)),
         )
         stop = _wait_for_signal()
         s.start()
@@ -644,10 +708,13 @@ def relay(ctx: Context, batch_size: int, interval: timedelta) -> None:
     with explained():
         app = ctx.app
         r = app.relay(batch_size=batch_size, interval=interval)
-        click.echo(
-            f"relay from {r.store.display_url} to {r.driver.display_url}, "
-            f"{r.pending()} row(s) pending",
-            err=True,
+        pending = r.pending()
+        say(
+            f"relay from {r.store.display_url} to {r.driver.display_url}, {pending} row(s) pending",
+            "jobs.cli.relay",
+            source=r.store.display_url,
+            url=r.driver.display_url,
+            pending=pending,
         )
         r.run(_wait_for_signal())
 
@@ -666,6 +733,7 @@ def run_all(
     leader_ttl: timedelta,
     tick: timedelta,
     metrics_port: int | None,
+    metrics_host: str,
     metrics_tenant: bool,
     **settings: Any,
 ) -> None:
@@ -680,22 +748,27 @@ def run_all(
         r = app.relay() if app._outbox is not None else None
         w = _build_worker(app, queues, concurrency, **settings)
         if metrics_port is not None:
-            _worker_metrics(app, metrics_port, metrics_tenant)
+            _worker_metrics(app, metrics_host, metrics_port, metrics_tenant)
         extra = " + relay" if r is not None else ""
-        click.echo(f"worker + scheduler{extra} on {app.driver.display_url}", err=True)
+        say(
+            f"worker + scheduler{extra} on {app.driver.display_url}",
+            "jobs.cli.run",
+            url=app.driver.display_url,
+            relay=r is not None,
+        )
         if s is not None:
             s.start()
         if r is not None:
             r.start()
         try:
-            w.run()
+            stats = w.run()
         finally:
             if r is not None:
                 r.stop()
             if s is not None:
                 s.stop()
-    if w.exit_code:
-        sys.exit(w.exit_code)
+        _stopped(stats)
+    _exit_for_supervisor(w)
 
 
 def _leader(value: str) -> Literal["sole", "database"]:

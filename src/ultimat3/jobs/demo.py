@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import itertools
 import logging
+import queue
 import sys
 import tempfile
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import click
 
+from ultimat3.jobs import events
 from ultimat3.jobs.app import App
 from ultimat3.jobs.duration import format_duration
 from ultimat3.jobs.job import current_app, job
@@ -75,48 +78,87 @@ def _bad(text: str) -> None:
 
 
 class _Watcher(threading.Thread):
-    """Prints each job's state changes as they happen (the live part of the tour)."""
+    """Prints each job's state changes as they happen (the live part of the tour), from the
+    worker's events: every attempt of every job gets its ``running`` line and its outcome's,
+    in the order they happened. The events are queued by the worker's threads and printed by
+    this one, which reads the error's message from the database."""
+
+    _WATCHED = ("jobs.job.started", "jobs.job.completed", "jobs.job.retried", "jobs.job.dead")
 
     def __init__(self, app: App, started: float) -> None:
         super().__init__(name="demo-watcher", daemon=True)
         self.app = app
         self.started = started
-        self.seen: dict[str, tuple[JobState, int]] = {}
         self.stop = threading.Event()
-        self.lock = threading.Lock()
+        self.queued: queue.Queue[events.Event] = queue.Queue()
+        #: Per job id, the state its last printed line showed.
+        self.printed: dict[str, JobState] = {}
+        self.changed = threading.Condition()
+        self.subscription = events.subscribe(self.queued.put, names=self._WATCHED)
 
     def run(self) -> None:
-        while not self.stop.wait(0.03):
-            self.poll()
-
-    def poll(self) -> None:
-        with self.lock:
-            self._poll()
-
-    def _poll(self) -> None:
-        for j in self.app.list_jobs(limit=100):
-            key = (j.state, j.attempt)
-            if self.seen.get(j.id) == key:
+        while not (self.stop.is_set() and self.queued.empty()):
+            try:
+                event = self.queued.get(timeout=0.05)
+            except queue.Empty:
                 continue
-            self.seen[j.id] = key
-            note = ""
-            if j.errors and j.state in (JobState.SCHEDULED, JobState.AVAILABLE, JobState.DEAD):
-                e = j.errors[-1]
-                message = e.message if len(e.message) <= 60 else e.message[:59] + "…"
-                note = f"  ({e.kind}: {message})"
-                if j.state is JobState.SCHEDULED:
-                    wait = (j.run_at - self.app.clock.now()).total_seconds()
-                    note += f", next try in {max(0.0, wait):.1f}s"
-            colour = {
-                JobState.COMPLETED: "green",
-                JobState.DEAD: "red",
-                JobState.RUNNING: "yellow",
-            }.get(j.state, "white")
-            click.echo(
-                f"      {time.monotonic() - self.started:5.2f}s  {j.name:<22} "
-                + click.style(f"{j.state.value:<9}", fg=colour)
-                + f" attempt {j.attempt}/{j.max_attempts}{note}"
-            )
+            self._print(event)
+
+    def close(self) -> None:
+        self.subscription.close()
+        self.stop.set()
+        self.join()
+
+    def wait_for(self, job_id: str, states: set[JobState], timeout: float = 10.0) -> Job:
+        """The job, once its line in one of ``states`` is printed (or ``timeout`` passed)."""
+        with self.changed:
+            self.changed.wait_for(lambda: self.printed.get(job_id) in states, timeout)
+        return self.app.get_job(job_id)
+
+    def _print(self, event: events.Event) -> None:
+        fields = event.fields
+        job_id, name = str(fields["job_id"]), str(fields["job"])
+        state = {
+            "jobs.job.started": JobState.RUNNING,
+            "jobs.job.completed": JobState.COMPLETED,
+            "jobs.job.retried": JobState.SCHEDULED,
+            "jobs.job.dead": JobState.DEAD,
+        }[event.name]
+        note = ""
+        if state in (JobState.SCHEDULED, JobState.DEAD):
+            errors = self.app.get_job(job_id).errors
+            kind = errors[-1].kind if errors else fields.get("error")
+            message = errors[-1].message if errors else ""
+            message = message if len(message) <= 60 else message[:59] + "…"
+            note = f"  ({kind}: {message})"
+            if state is JobState.SCHEDULED:
+                retry_at = datetime.fromisoformat(str(fields["retry_at"]))
+                wait = (retry_at - self.app.clock.now()).total_seconds()
+                note += f", next try in {max(0.0, wait):.1f}s"
+        colour = {
+            JobState.COMPLETED: "green",
+            JobState.DEAD: "red",
+            JobState.RUNNING: "yellow",
+        }.get(state, "white")
+        attempts = _attempts(self.app, name, int(fields["attempt"]), int(fields["max_attempts"]))
+        click.echo(
+            f"      {time.monotonic() - self.started:5.2f}s  {name:<22} "
+            + click.style(f"{state.value:<9}", fg=colour)
+            + f" attempt {attempts}{note}"
+        )
+        with self.changed:
+            self.printed[job_id] = state
+            self.changed.notify_all()
+
+
+def _attempts(app: App, name: str, attempt: int, max_attempts: int) -> str:
+    """``2/3``; past the job's planned attempts, what an operator's retry granted:
+    ``4/3+1`` (``app.retry_jobs`` gives a dead job one more)."""
+    handle = app.registry.jobs.get(name)
+    planned = handle.retry.attempts if handle is not None else max_attempts
+    if max_attempts > planned:
+        return f"{attempt}/{planned}+{max_attempts - planned}"
+    return f"{attempt}/{max_attempts}"
 
 
 def _errors(j: Job, width: int = 50) -> str:
@@ -128,15 +170,6 @@ def _errors(j: Job, width: int = 50) -> str:
         return f"{len(j.errors)} before it completed"
     last = " ".join(f"{j.errors[-1].kind}: {j.errors[-1].message}".split())
     return last if len(last) <= width else last[: width - 1] + "…"
-
-
-def _wait_for(app: App, job_id: str, states: set[JobState], timeout: float = 10.0) -> Job:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = app.get_job(job_id)
-        if found.state in states or time.monotonic() > deadline:
-            return found
-        time.sleep(0.02)
 
 
 def run_demo(directory: str | None = None) -> int:
@@ -163,7 +196,6 @@ def _tour(folder: Path) -> int:
     logging.getLogger("ultimat3.jobs").setLevel(logging.ERROR)
 
     def check(ok: bool, good: str, bad: str) -> None:
-        watcher.poll()  # print every state change so far before the verdict
         if ok:
             _ok(good)
         else:
@@ -178,7 +210,10 @@ def _tour(folder: Path) -> int:
     _say("schedule", "each job's retry schedule, as `ultimat3-jobs schedule` prints it:")
     for name, handle in sorted(app.registry.jobs.items()):
         steps = ", ".join(format_duration(d) for d in retry_schedule(handle.retry)) or "none"
-        click.echo(f"      {name:<22} {handle.retry.attempts} attempts, retries after: {steps}")
+        how = "jittered: each wait between half and all of it" if handle.retry.jitter else "exact"
+        click.echo(
+            f"      {name:<22} {handle.retry.attempts} attempts, retries after: {steps} ({how})"
+        )
 
     worker = app.worker(concurrency=4, poll_interval="100ms", shutdown_grace="2s")
     worker.start()
@@ -189,7 +224,7 @@ def _tour(folder: Path) -> int:
         with app.transaction() as conn:
             conn.execute("insert into orders(id, amount) values (1001, 4200)")
             receipt = send_receipt.enqueue({"order": 1001})
-        done = _wait_for(app, receipt.id, {JobState.COMPLETED})
+        done = watcher.wait_for(receipt.id, {JobState.COMPLETED})
         check(
             done.state is JobState.COMPLETED,
             "receipt for #1001 sent",
@@ -229,7 +264,7 @@ def _tour(folder: Path) -> int:
         schedule = ", ".join(format_duration(d) for d in retry_schedule(sync_inventory.retry))
         _say("4 retry", f"sync_inventory fails twice; its schedule says retry after {schedule}")
         flaky = sync_inventory.enqueue({"order": 1001})
-        done = _wait_for(app, flaky.id, {JobState.COMPLETED, JobState.DEAD}, timeout=15)
+        done = watcher.wait_for(flaky.id, {JobState.COMPLETED, JobState.DEAD}, timeout=15)
         gaps = [b - a for a, b in itertools.pairwise(_flaky_calls)]
         planned = [d.total_seconds() for d in retry_schedule(sync_inventory.retry)]
         on_time = len(gaps) == 2 and all(
@@ -248,7 +283,7 @@ def _tour(folder: Path) -> int:
             "5 dead-letter", "charge_legacy_gateway has a bug: 3 attempts, then parked, not dropped"
         )
         poison = charge_legacy_gateway.enqueue({"order": 1001, "amount": "42.00"})
-        dead = _wait_for(app, poison.id, {JobState.DEAD}, timeout=10)
+        dead = watcher.wait_for(poison.id, {JobState.DEAD}, timeout=10)
         check(
             dead.state is JobState.DEAD and len(dead.errors) == 3,
             f"dead after {dead.attempt} attempts, every error kept ({dead.errors[-1].kind if dead.errors else '-'})",
@@ -257,18 +292,16 @@ def _tour(folder: Path) -> int:
         _say("5 dead-letter", "the bug is fixed and an operator retries it: app.retry_jobs([id])")
         _gateway_fixed.set()
         app.retry_jobs([poison.id])
-        revived = _wait_for(app, poison.id, {JobState.COMPLETED}, timeout=10)
+        revived = watcher.wait_for(poison.id, {JobState.COMPLETED}, timeout=10)
         check(
             revived.state is JobState.COMPLETED,
-            f"completed on attempt {revived.attempt}, history of {len(revived.errors)} errors kept",
+            f"completed on attempt {revived.attempt}, the one more that the retry granted; "
+            f"history of {len(revived.errors)} errors kept",
             f"retried job ended {revived.state}",
         )
-        time.sleep(0.1)
-        watcher.poll()
     finally:
-        watcher.stop.set()
-        watcher.join()
         worker.stop()
+        watcher.close()
 
     with app.transaction() as conn:
         receipts = conn.execute("select count(*) from receipts").fetchone()[0]
@@ -279,12 +312,13 @@ def _tour(folder: Path) -> int:
     click.echo(f"  {'job':<22} {'state':<10} {'attempts':<9} errors")
     for j in sorted(app.list_jobs(limit=100), key=lambda j: j.id):
         click.echo(
-            f"  {j.name:<22} {j.state.value:<10} {f'{j.attempt}/{j.max_attempts}':<9} "
+            f"  {j.name:<22} {j.state.value:<10} "
+            f"{_attempts(app, j.name, j.attempt, j.max_attempts):<9} "
             f"{_errors(j)}".rstrip()
         )
     click.echo(
         f"  worker: {worker.stats.completed} completed, {worker.stats.failed} retried, "
-        f"{worker.stats.dead} dead-lettered; rolled back 1, deduped 1"
+        f"{worker.stats.dead} dead; rolled back 1, deduped 1"
     )
     app.close()
     click.echo()

@@ -28,6 +28,7 @@ from typing import Any
 
 __all__ = [
     "CATALOGUE",
+    "OUTCOMES",
     "Event",
     "Subscription",
     "emit",
@@ -142,6 +143,36 @@ class Subscription:
         self.close()
 
 
+#: The one vocabulary of a job attempt's outcome: the ``outcome`` field of
+#: ``jobs.job.finished``, the ``outcome`` label of ``ultimat3_jobs_outcomes_total`` and
+#: ``ultimat3_jobs_duration_seconds``, the ``ultimat3_jobs.outcome`` span attribute, and the
+#: name of the event written for it (``jobs.job.<outcome>``). A final one is also the job's
+#: state (completed, dead, cancelled). docs/operations.md has the table.
+OUTCOMES: dict[str, str] = {
+    "completed": "the function returned; the job is completed",
+    "retried": "the attempt failed; the job runs again at its retry time",
+    "dead": "the attempt failed and was the last one (dead-lettered, or dropped)",
+    "snoozed": "the job snoozed itself; it runs again later without using an attempt",
+    "cancelled": "the job cancelled itself; it is cancelled",
+    "released": "the worker stopped before the attempt ended; it runs again, attempt refunded",
+}
+
+
+def outcome_of(kind: str | None, last: bool) -> str:
+    """The ``OUTCOMES`` word of an attempt whose end is ``kind`` (the worker's: complete,
+    fail, snooze, cancel, release; None: released), ``last``: a failure with no retry."""
+    if kind == "fail":
+        return "dead" if last else "retried"
+    return _OUTCOME_OF_KIND.get(kind or "release", kind or "released")
+
+
+_OUTCOME_OF_KIND = {
+    "complete": "completed",
+    "snooze": "snoozed",
+    "cancel": "cancelled",
+    "release": "released",
+}
+
 #: Set by a tracing integration (``ultimat3.jobs.otel``): called as ``(queue, job name, job
 #: id)`` for each job the enqueue path builds, it returns the trace context to store with the
 #: job (W3C ``traceparent``, then `` tracestate``), or None. None: no tracing.
@@ -193,6 +224,7 @@ def job_fields(job: Any) -> dict[str, Any]:
         "queue": job.queue,
         "tenant": job.tenant_id,
         "attempt": job.attempt,
+        "max_attempts": job.max_attempts,
     }
 
 

@@ -17,6 +17,7 @@ wait without consuming an attempt, ``Cancel`` ends it as cancelled.
 from __future__ import annotations
 
 import inspect
+import sys
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
@@ -250,7 +251,7 @@ class JobHandle(Generic[InputT]):
         ``RegistrationError`` before it is registered."""
         if self._name is None:
             qual = getattr(self.fn, "__qualname__", repr(self.fn))
-            raise RegistrationError(
+            raise unregistered(self, qual) or RegistrationError(
                 f"job {qual} has no name yet: it is not registered with any app",
                 fix="call app.register(module) with the module that exports it, or pass @job(name=...)",
             )
@@ -301,7 +302,7 @@ class JobHandle(Generic[InputT]):
         apps = list(self._apps)
         label = self._name or getattr(self.fn, "__qualname__", "?")
         if not apps:
-            raise RegistrationError(
+            raise unregistered(self, label) or RegistrationError(
                 f"job {label!r} is not registered with any app, so it cannot be enqueued",
                 fix="create an App and call app.register(your_jobs_module) before enqueuing",
             )
@@ -435,6 +436,8 @@ class Registry:
         registered: list[Registered] = []
         for module in modules:
             mod_name = getattr(module, "__name__", type(module).__name__)
+            if isinstance(module, ModuleType):
+                _registered_modules.add(mod_name)
             for attr in _export_names(module):
                 value = getattr(module, attr, None)
                 if isinstance(value, JobHandle):
@@ -482,6 +485,39 @@ def _check_unique(
             f"two different {kind}s are registered under the name {name!r}",
             fix=f"rename one of them, or give one an explicit {naming.format('...')}",
         )
+
+
+#: The modules some App has registered (``Registry.register``), by name: a handle defined in
+#: one of them that is not registered was defined below the ``App(...)`` that registered it.
+_registered_modules: set[str] = set()
+
+
+def unregistered(handle: JobHandle[Any], label: object) -> RegistrationError | None:
+    """The error for an unregistered handle whose module an App did register: the cause is
+    where the job is defined (below ``App(modules=[...])``, or left out of ``__all__``), not
+    a missing ``app.register`` call. None when the module was never registered."""
+    if len(handle._apps):
+        return None  # registered with another app: not a question of where it is defined
+    module_name = getattr(handle.fn, "__module__", None)
+    module = sys.modules.get(module_name or "")
+    if module is None or module_name not in _registered_modules:
+        return None
+    names = [n for n, v in vars(module).items() if v is handle]
+    if not names:
+        return None
+    declared = getattr(module, "__all__", None)
+    if declared is not None and not set(names) & set(declared):
+        return RegistrationError(
+            f"job {label!r} is not in {module_name}.__all__, so the App that registered "
+            f"{module_name} left it out",
+            fix=f"add {names[0]!r} to __all__ in {module_name}",
+        )
+    return RegistrationError(
+        f"job {label!r} is defined below the App(...) that registered its module "
+        f"{module_name}: an App takes the jobs a module holds when App(...) runs",
+        fix=f"move `App(...)` below the last @job and task(...) in {module_name} (or define "
+        f"{names[0]} above it)",
+    )
 
 
 def _export_names(module: object) -> Sequence[str]:

@@ -1,13 +1,15 @@
 """Prometheus metrics (the ``[prometheus]`` extra): a subscriber of ``ultimat3.jobs.events``
 for the counters and histograms, and a collector that reads the database at scrape time for
-the gauges. ``worker --metrics-port PORT`` serves them; nothing is served by default.
+the gauges. ``worker --metrics-port PORT`` serves them, on 127.0.0.1 unless
+``--metrics-host`` says otherwise; nothing is served by default.
 
 - Counters: ``ultimat3_jobs_enqueued_total``, ``ultimat3_jobs_outcomes_total{outcome}``
   (completed, retried, dead, snoozed, cancelled: each written outcome),
   ``ultimat3_jobs_retried_total``, ``ultimat3_jobs_dead_total``,
   ``ultimat3_jobs_rescued_total``; each by ``queue`` and ``job``.
 - Histograms: ``ultimat3_jobs_duration_seconds`` (how long a job's function ran, by
-  ``queue``, ``job`` and ``outcome``), ``ultimat3_jobs_queue_latency_seconds`` (due time to
+  ``queue``, ``job`` and ``outcome``: the outcomes' one vocabulary, ``events.OUTCOMES``,
+  released included), ``ultimat3_jobs_queue_latency_seconds`` (due time to
   start, by ``queue`` and ``job``).
 - Gauges, read from the database when scraped: ``ultimat3_jobs_depth{queue,state}``,
   ``ultimat3_jobs_oldest_ready_age_seconds{queue}``, ``ultimat3_jobs_workers_live``,
@@ -193,7 +195,7 @@ class DatabaseCollector(Collector):
 
 
 def serve(
-    port: int, app: App, *, pool_dir: str | None = None, addr: str = "0.0.0.0"
+    port: int, app: App, *, pool_dir: str | None = None, addr: str = "127.0.0.1"
 ) -> CollectorRegistry:
     """Serve ``/metrics`` on ``port`` (in a daemon thread): this process's metrics, or, with
     ``pool_dir``, the sum of a pool's children's; plus the database gauges."""

@@ -412,10 +412,17 @@ class Worker:
                 previous[sig] = signal.signal(sig, self._on_signal)
         try:
             self.start()
-            if self._signals_seen:  # a signal came before start(): it found nothing to stop
-                self.stop_now() if self._signals_seen > 1 else self.stop(wait=False)
-            while not self._stopped.wait(0.2):
-                pass
+            acted = 0
+            while True:
+                # The handler only counts: stopping takes the worker's lock, and a second
+                # signal landing inside the first one's stop() (or in start()) would wait on
+                # it forever, on the same thread. This loop acts on the count instead.
+                seen = self._signals_seen
+                if seen > acted:
+                    acted = seen
+                    self.stop_now() if seen > 1 else self.stop(wait=False)
+                if self._stopped.wait(0.1):
+                    break
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
@@ -423,11 +430,15 @@ class Worker:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals_seen += 1
-        events.warning("jobs.worker.signal", signal=signum, count=self._signals_seen)
-        if self._signals_seen == 1:
-            self.stop(wait=False)
-        else:
-            self.stop_now()
+        events.warning(
+            "jobs.worker.signal",
+            signal=signum,
+            count=self._signals_seen,
+            # Started jobs (claimed ones not begun go back at once). No lock in a signal
+            # handler: each len is atomic, and the sentence needs no more.
+            running=max(0, len(self._held) - len(self._ready)),
+            grace=self.config.shutdown_grace.total_seconds(),
+        )
 
     def _fatal(self, loop: str, exc: BaseException) -> None:
         """A critical loop cannot go on: release what we hold and stop, with a non-zero exit."""
@@ -1334,7 +1345,10 @@ def _job_finished(held: _Held, outcome: Outcome | None, began: float) -> None:
             "jobs.job.finished",
             job,
             **events.job_fields(job),
-            outcome="release" if outcome is None else outcome.kind,
+            outcome=events.outcome_of(
+                None if outcome is None else outcome.kind,
+                failure is not None and failure.retry_at is None,
+            ),
             duration=round(duration, 6),
             error=None if failure is None else failure.error.kind,
         )

@@ -148,6 +148,8 @@ class SystemClock:
         return wake.wait(max(0.0, seconds))
 
     def stepped_at(self) -> float:
+        """When (on ``monotonic()``) this process last saw the host's wall clock step;
+        ``-inf`` if it never did."""
         step = last_step()
         return -float("inf") if step is None else step.at
 
@@ -190,6 +192,8 @@ class FakeClock:
         return wake.is_set() if wake is not None else False
 
     def stepped_at(self) -> float:
+        """When (on ``monotonic()``) ``step`` last moved wall time by more than ``STEP``;
+        ``-inf`` if it never did."""
         with self._lock:
             return self._stepped_at
 

@@ -28,9 +28,12 @@ Guarantees (beyond the ``Driver`` protocol's rules, which this driver keeps):
 - **Wake-ups.** Inserts (of due jobs), retries, snoozes and resumed queues ``pg_notify`` the
   channel named like the schema, with the queue name as the only payload, in the same
   transaction: a rollback sends nothing. ``wait_for_jobs`` LISTENs on one dedicated
-  connection outside the pool, shared by every waiting thread; after any error on it, it
-  returns early (so the caller polls), then reconnects with backoff (capped at 5 s) and
-  re-LISTENs, returning early once more. Completions, dead ends and cancels of awaited jobs
+  connection outside the pool, shared by every waiting thread; once its LISTEN is in place
+  after a claim (a worker's first wait), and again after any error on it, when it reconnects
+  with backoff capped at 5 s, it returns early, so the caller claims what was inserted while
+  nobody listened. A
+  reader's ``job_await`` notifies a due job's queue again: it held the row's lock, which a
+  claim woken by the insert passes over. Completions, dead ends and cancels of awaited jobs
   (``job_await``) notify another channel, ``<schema>:finished``, with the finished ids: ``job_wait`` (a reader waiting for a
   result) LISTENs there on a connection of its own (``pg_finished``), so workers never wake
   for them.
@@ -440,9 +443,11 @@ class PostgresDriver:
         self._listen_lock = threading.Lock()
         self._wake_cond = threading.Condition()
         self._wake_seq = 0
-        self._listen_lost = False
         self._listen_backoff = 0.0
         self._listen_retry_at = 0.0
+        self._listen_lost = False
+        #: A claim ran (and found what was due then): the first LISTEN after it wakes waiters.
+        self._claimed = False
         self._probe_at = 0.0
         # Polling (no LISTEN): the newest job id seen, when new ones last appeared, and when
         # to look next; one thread looks at a time.
@@ -715,6 +720,7 @@ class PostgresDriver:
     def job_claim(self, params: ClaimParams) -> list[Job]:
         if params.limit <= 0 or not params.queues:
             return []
+        self._claimed = True
         steps = self._claim_steps(params, started=False)
         if len(steps) == 1:
             return [_job(row) for row in self._fetch(*steps[0])]
@@ -802,6 +808,7 @@ class PostgresDriver:
         claim = cycle.claims
         if not (cycle.writes or claim is not None):
             return CycleResult()
+        self._claimed = True
         # One transaction, its statements pipelined: one round trip, each statement with its
         # own (generic, prepared) plan. A turn that only claims skips the WAL flush: the
         # claim of an unlimited job is then one statement, a transaction of its own.
@@ -1028,7 +1035,9 @@ class PostgresDriver:
         listening = self._listen and not (self._probe_pooler and not self._probed)
         mark = self._finished.mark()
         if listening:  # its end notifies from now on (see job_await)
-            self._fetch("job_await", {"id": job_id, "tenant_id": tenant_id})
+            self._fetch(
+                "job_await", {"id": job_id, "tenant_id": tenant_id, "channel": self._channel}
+            )
         while True:
             job = self.job_get(job_id, tenant_id=tenant_id)
             remaining = deadline - time.monotonic()
@@ -1385,13 +1394,14 @@ class PostgresDriver:
             self._listener = conn
             self._listen_backoff = 0.0
             self._probe_at = time.monotonic() + _PROBE_AFTER
-            if not self._listen_lost:
-                # The first LISTEN: the caller polled just before waiting, so the gap is short
-                # and polling covers it.
-                return False
-            self._listen_lost = False
-            self._signal()  # jobs inserted while nobody listened: every waiter polls once
-            return True
+            lost, self._listen_lost = self._listen_lost, False
+            if lost or self._claimed:
+                # Jobs inserted while nobody listened, after a claim (a worker's first wait
+                # comes after its first claim, and its next poll may be a minute away): every
+                # waiter claims once.
+                self._signal()
+                return True
+            return False
         try:
             if isinstance(wake, Wake):  # sleep on the socket and on the wake-up at once
                 ready, _, _ = select.select([conn.fileno(), wake.fileno()], [], [], span)

@@ -47,9 +47,14 @@ Guarantees (beyond the ``Driver`` protocol's rules, which this driver keeps):
   driver, and otherwise reads the newest job id (``max(id)``, one index probe) every 20 ms
   after activity, backing off to every ``poll`` seconds when idle. ``listen=False`` does the
   same without a pooler. Left at ``pooler="none"``, the driver checks once, when it migrates
-  or first listens, that a NOTIFY reaches its LISTEN connection; when none arrives within a
-  second (PgBouncer in transaction mode accepts LISTEN and delivers nothing) it logs
-  ``jobs.postgres.pooler`` with the fix, and polls without prepared statements from then on.
+  or first listens, that a NOTIFY reaches its LISTEN connection (PgBouncer in transaction mode
+  accepts LISTEN and delivers nothing). When none arrives within a second it does not decide
+  yet: it asks the server whether the session's client is this very socket (its address and
+  port in ``pg_stat_activity``), which makes a connection direct, however late the NOTIFY.
+  Where the server cannot tell (a Unix socket, a proxy or NAT in between) it waits up to 5 s
+  more, for that NOTIFY or a second one. Only then does it log ``jobs.postgres.pooler`` with
+  the fix, and poll without prepared statements from then on: a loaded machine never changes
+  what a direct connection does.
 - **Bounded calls.** Each transaction of ours starts with ``set_config(..., true)`` of
   ``statement_timeout``, ``lock_timeout`` and ``idle_in_transaction_session_timeout`` (sent
   in the same round trip, in a pipeline, for one-statement calls), so the server cancels a
@@ -102,6 +107,7 @@ call gets a fresh connection.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import itertools
 import json
 import os
@@ -228,8 +234,11 @@ _LISTEN_BACKOFF_MAX = 5.0
 _POLL = 0.5
 _POLL_FAST = 0.02
 _POLL_SLICE = 0.05
-#: How long the pooler check waits for its NOTIFY (a direct connection sees it in ~1 ms).
+#: How long the pooler check waits for its NOTIFY (a direct connection sees it in ~1 ms);
+#: when none came and the server cannot tell that nothing sits in between, how much longer
+#: it waits for that one or a second one before it decides that a pooler does.
 _PROBE_WAIT = 1.0
+_PROBE_CONFIRM = 5.0
 #: SQLSTATE classes that mean "the server cannot serve us now": connection exception,
 #: insufficient resources, operator intervention (admin shutdown, query cancelled), system
 #: error, transaction rollback (serialization failure, deadlock).
@@ -1325,27 +1334,32 @@ class PostgresDriver:
     def _check_pooler(self) -> None:
         """Once: does a NOTIFY reach our LISTEN? Behind a transaction-mode pooler it does not
         (the LISTEN ran on a server session that went back to the pool); then warn with the
-        fix, and poll without prepared statements from now on."""
+        fix, and poll without prepared statements from now on.
+
+        A NOTIFY that is merely late (a loaded machine) must not turn anything off, so before
+        deciding that a pooler sits in between the check asks the server: a session that sees
+        our own socket's address and port as its client's is a direct connection. Only where
+        the server cannot tell (a Unix socket, a proxy or NAT in between) does it wait longer,
+        for that NOTIFY or a second one, before it decides."""
         if not self._probe_pooler or self._probed or time.monotonic() < self._probe_retry_at:
             return
         self._probed = True
-        channel = pg_sql.Identifier(f"{self._channel}:probe")
-        payload = uuid.uuid4().hex
+        name = f"{self._channel}:probe"
+        payloads = {uuid.uuid4().hex}
         try:
             with psycopg.connect(self._dsn, autocommit=True, **self._connect_kwargs) as probe:
                 self._watch.arm(probe)
                 try:
-                    probe.execute(pg_sql.SQL("LISTEN {}").format(channel))
+                    probe.execute(pg_sql.SQL("LISTEN {}").format(pg_sql.Identifier(name)))
                 finally:
                     self._watch.disarm(probe)
-                self._fetch(
-                    b"SELECT pg_notify(%(channel)s, %(payload)s)",
-                    {"channel": f"{self._channel}:probe", "payload": payload},
-                    prepare=False,
-                )
-                got = any(
-                    n.payload == payload for n in probe.notifies(timeout=_PROBE_WAIT, stop_after=1)
-                )
+                self._notify_probe(name, next(iter(payloads)))
+                got = _heard(probe, payloads, _PROBE_WAIT) or self._direct(probe)
+                if not got:  # late, or never: wait longer for it, or for a second one
+                    second = uuid.uuid4().hex
+                    payloads.add(second)
+                    self._notify_probe(name, second)
+                    got = _heard(probe, payloads, _PROBE_CONFIRM)
         except (psycopg.Error, DriverUnavailableError):
             # Cannot tell now; a later migrate or wait asks again (not sooner than in 5 s).
             self._probed = False
@@ -1368,6 +1382,50 @@ class PostgresDriver:
             fix="add ?pooler=transaction to the URL (or connect past the pooler); until "
             "then this driver polls and prepares no statement",
         )
+
+    def _notify_probe(self, channel: str, payload: str) -> None:
+        self._fetch(
+            b"SELECT pg_notify(%(channel)s, %(payload)s)",
+            {"channel": channel, "payload": payload},
+            prepare=False,
+        )
+
+    def _direct(self, probe: Conn) -> bool:
+        """Whether the server's session of ``probe`` sees this end of its socket as its
+        client: then nothing (no pooler, proxy or NAT) sits in between. False when it cannot
+        tell (a Unix socket: no address to compare)."""
+        try:
+            with socket.socket(fileno=os.dup(probe.pgconn.socket)) as ours:
+                here = ours.getsockname()
+        except OSError:
+            return False
+        if not isinstance(here, tuple) or len(here) < 2:
+            return False  # a Unix socket
+        local_addr, local_port = here[0], here[1]
+        self._watch.arm(probe)
+        try:
+            row = probe.execute(
+                "SELECT host(client_addr), client_port FROM pg_stat_activity"
+                " WHERE pid = pg_backend_pid()",
+                prepare=False,
+            ).fetchone()
+        finally:
+            self._watch.disarm(probe)
+        if row is None or row[0] is None or row[1] is None:
+            return False
+        try:
+            seen, ours_ip = (_ip(row[0]), _ip(local_addr))
+        except ValueError:
+            return False
+        direct = seen == ours_ip and int(row[1]) == int(local_port)
+        if direct:
+            events.debug(
+                "jobs.postgres.pooler",
+                url=self.display_url,
+                found="none",
+                cause=f"the probe's NOTIFY took over {_PROBE_WAIT:g} s on a direct connection",
+            )
+        return direct
 
     def _listen_once(self, span: float, wake: threading.Event) -> bool:
         """Wait up to ``span`` on the LISTEN connection (opening it if needed); True when the
@@ -2087,6 +2145,24 @@ def _cut_off(conn: Any) -> None:
             sock.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An address, an IPv4-mapped IPv6 one as its IPv4 address."""
+    address = ipaddress.ip_address(text.split("%")[0])
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def _heard(probe: Any, payloads: set[str], timeout: float) -> bool:
+    """Whether one of ``payloads`` reaches ``probe`` within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while (remaining := deadline - time.monotonic()) > 0:
+        for note in probe.notifies(timeout=remaining, stop_after=1):
+            if note.payload in payloads:
+                return True
+    return False
 
 
 def _ignore_notifications(conn: Any) -> None:

@@ -76,7 +76,8 @@ Guarantees (beyond the ``Driver`` protocol's rules, which this driver keeps):
   twenty Python calls; on a small VM that sleeps between requests, each call's code runs
   with cold caches, and those cost about 80 µs of every enqueue and claim. A kept connection
   goes back to the pool once it left it ``_KEEP_FOR`` ago (the pool then applies its
-  lifetime to it), and at once when it is not idle (a transaction left open, a closed one).
+  lifetime to it), and at once when it is not idle (a transaction left open, a closed one) or
+  when another thread waits for the pool (it would not look at the kept list again).
   A statement of ours that goes alone runs on a cursor kept with its connection (a new
   cursor copies the connection's adapters: 80 µs run cold); the cursor goes with it. It holds
   the last result it read until the next statement, or until its connection goes back to the
@@ -264,7 +265,7 @@ class PostgresDriver:
 
     ``dsn`` is a libpq URL or conninfo string. ``pool_min``/``pool_max`` size the pool (the
     LISTEN connections are extra: the workers' one, and the one the first wait for a result
-    opens); ``pooler="transaction"`` (or ``listen=False``) turns
+    opens; so is the one a worker's lease renewals use, which a busy pool cannot starve); ``pooler="transaction"`` (or ``listen=False``) turns
     LISTEN/NOTIFY and prepared statements off for transaction-mode poolers, and ``poll`` is
     then the longest gap between two looks for new jobs while idle; ``statement_timeout`` and
     ``lock_timeout`` (seconds) bound every statement of ours; ``application_name`` labels every
@@ -429,6 +430,10 @@ class PostgresDriver:
         self._lent: dict[Conn, float] = {}
         #: Kept between calls, with when it left the pool; the last one kept is used first.
         self._kept: list[tuple[Conn, float]] = []
+        #: Threads waiting for the pool: while any does, a call's connection goes back to the
+        #: pool instead of the kept list, which only later calls look at.
+        self._waiting = 0
+        self._waiting_lock = threading.Lock()
         #: A cursor of each connection of ours, used again by its statements that go alone
         #: (``_exec``): a new one copies the connection's adapters, 80 µs run cold.
         self._cursors: dict[Conn, psycopg.Cursor[Any]] = {}
@@ -448,6 +453,9 @@ class PostgresDriver:
         self.stalls = StallTracker(threshold=1.0)
 
         self._finished = self._new_finished()
+        #: The lease renewals' connection, outside the pool (``_on_renewer``).
+        self._renewer: Conn | None = None
+        self._renew_lock = threading.Lock()
         self._listener: Conn | None = None
         self._listen_lock = threading.Lock()
         self._wake_cond = threading.Condition()
@@ -486,6 +494,7 @@ class PostgresDriver:
             *self._lent,  # in a call of another thread: it does not exist in the child
             *(conn for conn, _ in self._kept),
             self._listener,
+            self._renewer,
             self._finished._conn,
         ]
         devnull = os.open(os.devnull, os.O_RDWR)
@@ -501,8 +510,12 @@ class PostgresDriver:
         self._inherited.append((old, inherited))
         self._lent = {}
         self._kept = []
+        self._waiting = 0
+        self._waiting_lock = threading.Lock()
         self._cursors = {}
         self._listener = None
+        self._renewer = None
+        self._renew_lock = threading.Lock()
         self._listen_lock = threading.Lock()  # a lock held by another thread stays held
         self._wake_cond = threading.Condition()
         self._look_lock = threading.Lock()
@@ -565,6 +578,12 @@ class PostgresDriver:
             if got:
                 self._listen_lock.release()
         self._finished.close()
+        got = self._renew_lock.acquire(timeout=1.0)  # else closed under a renewal: it fails
+        try:
+            self._drop_renewer()
+        finally:
+            if got:
+                self._renew_lock.release()
         self._give_back_kept()
         self._pool.close(timeout=5.0)
         self._watch.close()
@@ -908,10 +927,77 @@ class PostgresDriver:
     ) -> set[str]:
         if not leases:
             return set()
-        rows = self._fetch(
-            "lease_extend", {**_lease_arrays(leases), "lease_for": lease_for, "now": now}
-        )
+        params = {**_lease_arrays(leases), "lease_for": lease_for, "now": now}
+        rows = self._on_renewer(self._q["lease_extend"], params)
         return {row[0] for row in rows}
+
+    def _on_renewer(self, query: bytes, params: dict[str, Any], *, rows: bool = True) -> list[Row]:
+        """Run one statement on the lease renewals' connection of their own, outside the
+        pool (and the worker's presence beat: ``rows=False``, no rows to read): handlers and
+        enqueues that hold every pooled connection (``pool_max``) cannot starve the
+        heartbeat. Opened on the first renewal, replaced after any error (the
+        next renewal connects again); bounded like the pool's, and cut off by the watchdog."""
+        with self._renew_lock:
+            if self._closed:
+                raise DriverUnavailableError(
+                    f"the driver for {self.display_url} is closed",
+                    driver=_NAME,
+                    fix="open a new driver (or App) instead of using a closed one",
+                )
+            conn = self._renewer
+            if conn is not None and _ended(conn):  # a restart, a terminated session
+                self._drop_renewer()
+                conn = None
+            if conn is None:
+                conn = self._connect_renewer()
+            started = time.monotonic()
+            self._watch.arm(conn)
+            try:
+                cursor = self._exec(conn, query, params, bounded=True)
+                got = cursor.fetchall() if rows else []
+            except psycopg.Error as exc:
+                self._renewer = None
+                try:
+                    self._reraise(exc, conn)
+                finally:
+                    self._cursors.pop(conn, None)
+                    conn.close()
+            finally:
+                self._watch.disarm(conn)
+            self.stalls.note_wait(time.monotonic() - started)
+            return got
+
+    def _connect_renewer(self) -> Conn:
+        kwargs: dict[str, Any] = {**self._connect_kwargs, "autocommit": True}
+        if self._stateless:
+            kwargs["prepare_threshold"] = None
+        try:
+            conn: Conn = psycopg.connect(self._dsn, **kwargs)
+            self._watch.arm(conn)
+            try:
+                self._configure(conn)
+            finally:
+                self._watch.disarm(conn)
+        except psycopg.Error as exc:
+            self.stalls.note_failure()
+            raise DriverUnavailableError(
+                f"cannot connect to PostgreSQL at {self.display_url} to renew leases: "
+                f"{_first_line(exc)}",
+                driver=_NAME,
+                fix="check that the server is running and reachable; the worker's renew loop "
+                "retries by itself",
+            ) from exc
+        self._renewer = conn
+        return conn
+
+    def _drop_renewer(self) -> None:
+        conn, self._renewer = self._renewer, None
+        if conn is not None:
+            self._cursors.pop(conn, None)
+            try:
+                conn.close()
+            except psycopg.Error:
+                pass
 
     def job_complete_many(
         self,
@@ -1232,7 +1318,8 @@ class PostgresDriver:
             "now": now,
             "version": worker.version,
         }
-        self._write_only("worker_beat", params)
+        # On the renewals' connection: a busy pool cannot make a live worker look gone.
+        self._on_renewer(self._q["worker_beat"], params, rows=False)
 
     def worker_remove(self, worker_id: str) -> None:
         self._write_only("worker_remove", {"id": worker_id})
@@ -1857,6 +1944,7 @@ class PostgresDriver:
         since = self._lent.pop(conn, None)
         if (
             since is not None
+            and not self._waiting  # a thread waits for the pool: it gets this one
             and conn.pgconn.transaction_status == _IDLE
             and time.monotonic() - since < _KEEP_FOR
             and not self._closed
@@ -1898,6 +1986,8 @@ class PostgresDriver:
         if self._forked:  # the first call of a forked child: its own pool (_after_fork)
             self._forked = False
             self._pool.open(wait=False)  # safe to call twice, if two threads get here
+        with self._waiting_lock:
+            self._waiting += 1
         try:
             for _ in range(self._pool_max + 1):
                 conn = self._getconn()
@@ -1922,6 +2012,9 @@ class PostgresDriver:
                 driver=_NAME,
                 fix="open a new driver (or App) instead of using a closed one",
             ) from exc
+        finally:
+            with self._waiting_lock:
+                self._waiting -= 1
 
     def _getconn(self) -> Conn:
         """A pooled connection. When none comes quickly, the server may be down, or the pool

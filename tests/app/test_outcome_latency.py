@@ -147,3 +147,43 @@ def test_a_queue_drains_soon_after_a_postgres_restart_whatever_the_poll_interval
     assert all(p.poll() is None for p in procs), "the workers survived the restart"
     assert drained < 10.0, f"the queue drained {drained:.1f} s after the restart"
     assert all(fault_app.get_job(i).state is JobState.COMPLETED for i in ids)
+
+
+def test_outcomes_queued_before_a_long_job_on_the_same_thread_are_written_meanwhile(
+    make_app: Callable[..., App], make_module: Callable[..., Any]
+) -> None:
+    """Short jobs run back to back on the thread that claimed them, which writes their
+    outcomes when it next leads. A long job in the same batch must not hold the outcomes
+    queued before it: they are written while it runs (the heartbeat hands the lead to a
+    sleeping thread), so a crash during the long job does not run them again."""
+    release = threading.Event()
+
+    @job
+    def tiny(input: dict[str, Any]) -> None:
+        pass
+
+    @job(priority=-1)
+    def slow(input: dict[str, Any]) -> None:
+        assert release.wait(60)
+
+    app = make_app(make_module(tiny=tiny, slow=slow))
+    worker = app.worker(concurrency=2, poll_interval=LONG_POLL, lease="30s")
+    try:
+        with worker:
+            # Train the worker's average run time below its "short job" mark.
+            app.enqueue_many(tiny, [{}] * 200)
+            wait_until(lambda: app.count_jobs(state="completed") == 200, 60, "the warm-up")
+            # One batch: the tiny job first (higher priority), then the slow one.
+            with app.transaction():
+                first = tiny.enqueue({}).id
+                slow_id = slow.enqueue({}).id
+            wait_until(lambda: app.get_job(slow_id).state is JobState.RUNNING, 10, "the slow job")
+            wait_until(
+                lambda: app.get_job(first).state is JobState.COMPLETED,
+                5,
+                "the tiny job's completion while the slow job runs",
+            )
+            assert app.get_job(slow_id).state is JobState.RUNNING
+            release.set()
+    finally:
+        release.set()

@@ -13,7 +13,8 @@
    runs it with no hand-off between threads; while jobs are long, each ready job wakes a
    thread of its own. A leader with nothing to write and nothing due sleeps until a job is
    (``wait_for_jobs``); a thread whose job returns wakes it at once to write the outcome,
-   whatever the poll interval. A slot frees once its run is settled and its handler has returned, so
+   whatever the poll interval. Outcomes that wait behind a long job on the thread that queued
+   them are handed to a sleeping thread by the heartbeat (within 100 ms). A slot frees once its run is settled and its handler has returned, so
    a sync job past its timeout keeps its lease until its thread ends.
 3. **heartbeat** loop: asks the **renew** loop to renew held leases every heartbeat, tells
    handlers of lost ones (``ctx.cancelled``), marks timeouts, logs ``jobs.worker.stuck`` (and
@@ -887,6 +888,10 @@ class Worker:
         with self._cond:
             if self._ready:  # a job waits behind a long one on an awake thread: wake the rest
                 self._cond.notify_all()
+            elif self._pending and not self._leading:
+                # Outcomes wait behind a long job on the thread that queued them (short jobs
+                # run back to back on one thread): a sleeping thread leads and writes them.
+                self._cond.notify()
         self._check_stuck(held, now)
         self._check_event_loop(held, now)
         self._check_leases(held, now)

@@ -9,6 +9,8 @@ interval of a minute: a completion that waited for the next poll would miss ever
   the database well within a second of its handler's return, while the leader sleeps.
 - With real worker processes (``ultimat3-jobs worker --poll-interval 60s``), on SQLite and
   PostgreSQL: the same, for jobs one after the other.
+- A worker process killed (-9) 200 ms after a handler returned: the completion is already in
+  the database, on SQLite and PostgreSQL; nothing runs again.
 - PostgreSQL restarted under a drain (``pg_ctl stop -m immediate``, then start): the queue
   drains within a few seconds of the restart, not at the next poll.
 """
@@ -16,6 +18,7 @@ interval of a minute: a completion that waited for the next poll would miss ever
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -28,7 +31,7 @@ import pytest
 
 from ultimat3.jobs import App, JobState, job
 
-from .processes import HERE, wait_until
+from .processes import HERE, ledger, wait_until
 
 Spawn = Callable[..., subprocess.Popen[bytes]]
 
@@ -127,6 +130,28 @@ def test_a_worker_process_writes_each_completion_at_once(
         assert latency < 1.0, f"completion seen {latency:.3f} s after the handler returned"
         assert fault_app.get_job(handle.id).attempt == 1
     assert proc.poll() is None
+
+
+def test_a_completion_survives_a_kill_right_after_the_handler_returns(
+    fault_app: App, env: dict[str, str], spawn: Spawn
+) -> None:
+    """kill -9 200 ms after a job's handler returned (its ledger's ``done`` line, written just
+    before it returns): its completion is already in the database, so it is not rescued as
+    ``worker_lost`` and run again."""
+    import faultjobs
+
+    proc = spawn("--concurrency", "4", "--lease", "30s", "--poll-interval", LONG_POLL)
+    _ready(fault_app, proc)
+    job_id = faultjobs.ledger.enqueue({"sleep": 0.5}).id
+    wait_until(
+        lambda: any(r[0] == job_id and r[3] == "done" for r in ledger(env)), 30, "the return"
+    )
+    time.sleep(0.2)  # "right after": the scenario's delay, not a wait for a state
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    found = fault_app.get_job(job_id)
+    assert found.state is JobState.COMPLETED, found
+    assert found.attempt == 1
 
 
 @pytest.mark.parametrize("env", ["postgres"], indirect=True)

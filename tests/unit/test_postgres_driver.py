@@ -653,6 +653,39 @@ def test_a_reader_awaiting_a_due_job_wakes_the_workers_again(pg_dsn: str) -> Non
         other.close()
 
 
+def test_a_result_waiter_returns_on_the_notification_not_at_the_end_of_its_slice(
+    pg_dsn: str,
+) -> None:
+    """The thread that listens for finished jobs is a waiter too: it returns as soon as the
+    NOTIFY of its job arrives, not at the end of its 100 ms listening turn."""
+    from ultimat3.jobs.drivers.pg_finished import FinishedListener
+
+    listener = FinishedListener(
+        lambda: psycopg.connect(pg_dsn, autocommit=True), "u3j_test:finished"
+    )
+    delays: list[float] = []
+    try:
+        mark = listener.wait(("x",), 2.0, listener.mark())  # opens the LISTEN
+        with psycopg.connect(pg_dsn, autocommit=True) as sender:
+
+            def send(job_id: str, sent: list[float]) -> None:
+                sent.append(time.monotonic())
+                sender.execute("SELECT pg_notify('u3j_test:finished', %s)", (job_id,))
+
+            for n in range(7):
+                sent: list[float] = []
+                timer = threading.Timer(0.13, send, (f"job-{n}", sent))
+                timer.start()
+                mark = listener.wait((f"job-{n}",), 5.0, mark)
+                returned = time.monotonic()
+                timer.join()
+                delays.append(returned - sent[0])
+    finally:
+        listener.close()
+    delays.sort()
+    assert delays[len(delays) // 2] < 0.05, delays  # the median: a busy machine is noisy
+
+
 # -- sessions and servers going away -----------------------------------------------------------
 
 

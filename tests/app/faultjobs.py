@@ -54,4 +54,11 @@ def raises(input: dict[str, Any]) -> None:
     raise ValueError("always")
 
 
+@job
+def stamped(input: dict[str, Any]) -> float:
+    """Sleeps, then returns the wall time of its return (the outcome latency tests)."""
+    time.sleep(float(input.get("sleep", 0)))
+    return time.time()
+
+
 app = App(os.environ["ULTIMAT3_JOBS_URL"], modules=[sys.modules[__name__]])

@@ -619,6 +619,76 @@ def test_many_threads_wait_on_one_listen_connection(driver: Any, pg_dsn: str) ->
     assert sessions == (1,)
 
 
+def test_the_first_wait_returns_once_it_listens(pg_dsn: str) -> None:
+    """A worker claims, then waits; its first wait opens the LISTEN. A job inserted between
+    the two notified nobody: the first wait returns as soon as it listens, so the caller
+    claims it, instead of sleeping to the end of its poll interval."""
+    drv = PostgresDriver(pg_dsn, application_name="u3j-first-listen")
+    other = PostgresDriver(pg_dsn, application_name="u3j-first-listen-2")
+    try:
+        assert claim(drv) == []  # the caller's claim: nothing yet
+        other.job_insert_many([new_job()], now=T0)  # before anyone LISTENs
+        assert _waited(drv, 20) < 5, "the insert before the LISTEN was left to the next poll"
+        assert len(claim(drv)) == 1
+    finally:
+        drv.close()
+        other.close()
+
+
+def test_a_reader_awaiting_a_due_job_wakes_the_workers_again(pg_dsn: str) -> None:
+    """``job_await`` (``app.result`` right after the enqueue) locks the job's row while a
+    worker woken by the insert may be claiming: the claim passes over the locked row
+    (SKIP LOCKED) and finds nothing. The await notifies the queue again at its commit."""
+    drv = PostgresDriver(pg_dsn, application_name="u3j-await")
+    other = PostgresDriver(pg_dsn, application_name="u3j-await-2")
+    try:
+        drv.wait_for_jobs(0.05, threading.Event())  # listening from now on
+        [inserted] = other.job_insert_many([new_job()])  # due now, on the database's clock
+        assert _waited(drv, 20) < 5  # the insert's NOTIFY
+        # The claim that NOTIFY set off ran while the reader held the row: it found nothing.
+        timer = threading.Timer(0.2, lambda: other.job_wait(inserted.id, timeout=0))
+        timer.start()
+        assert _waited(drv, 20) < 5, "the await's commit woke nobody: the job waits a poll"
+        timer.join()
+        assert [j.id for j in claim(drv, now=None)] == [inserted.id]
+    finally:
+        drv.close()
+        other.close()
+
+
+def test_a_result_waiter_returns_on_the_notification_not_at_the_end_of_its_slice(
+    pg_dsn: str,
+) -> None:
+    """The thread that listens for finished jobs is a waiter too: it returns as soon as the
+    NOTIFY of its job arrives, not at the end of its 100 ms listening turn."""
+    from ultimat3.jobs.drivers.pg_finished import FinishedListener
+
+    listener = FinishedListener(
+        lambda: psycopg.connect(pg_dsn, autocommit=True), "u3j_test:finished"
+    )
+    delays: list[float] = []
+    try:
+        mark = listener.wait(("x",), 2.0, listener.mark())  # opens the LISTEN
+        with psycopg.connect(pg_dsn, autocommit=True) as sender:
+
+            def send(job_id: str, sent: list[float]) -> None:
+                sent.append(time.monotonic())
+                sender.execute("SELECT pg_notify('u3j_test:finished', %s)", (job_id,))
+
+            for n in range(7):
+                sent: list[float] = []
+                timer = threading.Timer(0.13, send, (f"job-{n}", sent))
+                timer.start()
+                mark = listener.wait((f"job-{n}",), 5.0, mark)
+                returned = time.monotonic()
+                timer.join()
+                delays.append(returned - sent[0])
+    finally:
+        listener.close()
+    delays.sort()
+    assert delays[len(delays) // 2] < 0.05, delays  # the median: a busy machine is noisy
+
+
 # -- sessions and servers going away -----------------------------------------------------------
 
 

@@ -2,7 +2,8 @@
 
 - A default URL that reaches PgBouncer in transaction mode is detected (a NOTIFY never reaches
   the LISTEN) and warned about with the fix; the driver then polls and prepares nothing. A
-  direct connection is not mistaken for a pooler.
+  direct connection is not mistaken for a pooler, nor is a NOTIFY that arrives late (a loaded
+  machine), directly or through a TCP proxy.
 - The timeouts of our statements are set per transaction: they hold for our statements and
   never reach a caller's transaction (``app.transaction()`` hands a pooled connection over),
   directly and through PgBouncer.
@@ -16,6 +17,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -100,6 +102,59 @@ def test_a_direct_connection_is_not_taken_for_a_pooler(
         assert driver._listen is True  # type: ignore[attr-defined]
     finally:
         driver.close()
+
+
+def _late_probe(driver: Any, seconds: float) -> list[threading.Timer]:
+    """Deliver the pooler check's first NOTIFY ``seconds`` late, as on a loaded machine: the
+    driver's call that sends it returns at once and the NOTIFY is sent by a timer."""
+    fetch = driver._fetch
+    timers: list[threading.Timer] = []
+
+    def send(query: bytes, params: dict[str, Any], **kwargs: Any) -> None:
+        with contextlib.suppress(DriverUnavailableError):  # closed meanwhile: a failed test
+            fetch(query, params, **kwargs)
+
+    def late(query: bytes | str, params: dict[str, Any], **kwargs: Any) -> Any:
+        probe = isinstance(query, bytes) and b"pg_notify" in query
+        probe = probe and str(params.get("channel", "")).endswith(":probe")
+        if probe and not timers:  # the first one only
+            timers.append(threading.Timer(seconds, send, (query, params), kwargs))
+            timers[0].start()
+            return []
+        return fetch(query, params, **kwargs)
+
+    driver._fetch = late
+    return timers
+
+
+@pytest.mark.parametrize("via", ["direct", "proxy"])
+def test_a_late_notify_never_turns_listen_off(
+    pg_dsn: str, via: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A NOTIFY that takes over a second (a loaded machine) is not a pooler. Directly, the
+    server says so at once (the session's client is this socket); through a plain TCP proxy,
+    which the server cannot see through, the check waits longer and hears it."""
+    parts = conninfo_to_dict(pg_dsn)
+    proxy = Proxy(int(parts["port"])) if via == "proxy" else None
+    port = proxy.port if proxy is not None else parts["port"]
+    driver: Any = open_driver(f"postgresql://{parts['user']}@127.0.0.1:{port}/{parts['dbname']}")
+    try:
+        timers = _late_probe(driver, 1.5)
+        with caplog.at_level(logging.WARNING, logger="ultimat3.jobs"):
+            started = time.monotonic()
+            driver.wait_for_jobs(0.1, threading.Event())  # the first wait runs the check
+            took = time.monotonic() - started
+        assert timers, "the check sent its NOTIFY"
+        assert not _events(caplog, "jobs.postgres.pooler")
+        assert driver._listen is True and driver._prepare is None
+        if via == "direct":
+            assert took < 1.4, "the server's answer decided it; no wait for the NOTIFY"
+        for timer in timers:
+            timer.join()
+    finally:
+        driver.close()
+        if proxy is not None:
+            proxy.close()
 
 
 @pytest.mark.parametrize("via", ["direct", "pgbouncer"])

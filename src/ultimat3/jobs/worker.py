@@ -11,7 +11,10 @@
    (the handler, a lost lease, shutdown). A thread with no ready job *leads*: it runs the
    next cycle itself, so a short job's thread writes its outcome, claims the next job and
    runs it with no hand-off between threads; while jobs are long, each ready job wakes a
-   thread of its own. A slot frees once its run is settled and its handler has returned, so
+   thread of its own. A leader with nothing to write and nothing due sleeps until a job is
+   (``wait_for_jobs``); a thread whose job returns wakes it at once to write the outcome,
+   whatever the poll interval. Outcomes that wait behind a long job on the thread that queued
+   them are handed to a sleeping thread by the heartbeat (within 100 ms). A slot frees once its run is settled and its handler has returned, so
    a sync job past its timeout keeps its lease until its thread ends.
 3. **heartbeat** loop: asks the **renew** loop to renew held leases every heartbeat, tells
    handlers of lost ones (``ctx.cancelled``), marks timeouts, logs ``jobs.worker.stuck`` (and
@@ -702,12 +705,15 @@ class Worker:
             with self._cond:
                 if exiting.is_set():
                     return
-                wake = False
                 if ran is not None:
                     self._busy -= 1
                     if queued:
                         self._pending.append(ran)
-                    wake = self._leader_waiting
+                        if self._leader_waiting:
+                            # The leader sleeps until a job is due: wake it now to write this
+                            # outcome, before this thread waits below for a job or the lead
+                            # (waiting first left the outcome to the next poll).
+                            self._wake.set()
                 held = None
                 while True:
                     if self._ready:
@@ -723,8 +729,6 @@ class Worker:
                     self._cond.wait()
             if ran is not None and not queued:
                 self._maybe_free(ran)  # its lease was lost, say: nothing to write
-            if wake:
-                self._wake.set()  # the leader waits for jobs; an outcome is waiting too
             ran = None
             if held is None:
                 self._lead()
@@ -750,7 +754,12 @@ class Worker:
         finally:
             with self._cond:
                 self._leading = False
-                if self._ready and self._avg_run >= _SHORT_JOB:
+                if (self._ready and self._avg_run >= _SHORT_JOB) or (
+                    self._pending and not self._halt.is_set()
+                ):
+                    # Long jobs: the next thread takes the next one. Outcomes queued during
+                    # this turn: a waiting thread leads to write them now, as this one may
+                    # take a ready job first.
                     self._cond.notify()
 
     def _run_held(self, held: _Held) -> bool:
@@ -923,6 +932,10 @@ class Worker:
         with self._cond:
             if self._ready:  # a job waits behind a long one on an awake thread: wake the rest
                 self._cond.notify_all()
+            elif self._pending and not self._leading:
+                # Outcomes wait behind a long job on the thread that queued them (short jobs
+                # run back to back on one thread): a sleeping thread leads and writes them.
+                self._cond.notify()
         self._check_stuck(held, now)
         self._check_event_loop(held, now)
         self._check_leases(held, now)

@@ -118,11 +118,14 @@ class FinishedListener:
             self._note(ANY)  # sent before the LISTEN reached nobody: every waiter reads again
             return
         try:
-            for note in conn.notifies(timeout=span):
+            # Back as soon as one arrives (with those that came in the same read), so that
+            # this thread's own waiter sees it at once, not at the end of the slice.
+            got = list(conn.notifies(timeout=span, stop_after=1))
+            if got:
+                got.extend(conn.notifies(timeout=0))
+            for note in got:
                 payload = note.payload
                 self._note(frozenset(payload.split(",")) if payload else ANY)
-                if self._closed:
-                    break
         except psycopg.Error:
             self._drop()
             self._note(ANY)

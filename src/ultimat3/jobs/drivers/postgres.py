@@ -35,9 +35,12 @@ Guarantees (beyond the ``Driver`` protocol's rules, which this driver keeps):
 - **Wake-ups.** Inserts (of due jobs), retries, snoozes and resumed queues ``pg_notify`` the
   channel named like the schema, with the queue name as the only payload, in the same
   transaction: a rollback sends nothing. ``wait_for_jobs`` LISTENs on one dedicated
-  connection outside the pool, shared by every waiting thread; after any error on it, it
-  returns early (so the caller polls), then reconnects with backoff (capped at 5 s) and
-  re-LISTENs, returning early once more. Completions, dead ends and cancels of awaited jobs
+  connection outside the pool, shared by every waiting thread; once its LISTEN is in place
+  after a claim (a worker's first wait), and again after any error on it, when it reconnects
+  with backoff capped at 5 s, it returns early, so the caller claims what was inserted while
+  nobody listened. A
+  reader's ``job_await`` notifies a due job's queue again: it held the row's lock, which a
+  claim woken by the insert passes over. Completions, dead ends and cancels of awaited jobs
   (``job_await``) notify another channel, ``<schema>:finished``, with the finished ids: ``job_wait`` (a reader waiting for a
   result) LISTENs there on a connection of its own (``pg_finished``), so workers never wake
   for them.
@@ -51,9 +54,14 @@ Guarantees (beyond the ``Driver`` protocol's rules, which this driver keeps):
   driver, and otherwise reads the newest job id (``max(id)``, one index probe) every 20 ms
   after activity, backing off to every ``poll`` seconds when idle. ``listen=False`` does the
   same without a pooler. Left at ``pooler="none"``, the driver checks once, when it migrates
-  or first listens, that a NOTIFY reaches its LISTEN connection; when none arrives within a
-  second (PgBouncer in transaction mode accepts LISTEN and delivers nothing) it logs
-  ``jobs.postgres.pooler`` with the fix, and polls without prepared statements from then on.
+  or first listens, that a NOTIFY reaches its LISTEN connection (PgBouncer in transaction mode
+  accepts LISTEN and delivers nothing). When none arrives within a second it does not decide
+  yet: it asks the server whether the session's client is this very socket (its address and
+  port in ``pg_stat_activity``), which makes a connection direct, however late the NOTIFY.
+  Where the server cannot tell (a Unix socket, a proxy or NAT in between) it waits up to 5 s
+  more, for that NOTIFY or a second one. Only then does it log ``jobs.postgres.pooler`` with
+  the fix, and poll without prepared statements from then on: a loaded machine never changes
+  what a direct connection does.
 - **Bounded calls.** Each transaction of ours starts with ``set_config(..., true)`` of
   ``statement_timeout``, ``lock_timeout`` and ``idle_in_transaction_session_timeout`` (sent
   in the same round trip, in a pipeline, for one-statement calls), so the server cancels a
@@ -75,7 +83,8 @@ Guarantees (beyond the ``Driver`` protocol's rules, which this driver keeps):
   twenty Python calls; on a small VM that sleeps between requests, each call's code runs
   with cold caches, and those cost about 80 µs of every enqueue and claim. A kept connection
   goes back to the pool once it left it ``_KEEP_FOR`` ago (the pool then applies its
-  lifetime to it), and at once when it is not idle (a transaction left open, a closed one).
+  lifetime to it), and at once when it is not idle (a transaction left open, a closed one) or
+  when another thread waits for the pool (it would not look at the kept list again).
   A statement of ours that goes alone runs on a cursor kept with its connection (a new
   cursor copies the connection's adapters: 80 µs run cold); the cursor goes with it. It holds
   the last result it read until the next statement, or until its connection goes back to the
@@ -106,6 +115,7 @@ call gets a fresh connection.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import itertools
 import json
 import os
@@ -238,8 +248,11 @@ _LISTEN_BACKOFF_MAX = 5.0
 _POLL = 0.5
 _POLL_FAST = 0.02
 _POLL_SLICE = 0.05
-#: How long the pooler check waits for its NOTIFY (a direct connection sees it in ~1 ms).
+#: How long the pooler check waits for its NOTIFY (a direct connection sees it in ~1 ms);
+#: when none came and the server cannot tell that nothing sits in between, how much longer
+#: it waits for that one or a second one before it decides that a pooler does.
 _PROBE_WAIT = 1.0
+_PROBE_CONFIRM = 5.0
 #: SQLSTATE classes that mean "the server cannot serve us now": connection exception,
 #: insufficient resources, operator intervention (admin shutdown, query cancelled), system
 #: error, transaction rollback (serialization failure, deadlock).
@@ -272,7 +285,7 @@ class PostgresDriver:
 
     ``dsn`` is a libpq URL or conninfo string. ``pool_min``/``pool_max`` size the pool (the
     LISTEN connections are extra: the workers' one, and the one the first wait for a result
-    opens); ``pooler="transaction"`` (or ``listen=False``) turns
+    opens; so is the one a worker's lease renewals use, which a busy pool cannot starve); ``pooler="transaction"`` (or ``listen=False``) turns
     LISTEN/NOTIFY and prepared statements off for transaction-mode poolers, and ``poll`` is
     then the longest gap between two looks for new jobs while idle; ``statement_timeout`` and
     ``lock_timeout`` (seconds) bound every statement of ours; ``application_name`` labels every
@@ -437,6 +450,10 @@ class PostgresDriver:
         self._lent: dict[Conn, float] = {}
         #: Kept between calls, with when it left the pool; the last one kept is used first.
         self._kept: list[tuple[Conn, float]] = []
+        #: Threads waiting for the pool: while any does, a call's connection goes back to the
+        #: pool instead of the kept list, which only later calls look at.
+        self._waiting = 0
+        self._waiting_lock = threading.Lock()
         #: A cursor of each connection of ours, used again by its statements that go alone
         #: (``_exec``): a new one copies the connection's adapters, 80 µs run cold.
         self._cursors: dict[Conn, psycopg.Cursor[Any]] = {}
@@ -456,13 +473,18 @@ class PostgresDriver:
         self.stalls = StallTracker(threshold=1.0)
 
         self._finished = self._new_finished()
+        #: The lease renewals' connection, outside the pool (``_on_renewer``).
+        self._renewer: Conn | None = None
+        self._renew_lock = threading.Lock()
         self._listener: Conn | None = None
         self._listen_lock = threading.Lock()
         self._wake_cond = threading.Condition()
         self._wake_seq = 0
-        self._listen_lost = False
         self._listen_backoff = 0.0
         self._listen_retry_at = 0.0
+        self._listen_lost = False
+        #: A claim ran (and found what was due then): the first LISTEN after it wakes waiters.
+        self._claimed = False
         self._probe_at = 0.0
         # Polling (no LISTEN): the newest job id seen, when new ones last appeared, and when
         # to look next; one thread looks at a time.
@@ -492,6 +514,7 @@ class PostgresDriver:
             *self._lent,  # in a call of another thread: it does not exist in the child
             *(conn for conn, _ in self._kept),
             self._listener,
+            self._renewer,
             self._finished._conn,
         ]
         devnull = os.open(os.devnull, os.O_RDWR)
@@ -507,8 +530,12 @@ class PostgresDriver:
         self._inherited.append((old, inherited))
         self._lent = {}
         self._kept = []
+        self._waiting = 0
+        self._waiting_lock = threading.Lock()
         self._cursors = {}
         self._listener = None
+        self._renewer = None
+        self._renew_lock = threading.Lock()
         self._listen_lock = threading.Lock()  # a lock held by another thread stays held
         self._wake_cond = threading.Condition()
         self._look_lock = threading.Lock()
@@ -571,6 +598,12 @@ class PostgresDriver:
             if got:
                 self._listen_lock.release()
         self._finished.close()
+        got = self._renew_lock.acquire(timeout=1.0)  # else closed under a renewal: it fails
+        try:
+            self._drop_renewer()
+        finally:
+            if got:
+                self._renew_lock.release()
         self._give_back_kept()
         self._pool.close(timeout=5.0)
         self._watch.close()
@@ -698,6 +731,7 @@ class PostgresDriver:
     def job_claim(self, params: ClaimParams) -> list[Job]:
         if params.limit <= 0 or not params.queues:
             return []
+        self._claimed = True
         steps = self._claim_steps(params, started=False)
         if len(steps) == 1:
             return [_job(row) for row in self._fetch(*steps[0])]
@@ -788,6 +822,7 @@ class PostgresDriver:
         claim = cycle.claims
         if not (cycle.writes or claim is not None):
             return CycleResult()
+        self._claimed = True
         # One transaction, its statements pipelined: one round trip, each statement with its
         # own (generic, prepared) plan. A turn that only claims skips the WAL flush: the
         # claim of an unlimited job is then one statement, a transaction of its own.
@@ -882,10 +917,77 @@ class PostgresDriver:
     ) -> set[str]:
         if not leases:
             return set()
-        rows = self._fetch(
-            "lease_extend", {**_lease_arrays(leases), "lease_for": lease_for, "now": now}
-        )
+        params = {**_lease_arrays(leases), "lease_for": lease_for, "now": now}
+        rows = self._on_renewer(self._q["lease_extend"], params)
         return {row[0] for row in rows}
+
+    def _on_renewer(self, query: bytes, params: dict[str, Any], *, rows: bool = True) -> list[Row]:
+        """Run one statement on the lease renewals' connection of their own, outside the
+        pool (and the worker's presence beat: ``rows=False``, no rows to read): handlers and
+        enqueues that hold every pooled connection (``pool_max``) cannot starve the
+        heartbeat. Opened on the first renewal, replaced after any error (the
+        next renewal connects again); bounded like the pool's, and cut off by the watchdog."""
+        with self._renew_lock:
+            if self._closed:
+                raise DriverUnavailableError(
+                    f"the driver for {self.display_url} is closed",
+                    driver=_NAME,
+                    fix="open a new driver (or App) instead of using a closed one",
+                )
+            conn = self._renewer
+            if conn is not None and _ended(conn):  # a restart, a terminated session
+                self._drop_renewer()
+                conn = None
+            if conn is None:
+                conn = self._connect_renewer()
+            started = time.monotonic()
+            self._watch.arm(conn)
+            try:
+                cursor = self._exec(conn, query, params, bounded=True)
+                got = cursor.fetchall() if rows else []
+            except psycopg.Error as exc:
+                self._renewer = None
+                try:
+                    self._reraise(exc, conn)
+                finally:
+                    self._cursors.pop(conn, None)
+                    conn.close()
+            finally:
+                self._watch.disarm(conn)
+            self.stalls.note_wait(time.monotonic() - started)
+            return got
+
+    def _connect_renewer(self) -> Conn:
+        kwargs: dict[str, Any] = {**self._connect_kwargs, "autocommit": True}
+        if self._stateless:
+            kwargs["prepare_threshold"] = None
+        try:
+            conn: Conn = psycopg.connect(self._dsn, **kwargs)
+            self._watch.arm(conn)
+            try:
+                self._configure(conn)
+            finally:
+                self._watch.disarm(conn)
+        except psycopg.Error as exc:
+            self.stalls.note_failure()
+            raise DriverUnavailableError(
+                f"cannot connect to PostgreSQL at {self.display_url} to renew leases: "
+                f"{_first_line(exc)}",
+                driver=_NAME,
+                fix="check that the server is running and reachable; the worker's renew loop "
+                "retries by itself",
+            ) from exc
+        self._renewer = conn
+        return conn
+
+    def _drop_renewer(self) -> None:
+        conn, self._renewer = self._renewer, None
+        if conn is not None:
+            self._cursors.pop(conn, None)
+            try:
+                conn.close()
+            except psycopg.Error:
+                pass
 
     def job_complete_many(
         self,
@@ -1022,7 +1124,9 @@ class PostgresDriver:
         listening = self._listen and not (self._probe_pooler and not self._probed)
         mark = self._finished.mark()
         if listening:  # its end notifies from now on (see job_await)
-            self._fetch("job_await", {"id": job_id, "tenant_id": tenant_id})
+            self._fetch(
+                "job_await", {"id": job_id, "tenant_id": tenant_id, "channel": self._channel}
+            )
         while True:
             job = self.job_get(job_id, tenant_id=tenant_id)
             remaining = deadline - time.monotonic()
@@ -1216,7 +1320,8 @@ class PostgresDriver:
             "now": now,
             "version": worker.version,
         }
-        self._write_only("worker_beat", params)
+        # On the renewals' connection: a busy pool cannot make a live worker look gone.
+        self._on_renewer(self._q["worker_beat"], params, rows=False)
 
     def worker_remove(self, worker_id: str) -> None:
         self._write_only("worker_remove", {"id": worker_id})
@@ -1318,27 +1423,32 @@ class PostgresDriver:
     def _check_pooler(self) -> None:
         """Once: does a NOTIFY reach our LISTEN? Behind a transaction-mode pooler it does not
         (the LISTEN ran on a server session that went back to the pool); then warn with the
-        fix, and poll without prepared statements from now on."""
+        fix, and poll without prepared statements from now on.
+
+        A NOTIFY that is merely late (a loaded machine) must not turn anything off, so before
+        deciding that a pooler sits in between the check asks the server: a session that sees
+        our own socket's address and port as its client's is a direct connection. Only where
+        the server cannot tell (a Unix socket, a proxy or NAT in between) does it wait longer,
+        for that NOTIFY or a second one, before it decides."""
         if not self._probe_pooler or self._probed or time.monotonic() < self._probe_retry_at:
             return
         self._probed = True
-        channel = pg_sql.Identifier(f"{self._channel}:probe")
-        payload = uuid.uuid4().hex
+        name = f"{self._channel}:probe"
+        payloads = {uuid.uuid4().hex}
         try:
             with psycopg.connect(self._dsn, autocommit=True, **self._connect_kwargs) as probe:
                 self._watch.arm(probe)
                 try:
-                    probe.execute(pg_sql.SQL("LISTEN {}").format(channel))
+                    probe.execute(pg_sql.SQL("LISTEN {}").format(pg_sql.Identifier(name)))
                 finally:
                     self._watch.disarm(probe)
-                self._fetch(
-                    b"SELECT pg_notify(%(channel)s, %(payload)s)",
-                    {"channel": f"{self._channel}:probe", "payload": payload},
-                    prepare=False,
-                )
-                got = any(
-                    n.payload == payload for n in probe.notifies(timeout=_PROBE_WAIT, stop_after=1)
-                )
+                self._notify_probe(name, next(iter(payloads)))
+                got = _heard(probe, payloads, _PROBE_WAIT) or self._direct(probe)
+                if not got:  # late, or never: wait longer for it, or for a second one
+                    second = uuid.uuid4().hex
+                    payloads.add(second)
+                    self._notify_probe(name, second)
+                    got = _heard(probe, payloads, _PROBE_CONFIRM)
         except (psycopg.Error, DriverUnavailableError):
             # Cannot tell now; a later migrate or wait asks again (not sooner than in 5 s).
             self._probed = False
@@ -1361,6 +1471,50 @@ class PostgresDriver:
             fix="add ?pooler=transaction to the URL (or connect past the pooler); until "
             "then this driver polls and prepares no statement",
         )
+
+    def _notify_probe(self, channel: str, payload: str) -> None:
+        self._fetch(
+            b"SELECT pg_notify(%(channel)s, %(payload)s)",
+            {"channel": channel, "payload": payload},
+            prepare=False,
+        )
+
+    def _direct(self, probe: Conn) -> bool:
+        """Whether the server's session of ``probe`` sees this end of its socket as its
+        client: then nothing (no pooler, proxy or NAT) sits in between. False when it cannot
+        tell (a Unix socket: no address to compare)."""
+        try:
+            with socket.socket(fileno=os.dup(probe.pgconn.socket)) as ours:
+                here = ours.getsockname()
+        except OSError:
+            return False
+        if not isinstance(here, tuple) or len(here) < 2:
+            return False  # a Unix socket
+        local_addr, local_port = here[0], here[1]
+        self._watch.arm(probe)
+        try:
+            row = probe.execute(
+                "SELECT host(client_addr), client_port FROM pg_stat_activity"
+                " WHERE pid = pg_backend_pid()",
+                prepare=False,
+            ).fetchone()
+        finally:
+            self._watch.disarm(probe)
+        if row is None or row[0] is None or row[1] is None:
+            return False
+        try:
+            seen, ours_ip = (_ip(row[0]), _ip(local_addr))
+        except ValueError:
+            return False
+        direct = seen == ours_ip and int(row[1]) == int(local_port)
+        if direct:
+            events.debug(
+                "jobs.postgres.pooler",
+                url=self.display_url,
+                found="none",
+                cause=f"the probe's NOTIFY took over {_PROBE_WAIT:g} s on a direct connection",
+            )
+        return direct
 
     def _listen_once(self, span: float, wake: threading.Event) -> bool:
         """Wait up to ``span`` on the LISTEN connection (opening it if needed); True when the
@@ -1387,13 +1541,14 @@ class PostgresDriver:
             self._listener = conn
             self._listen_backoff = 0.0
             self._probe_at = time.monotonic() + _PROBE_AFTER
-            if not self._listen_lost:
-                # The first LISTEN: the caller polled just before waiting, so the gap is short
-                # and polling covers it.
-                return False
-            self._listen_lost = False
-            self._signal()  # jobs inserted while nobody listened: every waiter polls once
-            return True
+            lost, self._listen_lost = self._listen_lost, False
+            if lost or self._claimed:
+                # Jobs inserted while nobody listened, after a claim (a worker's first wait
+                # comes after its first claim, and its next poll may be a minute away): every
+                # waiter claims once.
+                self._signal()
+                return True
+            return False
         try:
             if isinstance(wake, Wake):  # sleep on the socket and on the wake-up at once
                 ready, _, _ = select.select([conn.fileno(), wake.fileno()], [], [], span)
@@ -1782,6 +1937,7 @@ class PostgresDriver:
         since = self._lent.pop(conn, None)
         if (
             since is not None
+            and not self._waiting  # a thread waits for the pool: it gets this one
             and conn.pgconn.transaction_status == _IDLE
             and time.monotonic() - since < _KEEP_FOR
             and not self._closed
@@ -1823,6 +1979,8 @@ class PostgresDriver:
         if self._forked:  # the first call of a forked child: its own pool (_after_fork)
             self._forked = False
             self._pool.open(wait=False)  # safe to call twice, if two threads get here
+        with self._waiting_lock:
+            self._waiting += 1
         try:
             for _ in range(self._pool_max + 1):
                 conn = self._getconn()
@@ -1847,6 +2005,9 @@ class PostgresDriver:
                 driver=_NAME,
                 fix="open a new driver (or App) instead of using a closed one",
             ) from exc
+        finally:
+            with self._waiting_lock:
+                self._waiting -= 1
 
     def _getconn(self) -> Conn:
         """A pooled connection. When none comes quickly, the server may be down, or the pool
@@ -2188,6 +2349,24 @@ def _cut_off(conn: Any) -> None:
             sock.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An address, an IPv4-mapped IPv6 one as its IPv4 address."""
+    address = ipaddress.ip_address(text.split("%")[0])
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def _heard(probe: Any, payloads: set[str], timeout: float) -> bool:
+    """Whether one of ``payloads`` reaches ``probe`` within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while (remaining := deadline - time.monotonic()) > 0:
+        for note in probe.notifies(timeout=remaining, stop_after=1):
+            if note.payload in payloads:
+                return True
+    return False
 
 
 def _ignore_notifications(conn: Any) -> None:

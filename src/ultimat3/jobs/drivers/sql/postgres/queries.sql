@@ -503,14 +503,22 @@ SELECT id, CASE WHEN awaited THEN pg_notify(%(finished)s, id) END FROM cancelled
 -- name: job_await
 -- A reader is about to wait for this job's end (job_wait with LISTEN): from now on its
 -- completion, dead end or cancel notifies the finished channel (migration 7). Nothing for a job that
--- has ended: the reader reads it next.
-UPDATE {schema}.x_jobs j
-SET awaited = true
-WHERE j.id = %(id)s
-  AND NOT j.awaited
-  AND j.state IN ('scheduled', 'available', 'running')
-  AND (%(tenant_id)s::text IS NULL OR j.tenant_id = %(tenant_id)s::text)
-RETURNING j.id
+-- has ended: the reader reads it next. The row is locked until this commits, and a claim
+-- passes over locked rows (SKIP LOCKED): a worker woken by the job's insert may have claimed
+-- just then and found nothing, and would sleep until its next poll. A due job's queue is
+-- notified again at this commit, so that it claims once more.
+WITH marked AS (
+    UPDATE {schema}.x_jobs j
+    SET awaited = true
+    WHERE j.id = %(id)s
+      AND NOT j.awaited
+      AND j.state IN ('scheduled', 'available', 'running')
+      AND (%(tenant_id)s::text IS NULL OR j.tenant_id = %(tenant_id)s::text)
+    RETURNING j.id, j.queue, j.state, j.run_at
+)
+SELECT id,
+       CASE WHEN state <> 'running' AND run_at <= now() THEN pg_notify(%(channel)s, queue) END
+FROM marked
 
 -- name: job_list_expired
 -- %(isolated)s NULL lists every one, true those that ran alone, false those beside others.

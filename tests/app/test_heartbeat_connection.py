@@ -1,0 +1,95 @@
+"""The heartbeat always has a connection: lease renewals cannot be starved by handlers or
+enqueues that hold every pooled connection.
+
+On PostgreSQL the renewals run on a connection of their own, outside the pool. Here the pool
+has two connections and both handlers hold one each in an open ``app.transaction()`` for
+three leases: every lease is renewed all along (its expiry in the database keeps moving), none
+is given up, the renew loop and the presence beat never fail, and both jobs complete once. (SQLite needs nothing of
+the kind: its connections are per thread, the renew loop's included.)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import types
+from datetime import datetime
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from ultimat3.jobs import App, JobState, job
+
+from .processes import wait_until
+
+pytestmark = pytest.mark.postgres
+
+
+def _events(caplog: pytest.LogCaptureFixture, name: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "event", "") == name]
+
+
+def test_renewals_go_on_while_handlers_hold_every_pooled_connection(
+    pg_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    parts = conninfo_to_dict(pg_dsn)
+    url = (
+        f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}?pool_max=2"
+    )
+    holding = threading.Barrier(3)  # both handlers and the test
+    release = threading.Event()
+    app_ref: list[App] = []
+
+    @job
+    def hog(input: dict[str, Any]) -> None:
+        with app_ref[0].transaction() as conn:  # a pooled connection, held
+            conn.execute("SELECT 1")
+            holding.wait(30)
+            assert release.wait(60)
+
+    module = types.ModuleType("heartbeat_jobs")
+    module.hog = hog  # type: ignore[attr-defined]
+    app = App(url, modules=[module])
+    app_ref.append(app)
+    try:
+        ids = [r.id for r in app.enqueue_many(hog, [{}, {}])]
+        worker = app.worker(concurrency=2, lease="2s", heartbeat="300ms", poll_interval="1s")
+        with caplog.at_level(logging.INFO, logger="ultimat3.jobs"), worker:
+            holding.wait(30)  # both pooled connections are held from now on
+            with psycopg.connect(pg_dsn, autocommit=True) as watch:
+
+                def expiries() -> list[datetime]:
+                    rows = watch.execute(
+                        "SELECT lease_expires_at FROM ultimat3_jobs.x_jobs"
+                        " WHERE id = ANY(%s) ORDER BY id",
+                        (ids,),
+                    ).fetchall()
+                    return [row[0] for row in rows]
+
+                first = expiries()
+                held_until = time.monotonic() + 6.0  # three leases
+                while time.monotonic() < held_until:
+                    time.sleep(0.5)
+                    assert not _events(caplog, "jobs.lease.lost"), "a lease was given up"
+                latest = expiries()
+            assert all(b > a for a, b in zip(first, latest, strict=True)), (first, latest)
+            release.set()
+            wait_until(
+                lambda: all(app.get_job(i).state is JobState.COMPLETED for i in ids),
+                30,
+                "both jobs to complete",
+            )
+        renew_failures = [
+            r for r in _events(caplog, "jobs.loop.failed") if r.fields.get("loop") == "renew"
+        ]
+        assert not renew_failures, [r.fields for r in renew_failures]
+        # The presence beat shares that connection: the live worker never looked gone.
+        assert not _events(caplog, "jobs.worker.beat-failed")
+        assert not _events(caplog, "jobs.lease.lost")
+        assert all(app.get_job(i).attempt == 1 for i in ids)
+    finally:
+        release.set()
+        app.close()

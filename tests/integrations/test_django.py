@@ -23,7 +23,7 @@ import pytest
 pytest.importorskip("django")
 from django.db import connection, connections, transaction
 
-from ultimat3.jobs import App
+from ultimat3.jobs import App, job
 from ultimat3.jobs.integrations.django import JobsBackend, django_task, prepare, using
 from ultimat3.jobs.records import JobState
 from ultimat3.jobs.testing import drain
@@ -282,3 +282,57 @@ def test_manage_py_migrate_creates_the_job_tables(
         apps.unset_installed_apps()
         sys.modules.pop(module.__name__, None)
         target.close()
+
+
+def test_a_task_module_that_fails_to_import_fails_its_job_with_that_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker meets job names no module registered. A module that is missing, or has no
+    task of that name, is code this worker lacks: the job waits for one that has it. A module
+    that is there but fails to import fails the job with the very error (its traceback names
+    the broken line), rather than passing for an unknown name and dead-lettering it as
+    ``unknown_job`` an hour later."""
+    (tmp_path / "u3j_broken_tasks.py").write_text("import u3j_no_such_dependency\n")
+    (tmp_path / "u3j_raising_tasks.py").write_text("raise RuntimeError('SHOP_API_KEY is unset')\n")
+    (tmp_path / "u3j_fine_tasks.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    names = {
+        "broken": "u3j_broken_tasks.send",
+        "raising": "u3j_raising_tasks.send",
+        "no module": "u3j_gone_tasks.send",
+        "no package": "u3j_gone_pkg.tasks.send",
+        "no task": "u3j_fine_tasks.send",
+    }
+    url = f"sqlite:///{tmp_path / 'jobs.sqlite3'}"
+    handles = {label: job(name=name)(lambda payload: None) for label, name in names.items()}
+    enqueuer = App(
+        url, modules=[types.SimpleNamespace(**{f"j{i}": h for i, h in enumerate(handles.values())})]
+    )
+    ids = {label: enqueuer.enqueue(h, {}, max_attempts=1).id for label, h in handles.items()}
+    enqueuer.close()
+    worker_app = prepare(App(url), discover=False)
+    try:
+        stats = drain(worker_app, queues=["default"])
+        assert (stats.dead, stats.released, stats.completed) == (2, 3, 0)
+        broken = worker_app.get_job(ids["broken"])
+        assert broken.state == JobState.DEAD
+        (error,) = broken.errors
+        assert (error.kind, error.exception_path) == (
+            "ModuleNotFoundError",
+            "builtins.ModuleNotFoundError",
+        )
+        assert "u3j_no_such_dependency" in error.message
+        assert "u3j_broken_tasks.py" in error.traceback
+        assert "the Django task 'u3j_broken_tasks.send'" in error.traceback
+        raising = worker_app.get_job(ids["raising"])
+        assert raising.state == JobState.DEAD
+        assert (raising.errors[0].kind, raising.errors[0].message) == (
+            "RuntimeError",
+            "SHOP_API_KEY is unset",
+        )
+        for label in ("no module", "no package", "no task"):
+            waiting = worker_app.get_job(ids[label])
+            assert (waiting.state, waiting.errors) == (JobState.AVAILABLE, ()), label
+    finally:
+        worker_app.close()
+        sys.modules.pop("u3j_fine_tasks", None)

@@ -4,9 +4,11 @@ never, and a rolled-back ``begin_nested()`` savepoint drops only the jobs enqueu
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -306,3 +308,91 @@ def test_installed_enqueue_after_a_flush_joins_at_once_on_sqlite(tmp_path: Path)
         installed.remove()
         engine.dispose()
         app.close()
+
+
+async def test_using_async_serialises_concurrent_enqueues_on_the_connection(
+    layout: Layout, async_engine: AsyncEngine
+) -> None:
+    """``using_async`` and an installed ``AsyncSession`` join the same way: concurrent
+    ``enqueue_async`` calls in the block run one at a time on the connection, each whole."""
+    app = layout.app
+    async with (
+        AsyncSession(async_engine) as session,
+        session.begin(),
+        using_async(app, session),
+    ):
+        await asyncio.gather(*(app.enqueue_async(record, {"n": i}) for i in range(20)))
+    assert sorted(r["n"] for r in deliver(app)) == list(range(20))
+
+
+# -- install: transactions begun where the context does not carry back ----------------------
+
+
+def test_installed_fastapi_sync_dependency_joins_the_sessions_transaction(
+    layout: Layout, engine: Engine, sessions: sessionmaker[Session]
+) -> None:
+    """FastAPI runs a ``def`` dependency's ``session.begin()`` and the ``def`` endpoint in
+    thread-pool calls, each in its own copy of the request's context: the endpoint's use of
+    the session tells the enqueue which transaction it runs in. An enqueue before any use
+    cannot be told, and ``App(mode="required")`` refuses it rather than commit it alone."""
+    from fastapi import Depends, FastAPI, HTTPException
+    from fastapi.testclient import TestClient
+
+    api = FastAPI()  # the test module's annotations are strings: the dependency is a default
+
+    def get_session() -> Iterator[Session]:
+        with sessions() as session, session.begin():
+            yield session
+
+    @api.post("/orders/{order}")
+    def create(order: int, session: Session = Depends(get_session)) -> dict[str, int]:  # noqa: B008
+        session.execute(text("INSERT INTO orders VALUES (:id)"), {"id": order})
+        record.enqueue({"order": order})
+        if order == 2:
+            raise HTTPException(422, "refused")  # rolls back the order and its job
+        return {"order": order}
+
+    @api.post("/early/{order}")
+    def early(order: int, session: Session = Depends(get_session)) -> dict[str, int]:  # noqa: B008
+        record.enqueue({"order": order})  # before the endpoint used the session
+        session.execute(text("INSERT INTO orders VALUES (:id)"), {"id": order})
+        return {"order": order}
+
+    with TestClient(api) as client:
+        assert client.post("/orders/1").status_code == 200
+        assert client.post("/orders/2").status_code == 422
+        layout.app.mode = "required"
+        with pytest.raises(OutboxNoTxError):
+            client.post("/early/3")
+    assert orders(engine) == 1
+    assert deliver(layout.app) == [{"order": 1}]
+
+
+def test_installed_thread_pool_calls_join_the_transaction_their_session_is_in(
+    layout: Layout, engine: Engine, sessions: sessionmaker[Session]
+) -> None:
+    """Two sessions begun, one after the other, in ``copy_context().run`` calls on one pool
+    thread, then used in later calls there: each enqueue joins the transaction of the session
+    its call uses (not the last one the thread began: that would put the first request's job
+    in the second's transaction)."""
+    with ThreadPoolExecutor(1) as pool:
+
+        def call(fn: Any, *args: Any) -> Any:
+            return pool.submit(contextvars.copy_context().run, fn, *args).result()
+
+        first, second = sessions(), sessions()
+        first_tx = call(first.begin)
+        second_tx = call(second.begin)
+
+        def work(session: Session, order: int) -> None:
+            session.execute(text("INSERT INTO orders VALUES (:id)"), {"id": order})
+            record.enqueue({"order": order})
+
+        call(work, first, 1)
+        call(first_tx.commit)
+        call(work, second, 2)
+        call(second_tx.rollback)
+        first.close()
+        second.close()
+    assert orders(engine) == 1
+    assert deliver(layout.app) == [{"order": 1}]

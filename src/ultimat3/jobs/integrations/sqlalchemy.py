@@ -44,15 +44,22 @@ anything: committing needs no hook, because the rows are already in the transact
 notice new jobs by themselves: SQLite's data version, PostgreSQL's NOTIFY at commit).
 
 Supported DBAPIs: ``sqlite3`` (pysqlite), psycopg 3 (``postgresql+psycopg``), and for async
-``postgresql+psycopg_async`` and ``sqlite+aiosqlite``. aiosqlite runs SQLite on a thread of
+psycopg 3 (``postgresql+psycopg`` given to ``create_async_engine``, which picks psycopg's async
+dialect) and ``sqlite+aiosqlite``. aiosqlite runs SQLite on a thread of
 its own, so its engine needs ``connect_args={"check_same_thread": False}`` for the enqueue's
 thread to use the connection (an error says so otherwise).
 
 Limits: a transaction is found from the thread or task it began in (and the tasks and
-threads started from there with a copy of its context); one begun elsewhere, say in another
-thread, is not, and the enqueue runs as outside any transaction. ``install`` on an ``Engine``
-or an ``async_sessionmaker`` follows the sessions bound to that engine (``bind=``), not those
-routed to it through ``binds=``. Enqueue before you commit; inside a ``using`` block, after a
+threads started from there with a copy of its context), and from code that has used its
+session since (``add``, ``execute``, a query, ``flush``: the session events ``after_attach``,
+``do_orm_execute``, ``before_flush``, ``after_begin``), which covers a transaction begun in a
+context that did not carry back (FastAPI's ``def`` dependency, run in a thread pool). An
+enqueue in such code before any use of the session runs as outside any transaction;
+``App(mode="required")`` makes it raise. A thread is no guide: a pool thread runs calls of
+many requests, so keying transactions by thread would join another request's.
+
+``install`` on an ``Engine`` or an ``async_sessionmaker`` follows the sessions bound to that
+engine (``bind=``), not those routed to it through ``binds=``. Enqueue before you commit; inside a ``using`` block, after a
 commit the next enqueue would reach a connection the session gave back. pysqlite's default
 transaction handling breaks SAVEPOINT (SQLAlchemy's own documentation): for
 ``begin_nested()`` on SQLite, use its recipe (``isolation_level=None`` and a ``BEGIN`` in the
@@ -80,7 +87,13 @@ from sqlalchemy.ext.asyncio import (
     async_session,
     async_sessionmaker,
 )
-from sqlalchemy.orm import Session, SessionTransaction, scoped_session, sessionmaker
+from sqlalchemy.orm import (
+    ORMExecuteState,
+    Session,
+    SessionTransaction,
+    scoped_session,
+    sessionmaker,
+)
 
 from ultimat3.jobs.driver import Joined
 from ultimat3.jobs.errors import ConfigurationError
@@ -150,23 +163,28 @@ async def using_async(app: App, session: _A) -> AsyncIterator[_A]:
             f"expected a SQLAlchemy AsyncSession or AsyncConnection, not {type(session).__name__}",
             fix="pass the AsyncSession whose transaction the jobs must join",
         )
+    joined = await _join_raw_async(app, conn)
+    owner = session.sync_session if isinstance(session, AsyncSession) else None
+    with _eager_savepoints(owner), app._current(joined, session):
+        yield session
+
+
+async def _join_raw_async(app: App, conn: AsyncConnection) -> Joined:
+    """``conn``'s DBAPI connection joined by ``app``, for enqueues off the event loop: the one
+    way both ``using_async`` and an installed ``AsyncSession`` join. Its ``serial`` lock makes
+    concurrent ``enqueue_async`` calls on it run one after the other."""
     raw: Any = (await conn.get_raw_connection()).driver_connection
     module = type(raw).__module__.split(".", 1)[0]
-    owner = session.sync_session if isinstance(session, AsyncSession) else None
     if module == "psycopg":
-        from ultimat3.jobs.integrations.psycopg import using as psycopg_using
+        from ultimat3.jobs.integrations.psycopg import sync_view
 
-        with _eager_savepoints(owner):
-            async with psycopg_using(app, raw):
-                yield session
-        return
+        return app._join(sync_view(raw), serial=asyncio.Lock())
     if module == "aiosqlite":
-        with _eager_savepoints(owner), app.using(_aiosqlite_connection(raw)):
-            yield session
-        return
+        return app._join(_aiosqlite_connection(raw), serial=asyncio.Lock())
     raise ConfigurationError(
         f"the async DBAPI {type(raw).__module__}.{type(raw).__name__} is not supported",
-        fix="use postgresql+psycopg_async:// or sqlite+aiosqlite:// for the engine",
+        fix="create the engine with postgresql+psycopg:// (create_async_engine picks psycopg's "
+        "async dialect) or sqlite+aiosqlite://",
     )
 
 
@@ -232,8 +250,8 @@ class Installed:
             if not any(i.app is self.app for i in _installs):
                 self.app._remove_ambient(_AMBIENT)
             if not _installs and _listening:
-                event.remove(Session, "after_transaction_create", _created)
-                event.remove(Session, "after_transaction_end", _ended)
+                for name, listener in _EVENTS:
+                    event.remove(Session, name, listener)
                 _listening.clear()
 
 
@@ -256,8 +274,8 @@ def install(app: App, target: Any) -> Installed:
         installed = Installed(app, target, matches)
         _installs.append(installed)
         if not _listening:
-            event.listen(Session, "after_transaction_create", _created)
-            event.listen(Session, "after_transaction_end", _ended)
+            for name, listener in _EVENTS:
+                event.listen(Session, name, listener)
             _listening.append(True)
         app._add_ambient(_AMBIENT)
     return installed
@@ -314,6 +332,50 @@ def _ended(session: Session, transaction: SessionTransaction) -> None:
         _open.set(tuple(o for o in opened if o.transaction() is not transaction))
 
 
+def _used(session: Session) -> None:
+    """The code here uses ``session``: its open transaction is one this code runs in, even
+    when it began in a context that did not carry back (FastAPI's ``def`` dependency runs in
+    a thread pool, in a copy of the request's context)."""
+    transaction = session.get_transaction()
+    if transaction is None:
+        return
+    opened = _open.get()
+    for o in opened:
+        if o.transaction() is transaction:
+            return
+    if any(i.matches(session) for i in _installs):
+        kept = tuple(o for o in opened if o.live() is not None)
+        _open.set((*kept, _Open(weakref.ref(session), weakref.ref(transaction))))
+
+
+def _attached(session: Session, instance: object) -> None:
+    _used(session)
+
+
+def _executing(state: ORMExecuteState) -> None:
+    _used(state.session)
+
+
+def _flushing(session: Session, flush_context: object, instances: object) -> None:
+    _used(session)
+
+
+def _began(session: Session, transaction: SessionTransaction, connection: Connection) -> None:
+    _used(session)
+
+
+#: The session events an installed App listens to: a transaction's start and end, and the
+#: uses of a session (``_used``).
+_EVENTS: tuple[tuple[str, Callable[..., None]], ...] = (
+    ("after_transaction_create", _created),
+    ("after_transaction_end", _ended),
+    ("after_attach", _attached),
+    ("do_orm_execute", _executing),
+    ("before_flush", _flushing),
+    ("after_begin", _began),
+)
+
+
 def _innermost() -> tuple[_Open, Session] | None:
     for opened in reversed(_open.get()):
         session = opened.live()
@@ -358,18 +420,7 @@ class _Ambient:
         kept = opened.joined.get(id(app))
         if kept is not None and kept[0] is raw:
             return kept[1]
-        module = type(raw).__module__.split(".", 1)[0]
-        if module == "psycopg":
-            from ultimat3.jobs.integrations.psycopg import sync_view
-
-            joined = app._join(sync_view(raw), serial=asyncio.Lock())
-        elif module == "aiosqlite":
-            joined = app._join(_aiosqlite_connection(raw), serial=asyncio.Lock())
-        else:
-            raise ConfigurationError(
-                f"the async DBAPI {type(raw).__module__}.{type(raw).__name__} is not supported",
-                fix="use postgresql+psycopg_async:// or sqlite+aiosqlite:// for the engine",
-            )
+        joined = await _join_raw_async(app, conn)
         opened.joined[id(app)] = (raw, joined)
         return joined
 

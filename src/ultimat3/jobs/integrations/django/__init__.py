@@ -41,7 +41,8 @@ The worker, and every other command, finds the App through the settings::
 ``app``, read from this module, runs ``django.setup()``, takes the one App that the ``TASKS``
 backends name and ``prepare``s it: each task of the installed applications' ``tasks`` modules
 is registered under its import path, and a task defined elsewhere is registered when a worker
-first meets its name (``App._add_job_resolver``). With ``"ultimat3.jobs.integrations.django"``
+first meets its name (``App._add_job_resolver``); a module that is there but fails to import
+fails that job with its error, where a missing one leaves it to a worker that has the code. With ``"ultimat3.jobs.integrations.django"``
 in ``INSTALLED_APPS``, ``manage.py migrate`` creates the job tables: its migration runs the
 library's own migrations, through the library's connection, on each alias a backend names.
 
@@ -442,26 +443,51 @@ def _our_backends() -> list[JobsBackend]:
 def _resolve(app: App, name: str) -> JobHandle[Any] | None:
     """The job of a name no module registered, when it is the import path of a Django task
     (a worker meets it on a claimed job; the job's input names the backend it was enqueued
-    through, and its row the attempts that backend gave)."""
+    through, and its row the attempts that backend gave).
+
+    None (the worker's unknown-job path: given back for a worker that has the code) only when
+    this process lacks the code: the module is missing (a ``ModuleNotFoundError`` for the
+    name's own module or a package above it) or has no task of that name. A module that is
+    there but fails to import (a broken import inside it, an error at its top level) gives a
+    job that fails each attempt with that very error, traceback included, under the row's
+    attempts: the failure is the job's, visible in ``jobs show``, the logs and Django's
+    ``result.errors``, rather than an hour's wait for a worker that knows the name."""
     if name in _JOB_NAMES:  # a row of an earlier release
         legacy = django_task if name == "django_task" else django_task_async
         app.register(types.SimpleNamespace(job=legacy))
         return legacy
-    if "." not in name:
+    module_path, _, attr = name.rpartition(".")
+    if not module_path:
         return None
     try:
-        found = import_string(name)
-    except ImportError:
-        return None
+        module = importlib.import_module(module_path)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing and (module_path == missing or module_path.startswith(f"{missing}.")):
+            return None
+        return _unimportable(name, exc)
+    except Exception as exc:
+        return _unimportable(name, exc)
+    found = getattr(module, attr, None)
     if not isinstance(found, _base.Task):
         return None
-    try:
-        backend = _tasks("").task_backends[found.backend]
-    except Exception:  # an alias the settings lost: the row's own max_attempts still holds
-        backend = None
+    task_backends = _tasks("").task_backends
+    # An alias the settings lost: the row's own max_attempts still holds.
+    backend = task_backends[found.backend] if found.backend in task_backends.settings else None
     return _task_handle(
         app, found, backend._max_attempts if isinstance(backend, JobsBackend) else 1
     )
+
+
+def _unimportable(name: str, error: Exception) -> JobHandle[Any]:
+    """A job named ``name`` whose every attempt raises ``error``, what importing its task's
+    module raised. Not registered: the next job of the name tries the import again."""
+    error.add_note(f"(raised by importing the module of the Django task {name!r} in the worker)")
+
+    def fail(payload: Any) -> Any:
+        raise error
+
+    return job(name=name)(fail)
 
 
 def prepare(app: App, *, discover: bool = True) -> App:

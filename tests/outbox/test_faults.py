@@ -64,7 +64,9 @@ def relayapp(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[A
 
 
 @pytest.fixture
-def spawn(env: dict[str, str]) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+def spawn(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Start a relay (or another command) whose stderr goes to a file (``LOGS[proc]``): a pipe
+    nobody reads while it runs would fill at -vv and block it."""
     procs: list[subprocess.Popen[str]] = []
 
     def start(
@@ -73,14 +75,26 @@ def spawn(env: dict[str, str]) -> Iterator[Callable[..., subprocess.Popen[str]]]
         proc_env = dict(env)
         if fault:
             proc_env[FAULT_ENV] = fault
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "ultimat3.jobs", "-vv", "--app", "relayapp:app", command, *args],
-            env=proc_env,
-            cwd=HERE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        log = tmp_path / f"stderr-{len(procs)}.log"
+        with log.open("w") as err:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "ultimat3.jobs",
+                    "-vv",
+                    "--app",
+                    "relayapp:app",
+                    command,
+                    *args,
+                ],
+                env=proc_env,
+                cwd=HERE,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                text=True,
+            )
+        LOGS[proc] = log
         procs.append(proc)
         return proc
 
@@ -88,7 +102,8 @@ def spawn(env: dict[str, str]) -> Iterator[Callable[..., subprocess.Popen[str]]]
     for proc in procs:
         if proc.poll() is None:
             proc.kill()
-        proc.communicate()
+        proc.wait()
+        LOGS.pop(proc, None)
 
 
 @contextmanager
@@ -120,9 +135,14 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
         time.sleep(0.02)
 
 
+#: Each spawned process's stderr file.
+LOGS: dict[subprocess.Popen[str], Path] = {}
+
+
 def stop(proc: subprocess.Popen[str]) -> str:
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=20)
+    proc.wait(timeout=20)
+    err = LOGS[proc].read_text()
     assert proc.returncode == 0, err
     return err
 
@@ -137,7 +157,8 @@ def test_a_relay_killed_between_publish_and_mark_loses_and_doubles_nothing(
 
     for _ in range(2):  # twice: the second crash re-publishes the first one's batch
         crashed = spawn("--batch-size", "100", fault="after_publish")
-        _, err = crashed.communicate(timeout=30)
+        crashed.wait(timeout=30)
+        err = LOGS[crashed].read_text()
         assert crashed.returncode == 70, err
         assert app.count_jobs() == 100  # published...
         assert relay.pending() == 250  # ...and never marked
@@ -159,17 +180,11 @@ def test_two_relays_split_the_work(
     app: App = relayapp.app
     app.relay()  # opens and migrates the outbox before the relays start
     relays = [spawn("--batch-size", "10", "--interval", "20ms") for _ in range(2)]
-    early = []
     for proc in relays:  # wait until both run (they print "relay from ..." then)
-        assert proc.stderr is not None
-        lines = [proc.stderr.readline()]
-        while lines[-1] and not lines[-1].startswith("relay from"):
-            lines.append(proc.stderr.readline())
-        assert lines[-1].startswith("relay from"), lines
-        early.append("".join(lines))
+        wait_for(lambda proc=proc: "relay from" in LOGS[proc].read_text())  # type: ignore[misc]
     stage(relayapp, outbox_url, 1000)
     wait_for(lambda: app.relay().pending() == 0)
-    logs = [head + stop(proc) for head, proc in zip(early, relays, strict=True)]
+    logs = [stop(proc) for proc in relays]
     per_relay = [[(int(r), int(d)) for r, d in _PUBLISHED.findall(log)] for log in logs]
     published = [sum(r for r, _ in counts) for counts in per_relay]
     assert sum(published) == 1000  # nothing lost, nothing published twice

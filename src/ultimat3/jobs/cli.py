@@ -78,6 +78,22 @@ class Context:
         """The App, for a command that reads or changes jobs: its database and its job tables
         must exist, so a command run in the wrong folder or against a new database says so
         rather than create an empty SQLite file or the schema."""
+        app = self.app_with_a_database
+        if not app._opened:
+            driver = app._unopened_driver()
+            if not driver.schema_current():
+                raise ConfigurationError(
+                    f"the job tables in {driver.display_url} are missing or older than this "
+                    "version of ultimat3-jobs, and this command never creates or changes them",
+                    fix="run `ultimat3-jobs migrate` (a worker migrates too), then this "
+                    "command again",
+                )
+        return app
+
+    @property
+    def app_with_a_database(self) -> App:
+        """The App, whose database must exist (a SQLite file is never created): the health
+        check reads what state its schema is in."""
         app = self.app
         if app._driver is None and app.url and app.url.startswith("sqlite:"):
             path = sqlite_path(app.url).absolute()
@@ -87,15 +103,6 @@ class Context:
                     fix="run from your project's folder, or pass --app module:attribute (or "
                     "--url sqlite:///path/to/jobs.sqlite3); `ultimat3-jobs migrate` creates "
                     "a database",
-                )
-        if not app._opened:
-            driver = app._unopened_driver()
-            if not driver.schema_current():
-                raise ConfigurationError(
-                    f"the job tables in {driver.display_url} are missing or older than this "
-                    "version of ultimat3-jobs, and this command never creates or changes them",
-                    fix="run `ultimat3-jobs migrate` (a worker migrates too), then this "
-                    "command again",
                 )
         return app
 
@@ -1196,7 +1203,7 @@ def healthcheck(
     container probes. Exit codes: 0 healthy, 3 database unreachable, 4 migrations pending,
     5 too few live workers, 6 a ready job waited too long (the first failing check's)."""
     try:
-        app = ctx.existing_app
+        app = ctx.app_with_a_database
         driver = app._driver or open_driver(app.url or "")  # never migrates
     except JobsError as exc:
         checks = [Check("database", False, exc.cause, exc.fix or "")]

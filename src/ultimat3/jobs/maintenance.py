@@ -66,6 +66,8 @@ from ultimat3.jobs.retry import DEFAULT_RETRY, next_retry
 TRACEBACK_LIMIT = 16_000
 MESSAGE_LIMIT = 4_000
 LEADERSHIP = "maintenance"
+#: The retry delay of a rescue that gives the attempt back: due again at once.
+_AT_ONCE = timedelta(0)
 
 
 def attempt_error(
@@ -93,7 +95,6 @@ def decide_failure(
     job: Job,
     handle: JobHandle[Any] | None,
     error: AttemptError,
-    now: datetime,
     rand: Callable[[], float] = random.random,
     *,
     isolate: bool = False,
@@ -101,14 +102,15 @@ def decide_failure(
     """The one place a failed attempt becomes a retry or a dead job (seed ``nextRetry``).
 
     ``job.max_attempts`` is the row's (an operator's retry may have raised it); backoff comes
-    from the job's policy. Returns the failure and whether a dead job must be dropped
-    (``dead_letter=False``).
+    from the job's policy. The retry's delay is handed to the driver as it is
+    (``Failure.retry_in``): the database adds it to its own clock, not this host's. Returns
+    the failure and whether a dead job must be dropped (``dead_letter=False``).
     """
     policy = handle.retry if handle is not None else DEFAULT_RETRY
     decision = next_retry(dataclasses.replace(policy, attempts=job.max_attempts), job.attempt, rand)
-    retry_at = now + decision.delay if decision.retry else None
+    retry_in = decision.delay if decision.retry else None
     drop = not decision.retry and not decision.dead_letter
-    return Failure(lease=job.lease, error=error, retry_at=retry_at, isolate=isolate), drop
+    return Failure(lease=job.lease, error=error, retry_in=retry_in, isolate=isolate), drop
 
 
 @dataclass
@@ -243,9 +245,7 @@ class Maintenance:
                         "or lost the database",
                         now,
                     )
-                    failure, drop = decide_failure(
-                        job, self.handles(job.name), error, now, isolate=True
-                    )
+                    failure, drop = decide_failure(job, self.handles(job.name), error, isolate=True)
                     if drop:
                         drops.append(job.id)
                 else:
@@ -257,7 +257,7 @@ class Maintenance:
                         "runs alone next",
                         now,
                     )
-                    failure = Failure(job.lease, error, now, isolate=True, refund=True)
+                    failure = Failure(job.lease, error, _AT_ONCE, isolate=True, refund=True)
                 failures.append(failure)
             changed = self.driver.job_fail_many(failures, now=self.clock.pinned())
             for job, failure in zip(expired, failures, strict=True):
@@ -267,7 +267,7 @@ class Maintenance:
                         job,
                         **events.job_fields(job),
                         worker_id=job.worker_id,
-                        dead=failure.retry_at is None,
+                        dead=failure.retry_in is None,
                         charged=not failure.refund,
                     )
             if drops:

@@ -7,12 +7,21 @@ database's clock. Before, each of these was the host's time plus the delay, writ
 on PostgreSQL a retry landed two hours late (or ran at once), a rescued job waited two hours,
 and an unknown job was dead-lettered on its first claim. On SQLite and in memory the database's
 clock is the host's, read by the driver (``clock.wall_ns``), never the worker's ``Clock``.
+
+The last test does it with a real worker process whose wall clock is shifted
+(``clockshift/sitecustomize.py``) on PostgreSQL: before, a retry with a 2 s back-off and a
+2 s snooze ran 0.10 s after the attempt before with the clock 2 h behind, and not within 30 s
+with it 2 h ahead; now 2.05-2.10 s after it either way.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +32,8 @@ from ultimat3.jobs.ids import uuid7
 from ultimat3.jobs.maintenance import Maintenance
 from ultimat3.jobs.records import ClaimParams, Cycle, NewJob
 from ultimat3.jobs.testing import FakeClock, drain
+
+from .processes import HERE, wait_until
 
 DELAY = timedelta(seconds=2)
 SHIFTS = [timedelta(hours=2), -timedelta(hours=2)]
@@ -124,3 +135,64 @@ def test_the_grace_of_an_unknown_name_is_measured_on_the_databases_clock(shifted
     stored = shifted.get_job(job_id)
     assert (stored.state, stored.attempt, stored.errors) == (JobState.AVAILABLE, 0, ())
     assert stored.run_at == due
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("shift", [7200, -7200], ids=["ahead", "behind"])
+def test_a_worker_process_with_a_shifted_clock_retries_and_wakes_on_time(
+    shift: int, pg_dsn: str, tmp_path: Path
+) -> None:
+    """A real worker process whose wall clock is 2 h off (the database's is right) runs a
+    failed job's retry, and a snoozed job, 2 s after the attempt before, as their delays say:
+    not 2 h later, and not at once."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    p = conninfo_to_dict(pg_dsn)
+    url = f"postgresql://{p['user']}@{p['host']}:{p['port']}/{p['dbname']}"
+    (tmp_path / "shift").write_text(str(shift * 10**9))
+    ledger = tmp_path / "ledger.txt"
+    env = {
+        **os.environ,
+        "ULTIMAT3_JOBS_URL": url,
+        "RUNAT_LEDGER": str(ledger),
+        "CLOCKSHIFT_FILE": str(tmp_path / "shift"),
+        "PYTHONPATH": os.pathsep.join(
+            [str(HERE / "clockshift"), str(HERE), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
+    run = [sys.executable, "-m", "ultimat3.jobs", "--app", "runatjobs:app"]
+    subprocess.run([*run, "migrate"], env=env, cwd=HERE, check=True, capture_output=True)
+    with (tmp_path / "worker.log").open("w") as log:
+        worker = subprocess.Popen(
+            [*run, "worker", "--poll-interval", "100ms"], env=env, cwd=HERE, stdout=log, stderr=log
+        )
+    try:
+        app = App(url)
+        try:
+            ids = [uuid7(), uuid7()]
+            app.driver.job_insert_many(
+                [
+                    NewJob(ids[0], "flaky", "default", "{}", ids[0], max_attempts=2),
+                    NewJob(ids[1], "sleepy", "default", "{}", ids[1], max_attempts=1),
+                ]
+            )
+            wait_until(
+                lambda: all(
+                    app.get_job(i).state in (JobState.DEAD, JobState.COMPLETED) for i in ids
+                ),
+                30,
+                "the retry and the snoozed job to run",
+            )
+        finally:
+            app.close()
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    starts: dict[str, list[float]] = {}
+    for line in ledger.read_text().splitlines():
+        job_id, _, at = line.split()
+        starts.setdefault(job_id, []).append(float(at))
+    assert sorted(len(s) for s in starts.values()) == [2, 2]
+    gaps = [s[1] - s[0] for s in starts.values()]
+    print(f"gaps between the two starts (s), worker clock {shift:+d} s: {gaps}")
+    assert all(2.0 <= gap < 5.0 for gap in gaps), gaps

@@ -29,7 +29,7 @@ import pytest
 from ultimat3.jobs import App, JobState, Retry, Snooze, job
 from ultimat3.jobs.clock import SystemClock
 from ultimat3.jobs.ids import uuid7
-from ultimat3.jobs.maintenance import Maintenance
+from ultimat3.jobs.maintenance import Maintenance, MaintenanceConfig
 from ultimat3.jobs.records import ClaimParams, Cycle, NewJob
 from ultimat3.jobs.testing import FakeClock, drain
 
@@ -196,3 +196,21 @@ def test_a_worker_process_with_a_shifted_clock_retries_and_wakes_on_time(
     gaps = [s[1] - s[0] for s in starts.values()]
     print(f"gaps between the two starts (s), worker clock {shift:+d} s: {gaps}")
     assert all(2.0 <= gap < 5.0 for gap in gaps), gaps
+
+
+@pytest.mark.parametrize("finished_ago", [timedelta(minutes=1), timedelta(minutes=90)])
+def test_retention_counts_on_the_databases_clock(shifted: App, finished_ago: timedelta) -> None:
+    """With a retention of 1 h, a job finished a minute ago (on the database's clock) stays and
+    one finished 90 minutes ago goes, whatever the pruning host's clock says. Before, a host
+    2 h ahead pruned every finished row (ending dedupe windows, losing results early), and one
+    2 h behind kept rows 2 h too long."""
+    db = shifted.driver
+    finished_at = db.database_now() - finished_ago
+    made = fails.enqueue({}, run_at=finished_at)
+    params = ClaimParams(("default",), 1, timedelta(seconds=30), "w", now=finished_at)
+    [claimed] = db.job_cycle(Cycle(claim=params), now=finished_at).claimed
+    assert db.job_complete_many([claimed.lease], now=finished_at) == {made.id}
+    config = MaintenanceConfig(retention=timedelta(hours=1))
+    pruner = Maintenance(db, shifted.registry.job_named, shifted.clock, config)
+    assert pruner.prune() == (1 if finished_ago > config.retention else 0)
+    assert (db.job_get(made.id) is None) == (finished_ago > config.retention)

@@ -39,8 +39,9 @@ Guarantees and limits:
   heartbeat is older than ``worker_stale`` (default three leases): a worker killed with -9
   leaves the workers table within that, a clean exit at once.
 - **Pruning keeps up.** Each pass deletes ``completed`` and ``cancelled`` rows finished longer
-  ago than ``retention`` (default 1 day) in bounded batches until none is left or the pass's
-  time budget is spent; the next pass follows at once while rows remain. ``dead`` rows are kept
+  ago than ``retention`` (default 1 day, on the database's clock: ``Driver.database_now``) in
+  bounded batches until none is left or the pass's time budget is spent; the next pass follows
+  at once while rows remain. ``dead`` rows are kept
   until retried or discarded unless ``dead_retention`` is set. Pruning a row ends the dedupe
   window of its idempotency key.
 """
@@ -291,7 +292,10 @@ class Maintenance:
         """Delete finished rows past their retention, batch after batch, within the pass's time
         budget; returns how many. ``next_in()`` is 0 while rows remain."""
         budget_end = time.monotonic() + self.config.prune_budget.total_seconds()
-        now = self.clock.now()
+        # Finished times are the database's (PostgreSQL's now()): retention counts on its
+        # clock, so a leader whose clock is ahead cannot prune rows (and end their dedupe
+        # window, lose their results) before their time.
+        now = self.driver.database_now(now=self.clock.pinned())
         total = 0
         more = False
         plans = [(frozenset({JobState.COMPLETED, JobState.CANCELLED}), self.config.retention)]

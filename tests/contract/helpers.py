@@ -168,10 +168,10 @@ def error(attempt: int, when: datetime, message: str = "boom") -> AttemptError:
 
 
 def fail(
-    driver: Driver, job: Job, now: datetime, retry_at: datetime | None, message: str = "boom"
+    driver: Driver, job: Job, now: datetime, retry_in: timedelta | None, message: str = "boom"
 ) -> set[str]:
     return driver.job_fail_many(
-        [Failure(job.lease, error(job.attempt, now, message), retry_at)], now=now
+        [Failure(job.lease, error(job.attempt, now, message), retry_in)], now=now
     )
 
 
@@ -182,7 +182,7 @@ def expire_and_reclaim(driver: Driver, job: Job, now: datetime) -> tuple[Lease, 
     assert job.lease_expires_at is not None
     assert job.lease_expires_at < now
     assert [j.id for j in driver.job_list_expired(limit=10, now=now)] == [job.id]
-    assert fail(driver, job, now, retry_at=now, message="worker lost") == {job.id}
+    assert fail(driver, job, now, retry_in=timedelta(0), message="worker lost") == {job.id}
     again = claim_one(driver, now, worker_id="worker-2")
     assert again.id == job.id
     assert again.lease_token != stale.token

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from ultimat3.jobs.driver import Driver
@@ -25,9 +27,9 @@ def parked(driver: Driver) -> dict[str, Job]:
     }
     insert(driver, *jobs.values())
     dead = claim_one(driver, at(1))
-    fail(driver, dead, at(2), retry_at=at(2))
+    fail(driver, dead, at(2), retry_in=timedelta(0))
     dead = claim_one(driver, at(3))
-    fail(driver, dead, at(4), retry_at=None)
+    fail(driver, dead, at(4), retry_in=None)
     completed = claim_one(driver, at(5))
     driver.job_complete_many([completed.lease], now=at(6))
     claim_one(driver, at(7))
@@ -104,7 +106,7 @@ def _finish(driver: Driver, how: str, when: float) -> str:
     if how == "completed":
         assert driver.job_complete_many([job.lease], now=at(when))
     else:
-        assert fail(driver, job, at(when), retry_at=None)
+        assert fail(driver, job, at(when), retry_in=None)
     return job_id
 
 

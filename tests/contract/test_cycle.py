@@ -31,7 +31,7 @@ def test_a_cycle_settles_and_claims_in_one_turn(driver: Driver) -> None:
     result = driver.job_cycle(
         Cycle(
             completes=[done.lease],
-            failures=[Failure(failing.lease, error(1, at(2)), retry_at=at(60))],
+            failures=[Failure(failing.lease, error(1, at(2)), retry_in=timedelta(seconds=58))],
             claim=_params(2, now=at(2)),
         ),
         now=at(2),
@@ -67,7 +67,7 @@ def test_each_write_of_a_cycle_is_fenced(driver: Driver) -> None:
     result = driver.job_cycle(
         Cycle(
             completes=[stale_a, b.lease],
-            failures=[Failure(stale_a, error(1, now), retry_at=None)],
+            failures=[Failure(stale_a, error(1, now), retry_in=None)],
         ),
         now=now,
     )
@@ -86,7 +86,7 @@ def test_a_cycle_with_nothing_to_do_changes_nothing(driver: Driver) -> None:
 def test_a_cycle_claims_isolated_jobs_only_when_asked(driver: Driver) -> None:
     [job_id] = insert(driver, new_job())
     [job] = claim(driver, at(1), limit=1)
-    isolate = Failure(job.lease, error(1, at(2)), retry_at=at(2), isolate=True)
+    isolate = Failure(job.lease, error(1, at(2)), retry_in=timedelta(0), isolate=True)
     result = driver.job_cycle(Cycle(failures=[isolate], claim=_params(5, now=at(3))), now=at(2))
     assert (result.failed, result.claimed) == ({job_id}, []), "not claimed with the others"
     alone = driver.job_cycle(Cycle(claim=_params(1, now=at(3), isolated=True)), now=at(3))
@@ -108,7 +108,7 @@ def test_a_rescue_beside_others_gives_the_attempt_back_and_one_alone_keeps_it(
     expired = driver.job_list_expired(limit=10, now=late, isolated=False)
     assert {j.id for j in expired} == {job_id, other}
     assert {j.id for j in driver.job_list_expired(limit=10, now=late)} == {job_id, other}
-    refund = Failure(first.lease, error(1, late), retry_at=late, isolate=True, refund=True)
+    refund = Failure(first.lease, error(1, late), retry_in=timedelta(0), isolate=True, refund=True)
     assert driver.job_fail_many([refund], now=late) == {first.id}
     back = get(driver, first.id)
     assert (back.state, back.attempt, [e.kind for e in back.errors]) == (
@@ -125,7 +125,7 @@ def test_a_rescue_beside_others_gives_the_attempt_back_and_one_alone_keeps_it(
     assert {j.id for j in driver.job_list_expired(limit=10, now=later, isolated=False)} == {
         beside.id
     }
-    charged = Failure(again.lease, error(1, later), retry_at=later, isolate=True)
+    charged = Failure(again.lease, error(1, later), retry_in=timedelta(0), isolate=True)
     assert driver.job_fail_many([charged], now=later) == {first.id}
     assert get(driver, first.id).attempt == 1, "a crash alone keeps its attempt"
 

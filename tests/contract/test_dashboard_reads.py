@@ -25,7 +25,7 @@ def test_finished_counts_bucket_each_end_by_queue_state_and_minute(driver: Drive
     # completed in minute 1.
     assert driver.job_complete_many([ordered[0].lease, ordered[1].lease], now=at(10))
     assert driver.job_complete_many([ordered[2].lease], now=at(130))
-    assert fail(driver, ordered[3], at(150), retry_at=None)
+    assert fail(driver, ordered[3], at(150), retry_in=None)
     assert driver.job_complete_many([ordered[4].lease, ordered[5].lease], now=at(70))
     found = driver.job_finished_counts(T0, MINUTE)
     assert sorted(found, key=lambda c: (c.queue, c.start, c.state)) == [

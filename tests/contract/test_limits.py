@@ -86,7 +86,7 @@ def test_a_rescue_or_failure_frees_its_slot(driver: Driver) -> None:
     jobs = [limited("k", 1) for _ in range(2)]
     insert(driver, *jobs)
     [held] = claim_limited(driver, 1)
-    assert fail(driver, held, at(2), retry_at=at(100)) == {held.id}
+    assert fail(driver, held, at(2), retry_in=timedelta(seconds=98)) == {held.id}
     [other] = claim_limited(driver, 3)
     assert other.id != held.id
 

@@ -76,10 +76,10 @@ def test_wakes_when_jobs_become_claimable(memory: MemoryDriver) -> None:
     insert(memory, new_job(), new_job(), new_job(queue="paused"))
     memory.queue_set_paused("paused", True)
     first, second = claim_one(memory, at(1)), claim_one(memory, at(1))
-    assert _wakes(memory, lambda: fail(memory, first, at(2), retry_at=at(2)))
-    assert _wakes(memory, lambda: memory.job_snooze(second.lease, None, now=at(2)))
+    assert _wakes(memory, lambda: fail(memory, first, at(2), retry_in=timedelta(0)))
+    assert _wakes(memory, lambda: memory.job_snooze(second.lease, timedelta(0), now=at(2)))
     dead = claim_one(memory, at(3))
-    fail(memory, dead, at(3), retry_at=None)
+    fail(memory, dead, at(3), retry_in=None)
     assert get(memory, dead.id).state is JobState.DEAD
     assert _wakes(memory, lambda: memory.job_retry([dead.id], now=at(4)))
     assert _wakes(memory, lambda: memory.queue_set_paused("paused", False))
@@ -135,13 +135,15 @@ def test_the_claim_index_agrees_with_a_scan_of_every_waiting_job() -> None:
                 if kind < 0.4:
                     memory.job_complete_many([job.lease], now=now)
                 elif kind < 0.8:
-                    retry = at(clock + rng.choice((0, 1, 10)))
+                    retry = timedelta(seconds=rng.choice((0, 1, 10)))
                     failure = Failure(
                         job.lease, error(job.attempt, now, "x"), retry, rng.random() < 0.3
                     )
                     memory.job_fail_many([failure], now=now)
                 else:
-                    memory.job_snooze(job.lease, at(clock + rng.choice((0, 3))), now=now)
+                    memory.job_snooze(
+                        job.lease, rng.choice((None, timedelta(0), timedelta(seconds=3))), now=now
+                    )
             elif op < 0.93:
                 memory.queue_set_paused(rng.choice(queues), rng.random() < 0.5)
             else:

@@ -130,19 +130,22 @@ def _step(pair: Pair, op: str) -> None:
         assert actual == expected
     elif op == "fail":
         chosen = pair.some_leases(2)
-        retry_at = rng.choice([None, now, pair.later(-5, 30)])
+        retry_in = rng.choice([None, timedelta(0), timedelta(seconds=rng.randint(0, 30))])
         err = error(rng.randint(1, 3), now, message=f"failed at {now.isoformat()}")
         expected, actual = pair.both(
             lambda d, side: d.job_fail_many(
-                [Failure(lease[side], err, retry_at) for lease in chosen], now=now
+                [Failure(lease[side], err, retry_in) for lease in chosen], now=now
             )
         )
         assert actual == expected
     elif op == "snooze":
-        chosen, until = pair.some_leases(1), rng.choice([None, now, pair.later(-20, 40)])
+        chosen, delay = (
+            pair.some_leases(1),
+            rng.choice([None, timedelta(seconds=rng.randint(0, 40))]),
+        )
         if chosen:
             expected, actual = pair.both(
-                lambda d, side: d.job_snooze(chosen[0][side], until, now=now)
+                lambda d, side: d.job_snooze(chosen[0][side], delay, now=now)
             )
             assert actual == expected
     elif op == "cancel" and pair.ids:

@@ -48,7 +48,7 @@ def jobs(driver: Driver) -> list[Job]:
         if targets[job.id] is JobState.COMPLETED:
             assert driver.job_complete_many([job.lease], now=at(2)) == {job.id}
         elif targets[job.id] is JobState.DEAD:
-            assert fail(driver, job, at(2), retry_at=None) == {job.id}
+            assert fail(driver, job, at(2), retry_in=None) == {job.id}
     for job_id, target in targets.items():
         if target is JobState.CANCELLED:
             assert driver.job_cancel(job_id, reason="test", now=at(2))

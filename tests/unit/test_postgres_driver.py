@@ -416,7 +416,7 @@ def test_retry_resume_and_snooze_notify(driver: Any, listener: Any) -> None:
     driver.queue_set_paused("mail", False)
     assert payloads(listener) == ["mail"]
     [job] = claim(driver, queue="mail")
-    assert driver.job_snooze(job.lease, None, now=T0)
+    assert driver.job_snooze(job.lease, timedelta(0), now=T0)
     assert payloads(listener) == ["mail"]
     [job] = claim(driver, queue="mail")
     driver.job_cancel(job.id, reason="x", now=T0)

@@ -784,7 +784,9 @@ def test_kill_9_inside_a_write_transaction_leaves_the_file_intact(driver: Sqlite
         [expired] = quick.job_list_expired(limit=10, now=later)
         assert (expired.id, expired.worker_id, expired.attempt) == (kept.id, "doomed", 1)
         lost = AttemptError(expired.attempt, later, "worker_lost", "killed")
-        assert quick.job_fail_many([Failure(expired.lease, lost, later)], now=later) == {kept.id}
+        assert quick.job_fail_many([Failure(expired.lease, lost, timedelta(0))], now=later) == {
+            kept.id
+        }
         again = quick.job_claim(ClaimParams(("default",), 10, LEASE, "w2", now=later))
         assert {job.id for job in again} == {kept.id, extra.id}
         assert next(job for job in again if job.id == kept.id).attempt == 2

@@ -2,14 +2,15 @@
 
 A driver stores jobs and moves them between states. It never decides policy: whether a failed
 job retries, and when, is decided above it (``retry.next_retry``) and handed down as a
-``Failure.retry_at``. Methods are noun-first and speak the records of ``records.py``; no SQL,
-cursor or row crosses the seam.
+``Failure.retry_in``, a delay the driver adds to its ``now``. Methods are noun-first and speak
+the records of ``records.py``; no SQL, cursor or row crosses the seam.
 
 Rules every driver keeps (the contract suite in ``tests/contract`` checks each one):
 
 - **Time.** Every method that reads the time takes ``now``: ``None`` means the database's own
   clock (PostgreSQL ``now()``; the host clock for SQLite and memory). Lease expiry and due-ness
-  are compared against that one clock.
+  are compared against that one clock, and a due time that is "some time from now" (a
+  retry, a snooze, an enqueue's ``delay``) reaches the driver as a delay it adds to it.
 - **Dedupe.** ``(tenant_id, idempotency_key)`` is unique among stored rows, enforced by the
   database (a unique index), never by check-then-insert. A duplicate insert returns the stored
   row's id with ``deduped=True`` and changes nothing. Pruning a row frees its key.
@@ -322,17 +323,20 @@ class Driver(Protocol):
     def job_fail_many(
         self, failures: Sequence[Failure], *, now: datetime | None = None
     ) -> set[str]:
-        """Record each failure in the job's error history; the job becomes ``scheduled`` at
-        ``retry_at`` (``available`` when that is not after now), or ``dead`` when ``retry_at`` is
-        None; ``Failure.refund`` gives its attempt back. Return the ids changed."""
+        """Record each failure in the job's error history; the job becomes due at ``now`` plus
+        ``Failure.retry_in`` (``scheduled``, or ``available`` when that is not after now), or
+        ``dead`` when ``retry_in`` is None; ``Failure.refund`` gives its attempt back. Return
+        the ids changed."""
         ...
 
     def job_snooze(
-        self, lease: Lease, run_at: datetime | None, *, now: datetime | None = None
+        self, lease: Lease, delay: timedelta | None, *, now: datetime | None = None
     ) -> bool:
-        """Put a held job back to wait until ``run_at`` (None: now) without consuming the
-        attempt (``attempt`` goes back down by one). Used by ``Snooze`` and by a worker that
-        releases jobs at shutdown."""
+        """Put a held job back without consuming the attempt (``attempt`` goes back down by
+        one), due ``delay`` after ``now``, or, when ``delay`` is None, at its due time as stored
+        (a release that keeps its place and its ``run_at``). Used by ``Snooze``, by a worker
+        that releases jobs at shutdown (``delay`` 0) and by one that gives back a job whose
+        name it lacks (None)."""
         ...
 
     def job_cancel(

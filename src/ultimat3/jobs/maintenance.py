@@ -39,8 +39,9 @@ Guarantees and limits:
   heartbeat is older than ``worker_stale`` (default three leases): a worker killed with -9
   leaves the workers table within that, a clean exit at once.
 - **Pruning keeps up.** Each pass deletes ``completed`` and ``cancelled`` rows finished longer
-  ago than ``retention`` (default 1 day) in bounded batches until none is left or the pass's
-  time budget is spent; the next pass follows at once while rows remain. ``dead`` rows are kept
+  ago than ``retention`` (default 1 day, on the database's clock: ``Driver.database_now``) in
+  bounded batches until none is left or the pass's time budget is spent; the next pass follows
+  at once while rows remain. ``dead`` rows are kept
   until retried or discarded unless ``dead_retention`` is set. Pruning a row ends the dedupe
   window of its idempotency key.
 """
@@ -66,6 +67,8 @@ from ultimat3.jobs.retry import DEFAULT_RETRY, next_retry
 TRACEBACK_LIMIT = 16_000
 MESSAGE_LIMIT = 4_000
 LEADERSHIP = "maintenance"
+#: The retry delay of a rescue that gives the attempt back: due again at once.
+_AT_ONCE = timedelta(0)
 
 
 def attempt_error(
@@ -93,7 +96,6 @@ def decide_failure(
     job: Job,
     handle: JobHandle[Any] | None,
     error: AttemptError,
-    now: datetime,
     rand: Callable[[], float] = random.random,
     *,
     isolate: bool = False,
@@ -101,14 +103,15 @@ def decide_failure(
     """The one place a failed attempt becomes a retry or a dead job (seed ``nextRetry``).
 
     ``job.max_attempts`` is the row's (an operator's retry may have raised it); backoff comes
-    from the job's policy. Returns the failure and whether a dead job must be dropped
-    (``dead_letter=False``).
+    from the job's policy. The retry's delay is handed to the driver as it is
+    (``Failure.retry_in``): the database adds it to its own clock, not this host's. Returns
+    the failure and whether a dead job must be dropped (``dead_letter=False``).
     """
     policy = handle.retry if handle is not None else DEFAULT_RETRY
     decision = next_retry(dataclasses.replace(policy, attempts=job.max_attempts), job.attempt, rand)
-    retry_at = now + decision.delay if decision.retry else None
+    retry_in = decision.delay if decision.retry else None
     drop = not decision.retry and not decision.dead_letter
-    return Failure(lease=job.lease, error=error, retry_at=retry_at, isolate=isolate), drop
+    return Failure(lease=job.lease, error=error, retry_in=retry_in, isolate=isolate), drop
 
 
 @dataclass
@@ -243,9 +246,7 @@ class Maintenance:
                         "or lost the database",
                         now,
                     )
-                    failure, drop = decide_failure(
-                        job, self.handles(job.name), error, now, isolate=True
-                    )
+                    failure, drop = decide_failure(job, self.handles(job.name), error, isolate=True)
                     if drop:
                         drops.append(job.id)
                 else:
@@ -257,7 +258,7 @@ class Maintenance:
                         "runs alone next",
                         now,
                     )
-                    failure = Failure(job.lease, error, now, isolate=True, refund=True)
+                    failure = Failure(job.lease, error, _AT_ONCE, isolate=True, refund=True)
                 failures.append(failure)
             changed = self.driver.job_fail_many(failures, now=self.clock.pinned())
             for job, failure in zip(expired, failures, strict=True):
@@ -267,7 +268,7 @@ class Maintenance:
                         job,
                         **events.job_fields(job),
                         worker_id=job.worker_id,
-                        dead=failure.retry_at is None,
+                        dead=failure.retry_in is None,
                         charged=not failure.refund,
                     )
             if drops:
@@ -291,7 +292,10 @@ class Maintenance:
         """Delete finished rows past their retention, batch after batch, within the pass's time
         budget; returns how many. ``next_in()`` is 0 while rows remain."""
         budget_end = time.monotonic() + self.config.prune_budget.total_seconds()
-        now = self.clock.now()
+        # Finished times are the database's (PostgreSQL's now()): retention counts on its
+        # clock, so a leader whose clock is ahead cannot prune rows (and end their dedupe
+        # window, lose their results) before their time.
+        now = self.driver.database_now(now=self.clock.pinned())
         total = 0
         more = False
         plans = [(frozenset({JobState.COMPLETED, JobState.CANCELLED}), self.config.retention)]

@@ -437,11 +437,17 @@ class JobFilter:
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """One failed attempt: retried at ``retry_at``, or parked as dead when it is None."""
+    """One failed attempt: retried ``retry_in`` after it is written, or parked as dead when
+    that is None.
+
+    A delay, not a time: the driver adds it to the ``now`` of the write (``None``: the
+    database's own clock, PostgreSQL's ``now()``), so a retry is due on the same clock as
+    every other decision of the database, whatever the clock of the worker that failed
+    (``Clock.pinned()``, a fake time under test, is used as that ``now``)."""
 
     lease: Lease
     error: AttemptError
-    retry_at: datetime | None
+    retry_in: timedelta | None
     #: The job's worker died under it (a rescue): until it returns, it is claimed only alone.
     #: Any other failure clears the mark.
     isolate: bool = False

@@ -178,7 +178,9 @@ class Outcome:
     kind: OutcomeKind
     failure: Failure | None = None
     drop: bool = False
-    run_at: datetime | None = None
+    #: A snooze's or release's wait from the write, on the database's clock (``job_snooze``);
+    #: None keeps the job's due time (the release of a job whose name this worker lacks).
+    delay: timedelta | None = timedelta(0)
     reason: str = ""
     #: A completion's result as JSON text (None: the handler returned None).
     result: str | None = None
@@ -851,7 +853,7 @@ class Worker:
             outcome = h.run.outcome
             assert outcome is not None
             if outcome.kind in ("snooze", "release"):
-                if self.driver.job_snooze(h.lease, outcome.run_at, now=now):
+                if self.driver.job_snooze(h.lease, outcome.delay, now=now):
                     if outcome.kind == "snooze":
                         self.stats.snoozed += 1
                         events.info("jobs.job.snoozed", h.job, **_fields(h))
@@ -876,7 +878,7 @@ class Worker:
                 continue
             if outcome.drop:
                 drops.append(h.job.id)
-            if outcome.failure.retry_at is None:
+            if outcome.failure.retry_in is None:
                 self.stats.dead += 1
                 events.warning(
                     "jobs.job.dead",
@@ -891,7 +893,8 @@ class Worker:
                     "jobs.job.retried",
                     h.job,
                     **_fields(h),
-                    retry_at=outcome.failure.retry_at.isoformat(),
+                    # The worker's reading of the due time the database computed.
+                    retry_at=(self.clock.now() + outcome.failure.retry_in).isoformat(),
                     error=outcome.failure.error.kind,
                 )
         if drops:
@@ -1180,11 +1183,13 @@ class Worker:
         attempt refunded and its due time kept (the grace counts from it), and passed over by
         this worker's claims for a while; dead-lettered as ``unknown_job`` once it has waited
         ``unknown_grace`` since it became due (no worker that knows it claimed it meanwhile:
-        such a worker would have run it, and any outcome but a completion moves its due time)."""
+        such a worker would have run it, and any outcome but a completion moves its due time).
+        The wait is measured on the database's clock: from its due time to this claim."""
         names = ", ".join(self.registered()) or "none"
         grace = self.config.unknown_grace
         fix = "deploy the code that defines it to the workers of its queue, or discard the job"
-        if now - job.run_at >= grace:
+        claimed_at = job.attempted_at if job.attempted_at is not None else now
+        if claimed_at - job.run_at >= grace:
             error = attempt_error(
                 job,
                 "unknown_job",
@@ -1215,7 +1220,7 @@ class Worker:
         self._skipping[job.name] = self.clock.monotonic() + min(
             _UNKNOWN_SKIP, grace.total_seconds()
         )
-        return Outcome("release", run_at=job.run_at)
+        return Outcome("release", delay=None)
 
     def _context(self, held: _Held) -> JobContext:
         job = held.job
@@ -1298,7 +1303,7 @@ class Worker:
         a bad ``Snooze`` or an unrepresentable retry time becomes a failure of the job."""
         try:
             if isinstance(exc, Snooze):
-                return Outcome("snooze", run_at=self.clock.now() + exc.delay)
+                return Outcome("snooze", delay=exc.delay)
             if isinstance(exc, Cancel):
                 return Outcome("cancel", reason=exc.reason)
             return self._failed(held, exc)
@@ -1309,7 +1314,7 @@ class Worker:
         now = self.clock.now()
         error = error_from_exception(held.job, exc, now)
         try:
-            failure, drop = decide_failure(held.job, held.handle, error, now)
+            failure, drop = decide_failure(held.job, held.handle, error)
         except (OverflowError, ValueError):
             failure, drop = Failure(held.lease, error, None), False  # cannot retry: park it
         return Outcome("fail", failure=failure, drop=drop)
@@ -1320,7 +1325,7 @@ class Worker:
         error = attempt_error(
             held.job, "timeout", f"the job ran longer than its timeout of {timeout}", now
         )
-        failure, drop = decide_failure(held.job, held.handle, error, now)
+        failure, drop = decide_failure(held.job, held.handle, error)
         return Outcome("fail", failure=failure, drop=drop)
 
 
@@ -1360,7 +1365,7 @@ def _job_finished(held: _Held, outcome: Outcome | None, began: float) -> None:
             **events.job_fields(job),
             outcome=events.outcome_of(
                 None if outcome is None else outcome.kind,
-                failure is not None and failure.retry_at is None,
+                failure is not None and failure.retry_in is None,
             ),
             duration=round(duration, 6),
             error=None if failure is None else failure.error.kind,

@@ -564,10 +564,10 @@ class MemoryDriver:
             errors = (*job.errors, failure.error)
             if failure.refund:
                 job = replace(job, attempt=max(job.attempt - 1, 0))
-            if failure.retry_at is None:
+            if failure.retry_in is None:
                 job = replace(job, state=JobState.DEAD, finished_at=at, errors=errors)
             else:
-                retry_at = _utc(failure.retry_at)
+                retry_at = at + failure.retry_in
                 job = replace(job, state=_waiting(retry_at, at), run_at=retry_at, errors=errors)
             self._put(_unleased(job))
             if failure.isolate:
@@ -679,14 +679,14 @@ class MemoryDriver:
             )
 
     def job_snooze(
-        self, lease: Lease, run_at: datetime | None, *, now: datetime | None = None
+        self, lease: Lease, delay: timedelta | None, *, now: datetime | None = None
     ) -> bool:
         at = _now(now)
-        until = _utc(run_at) if run_at is not None else at
         with self._lock:
             job = self._held(lease)
             if job is None:
                 return False
+            until = job.run_at if delay is None else at + delay
             self._put(
                 _unleased(
                     replace(

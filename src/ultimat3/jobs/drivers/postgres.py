@@ -1044,7 +1044,7 @@ class PostgresDriver:
                         "id": f.lease.id,
                         "token": f.lease.token,
                         "error": f.error.to_json(),
-                        "retry_at": f.retry_at.isoformat() if f.retry_at is not None else None,
+                        "retry_us": None if f.retry_in is None else f.retry_in // _MICROSECOND,
                         "isolate": f.isolate,
                         "refund": f.refund,
                     }
@@ -1058,14 +1058,14 @@ class PostgresDriver:
         }
 
     def job_snooze(
-        self, lease: Lease, run_at: datetime | None, *, now: datetime | None = None
+        self, lease: Lease, delay: timedelta | None, *, now: datetime | None = None
     ) -> bool:
         rows = self._fetch(
             "job_snooze",
             {
                 "id": lease.id,
                 "token": lease.token,
-                "run_at": run_at,
+                "delay_us": None if delay is None else delay // _MICROSECOND,
                 "now": now,
                 "channel": self._channel,
             },

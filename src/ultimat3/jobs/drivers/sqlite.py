@@ -988,14 +988,14 @@ class SqliteDriver:
         return self._write(lambda conn: _apply_each(conn, _Q["job_fail"], rows, ids_))
 
     def job_snooze(
-        self, lease: Lease, run_at: datetime | None, *, now: datetime | None = None
+        self, lease: Lease, delay: timedelta | None, *, now: datetime | None = None
     ) -> bool:
         now_us = _now_us(now)
         args = {
             "id": lease.id,
             "token": lease.token,
             "now": now_us,
-            "run_at": now_us if run_at is None else _us(run_at),
+            "run_at": None if delay is None else now_us + delay // MICROSECOND,
         }
         return self._write(lambda conn: conn.execute(_Q["job_snooze"], args).rowcount == 1)
 
@@ -1553,7 +1553,9 @@ def _insert_one(conn: sqlite3.Connection, job: NewJob, row: tuple[Any, ...]) -> 
 def _failure_rows(failures: Sequence[Failure], now_us: int) -> list[dict[str, Any]]:
     return [
         {
-            "retry_at": None if failure.retry_at is None else _us(failure.retry_at),
+            "retry_at": None
+            if failure.retry_in is None
+            else now_us + failure.retry_in // MICROSECOND,
             "now": now_us,
             "error": json.dumps(failure.error.to_json()),
             "id": failure.lease.id,

@@ -434,16 +434,19 @@ SELECT d.id,
 FROM done d
 
 -- name: job_fail
--- The ids of awaited jobs that end dead go to %(finished)s, as in job_complete.
+-- f.retry_us: the microseconds after now (the database's clock unless %(now)s pins it) that the
+-- retry is due; NULL parks the job as dead. The ids of awaited jobs that end dead go to
+-- %(finished)s, as in job_complete.
 WITH failed AS (
 UPDATE {schema}.x_jobs j
 SET state = CASE
-        WHEN f.retry_at IS NULL THEN 'dead'
-        WHEN f.retry_at > coalesce(%(now)s::timestamptz, now()) THEN 'scheduled'
+        WHEN f.retry_us IS NULL THEN 'dead'
+        WHEN f.retry_us > 0 THEN 'scheduled'
         ELSE 'available'
     END,
-    run_at = coalesce(f.retry_at, j.run_at),
-    finished_at = CASE WHEN f.retry_at IS NULL THEN coalesce(%(now)s::timestamptz, now()) END,
+    run_at = coalesce(coalesce(%(now)s::timestamptz, now())
+                      + f.retry_us * interval '1 microsecond', j.run_at),
+    finished_at = CASE WHEN f.retry_us IS NULL THEN coalesce(%(now)s::timestamptz, now()) END,
     errors = j.errors || jsonb_build_array(f.error),
     -- A rescue of a job that ran beside others gives its attempt back (f.refund).
     attempt = CASE WHEN f.refund THEN greatest(j.attempt - 1, 0) ELSE j.attempt END,
@@ -451,7 +454,7 @@ SET state = CASE
     lease_expires_at = NULL,
     isolated = coalesce(f.isolate, false)
 FROM json_to_recordset(%(failures)s::json)
-       AS f(id text, token text, error jsonb, retry_at timestamptz, isolate boolean,
+       AS f(id text, token text, error jsonb, retry_us bigint, isolate boolean,
             refund boolean)
 WHERE j.id = ANY(%(ids)s::text[])
   AND j.id = f.id AND j.lease_token = f.token AND j.state = 'running'
@@ -465,14 +468,18 @@ SELECT d.id,
 FROM failed d
 
 -- name: job_snooze
+-- Due %(delay_us)s microseconds after now (the database's clock unless %(now)s pins it); NULL
+-- keeps the job's due time (a release that keeps its place).
 WITH snoozed AS (
     UPDATE {schema}.x_jobs j
     SET state = CASE
-            WHEN coalesce(%(run_at)s::timestamptz, %(now)s::timestamptz, now())
+            WHEN coalesce(coalesce(%(now)s::timestamptz, now())
+                          + %(delay_us)s::bigint * interval '1 microsecond', j.run_at)
                  > coalesce(%(now)s::timestamptz, now())
             THEN 'scheduled' ELSE 'available'
         END,
-        run_at = coalesce(%(run_at)s::timestamptz, %(now)s::timestamptz, now()),
+        run_at = coalesce(coalesce(%(now)s::timestamptz, now())
+                          + %(delay_us)s::bigint * interval '1 microsecond', j.run_at),
         attempt = greatest(j.attempt - 1, 0),
         lease_token = NULL,
         lease_expires_at = NULL

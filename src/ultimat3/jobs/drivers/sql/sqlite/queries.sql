@@ -300,7 +300,7 @@ SET state = 'completed',
 WHERE id = ? AND lease_token = ? AND state = 'running';
 
 -- name: job_fail
--- :retry_at NULL parks the job as dead; :error is one AttemptError.to_json() object;
+-- :retry_at (:now plus the failure's retry_in) NULL parks the job as dead; :error is one AttemptError.to_json() object;
 -- :isolated says whether the job is isolated from now on (a rescue) or not (any other failure);
 -- :refund (1) gives the attempt back (a rescue of a job that ran beside others).
 UPDATE x_jobs
@@ -319,9 +319,10 @@ SET state = CASE
 WHERE id = :id AND lease_token = :token AND state = 'running';
 
 -- name: job_snooze
+-- :run_at NULL keeps the job's due time (a release that keeps its place).
 UPDATE x_jobs
-SET state = CASE WHEN :run_at > :now THEN 'scheduled' ELSE 'available' END,
-    run_at = :run_at,
+SET state = CASE WHEN coalesce(:run_at, run_at) > :now THEN 'scheduled' ELSE 'available' END,
+    run_at = coalesce(:run_at, run_at),
     attempt = max(attempt - 1, 0),
     lease_token = NULL,
     lease_expires_at = NULL

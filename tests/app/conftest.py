@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import types
@@ -80,8 +81,27 @@ def make_app(url: str) -> Iterator[Callable[..., App]]:
         app.close()
 
 
-# -- real worker processes: each module that uses these defines an ``env`` fixture (the job
-# database URL and the ledger file), SQLite in test_faults.py, PostgreSQL in test_pg_faults.py.
+# -- real worker processes: the environment of a spawned worker (the job database URL and the
+# ledger files of faultjobs.py and limitjobs.py), on SQLite and PostgreSQL. A module that needs
+# one database only, or more, defines its own ``env`` (test_faults.py, test_pg_faults.py).
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
+    if request.param == "postgres":
+        from psycopg.conninfo import conninfo_to_dict
+
+        parts = conninfo_to_dict(request.getfixturevalue("pg_dsn"))
+        url = f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+    else:
+        url = f"sqlite:///{tmp_path / 'workers.sqlite3'}"
+    return {
+        **os.environ,
+        "ULTIMAT3_JOBS_URL": url,
+        "FAULT_LEDGER": str(tmp_path / "ledger.txt"),
+        "LIMIT_LEDGER": str(tmp_path / "limit-ledger.txt"),
+        "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
 
 
 @pytest.fixture

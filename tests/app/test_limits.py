@@ -4,7 +4,6 @@ the ledger the handlers write (start and end times), not from the library's coun
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -19,25 +18,6 @@ from .processes import HERE, wait_until
 
 PROCESSES = 6
 WORKER = ("worker", "--concurrency", "4", "--poll-interval", "200ms", "--lease", "10s")
-
-
-@pytest.fixture(
-    params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)],
-)
-def env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
-    if request.param == "postgres":
-        from psycopg.conninfo import conninfo_to_dict
-
-        parts = conninfo_to_dict(request.getfixturevalue("pg_dsn"))
-        url = f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
-    else:
-        url = f"sqlite:///{tmp_path / 'limits.sqlite3'}"
-    return {
-        **os.environ,
-        "ULTIMAT3_JOBS_URL": url,
-        "LIMIT_LEDGER": str(tmp_path / "ledger.txt"),
-        "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-    }
 
 
 @pytest.fixture

@@ -375,11 +375,11 @@ def test_expired_leases_are_rescued_and_the_attempt_counts_only_when_the_job_ran
             isolated=isolated,
         )
 
+    worker = app.worker()  # running before: a fresh one trusts no expiry for a lease
     # Claimed as a worker claims, for a free handler: marked started.
     [claimed] = app.driver.job_cycle(Cycle(claim=params(False)), now=clock.now()).claimed
     assert claimed.id == result.id
     clock.advance("31s")
-    worker = app.worker()
     assert worker.maintenance.rescue() == [result.id]
     rescued = app.get_job(result.id)
     assert rescued.attempt == 0 and rescued.errors[0].kind == "worker_lost"
@@ -420,11 +420,12 @@ def test_a_worker_that_does_not_lead_maintenance_rescues_too(app: App, clock: Fa
 
 def test_a_claim_that_never_started_gets_its_attempt_back(app: App, clock: FakeClock) -> None:
     result = record.enqueue({"n": 1})
+    worker = app.worker()
     app.driver.job_claim(
         ClaimParams(("default",), 1, timedelta(seconds=30), worker_id="gone", now=clock.now())
     )
     clock.advance("31s")  # the worker died between the claim and the start
-    assert app.worker().maintenance.rescue() == []
+    assert worker.maintenance.rescue() == []
     released = app.get_job(result.id)
     assert (released.state, released.attempt, released.errors) == (JobState.AVAILABLE, 0, ())
     drain(app)

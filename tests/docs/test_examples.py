@@ -10,6 +10,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 import types
@@ -48,6 +49,39 @@ def page_id(page: Path) -> str:
     return str(page.relative_to(ROOT))
 
 
+class Background(subprocess.Popen[str]):
+    """A long-running command whose stderr a thread reads into ``lines`` as it comes: a worker
+    writes a line per job, and an unread pipe (64 KiB) would block it inside its logging."""
+
+    def __init__(self, argv: list[str], *, cwd: Path, env: dict[str, str]) -> None:
+        super().__init__(argv, cwd=cwd, env=env, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self._first = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.stderr is not None
+        for line in self.stderr:
+            self.lines.append(line)
+            self._first.set()
+        self._first.set()  # ended without a line
+
+    def banner(self) -> str:
+        """The first line, printed once the command's signal handlers are in place (cli.py),
+        so a SIGTERM from then on stops it gracefully."""
+        if not self._first.wait(60):
+            raise AssertionError(f"no banner within 60 s from {self.args}")
+        return self.lines[0] if self.lines else ""
+
+    def output(self) -> str:
+        """Everything it wrote to stderr (once it has ended)."""
+        self._reader.join(timeout=10)
+        if not self._reader.is_alive() and self.stderr is not None:
+            self.stderr.close()
+        return "".join(self.lines)
+
+
 class Project:
     """One page's folder, namespace and background processes."""
 
@@ -59,7 +93,7 @@ class Project:
         self.module = types.ModuleType(name)
         self.module.__file__ = str(folder / "__page__.py")
         sys.modules[name] = self.module
-        self.background: list[tuple[Block, subprocess.Popen[str]]] = []
+        self.background: list[tuple[Block, Background]] = []
 
     def run(self, block: Block) -> None:
         if block.lang not in CODE_LANGUAGES | PROSE_LANGUAGES:
@@ -132,32 +166,32 @@ class Project:
             )
             assert done.returncode == 0, f"{block.where}: {shlex_join(words)}\n{done.stderr}"
             return
-        proc = subprocess.Popen(argv, cwd=self.folder, env=env, stderr=subprocess.PIPE, text=True)
-        assert proc.stderr is not None
-        banner = proc.stderr.readline()  # the command says it is up, or why it is not
-        # The banner comes before the worker installs its signal handlers and starts; a
-        # SIGTERM in that instant is lost or kills it (reported for worker.py), so give the
-        # start the time it takes.
-        time.sleep(START_TIME)
+        proc = Background(argv, cwd=self.folder, env=env)
+        banner = proc.banner()  # the command says it is up, or why it is not
+        if subcommand == "dashboard":
+            # uvicorn installs its signal handlers only once it serves, after the banner: a
+            # SIGTERM before that would be lost, so give the start the time it takes.
+            time.sleep(START_TIME)
         if "background" in block.marks:
             self.background.append((block, proc))
             if proc.poll() is not None:
                 raise AssertionError(f"{block.where}: {shlex_join(words)} ended: {banner}")
             return
-        self.stop(block, proc, banner)
+        self.stop(block, proc)
 
-    def stop(self, block: Block, proc: subprocess.Popen[str], banner: str = "") -> None:
+    def stop(self, block: Block, proc: Background) -> None:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
         try:
-            _, rest = proc.communicate(timeout=30)
+            proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGABRT)
-            _, dump = proc.communicate()
+            proc.wait()
             raise AssertionError(
-                f"{block.where}: did not stop within 30 s of SIGTERM\n{dump}"
+                f"{block.where}: did not stop within 30 s of SIGTERM\n{proc.output()}"
             ) from None
-        assert proc.returncode == 0, f"{block.where}: exit {proc.returncode}\n{banner}{rest}"
+        output = proc.output()
+        assert proc.returncode == 0, f"{block.where}: exit {proc.returncode}\n{output}"
 
     def close(self) -> None:
         from ultimat3.jobs import App
@@ -246,3 +280,15 @@ NO_CODE = {
     "docs/cron.md",
     "docs/guarantees.md",
 }
+
+
+def test_a_background_command_that_writes_much_to_stderr_is_not_blocked(tmp_path: Path) -> None:
+    """A worker writes a line per job: far more than a pipe holds (64 KiB) must not block it."""
+    code = (
+        "import sys; print('up', file=sys.stderr, flush=True); "
+        "sys.stderr.write('a job line\\n' * 50_000)"
+    )
+    proc = Background([sys.executable, "-c", code], cwd=tmp_path, env=dict(os.environ))
+    assert proc.banner() == "up\n"
+    assert proc.wait(timeout=30) == 0
+    assert len(proc.output().splitlines()) == 50_001

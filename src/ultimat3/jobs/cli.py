@@ -554,16 +554,17 @@ def worker(
         w = _build_worker(app, queues, concurrency, **settings)
         if metrics_port is not None:
             _worker_metrics(app, metrics_host, metrics_port, metrics_tenant)
-        say(
-            f"worker {w.worker_id} on {app.driver.display_url}, queues {', '.join(w.queues)}, "
-            f"concurrency {concurrency}",
-            "jobs.cli.worker",
-            worker_id=w.worker_id,
-            url=app.driver.display_url,
-            queues=",".join(w.queues),
-            concurrency=concurrency,
-        )
-        _stopped(w.run())
+        with _signals_counted(w):
+            say(
+                f"worker {w.worker_id} on {app.driver.display_url}, queues "
+                f"{', '.join(w.queues)}, concurrency {concurrency}",
+                "jobs.cli.worker",
+                worker_id=w.worker_id,
+                url=app.driver.display_url,
+                queues=",".join(w.queues),
+                concurrency=concurrency,
+            )
+            _stopped(w.run())
     _exit_for_supervisor(w)
 
 
@@ -686,13 +687,13 @@ def scheduler(ctx: Context, leader: str, leader_ttl: timedelta, tick: timedelta)
                 "no task is registered", fix="register a module that exports task(...) handles"
             )
         s = app.scheduler(leader=_leader(leader), leader_ttl=leader_ttl, tick_interval=tick)
+        stop = _wait_for_signal()  # before the banner: a signal once it is out stops us
         say(
             f"scheduler on {app.driver.display_url}: {', '.join(sorted(app.registry.tasks))}",
             "jobs.cli.scheduler",
             url=app.driver.display_url,
             tasks=",".join(sorted(app.registry.tasks)),
         )
-        stop = _wait_for_signal()
         s.start()
         stop.wait()
         s.stop()
@@ -716,6 +717,7 @@ def relay(ctx: Context, batch_size: int, interval: timedelta) -> None:
         app = ctx.app
         r = app.relay(batch_size=batch_size, interval=interval)
         pending = r.pending()
+        stop = _wait_for_signal()  # before the banner: a signal once it is out stops us
         say(
             f"relay from {r.store.display_url} to {r.driver.display_url}, {pending} row(s) pending",
             "jobs.cli.relay",
@@ -723,7 +725,7 @@ def relay(ctx: Context, batch_size: int, interval: timedelta) -> None:
             url=r.driver.display_url,
             pending=pending,
         )
-        r.run(_wait_for_signal())
+        r.run(stop)
 
 
 @cli.command("run")
@@ -757,29 +759,46 @@ def run_all(
         if metrics_port is not None:
             _worker_metrics(app, metrics_host, metrics_port, metrics_tenant)
         extra = " + relay" if r is not None else ""
-        say(
-            f"worker + scheduler{extra} on {app.driver.display_url}",
-            "jobs.cli.run",
-            url=app.driver.display_url,
-            relay=r is not None,
-        )
-        if s is not None:
-            s.start()
-        if r is not None:
-            r.start()
-        try:
-            stats = w.run()
-        finally:
-            if r is not None:
-                r.stop()
+        with _signals_counted(w):
+            say(
+                f"worker + scheduler{extra} on {app.driver.display_url}",
+                "jobs.cli.run",
+                url=app.driver.display_url,
+                relay=r is not None,
+            )
             if s is not None:
-                s.stop()
+                s.start()
+            if r is not None:
+                r.start()
+            try:
+                stats = w.run()
+            finally:
+                if r is not None:
+                    r.stop()
+                if s is not None:
+                    s.stop()
         _stopped(stats)
     _exit_for_supervisor(w)
 
 
 def _leader(value: str) -> Literal["sole", "database"]:
     return "sole" if value == "sole" else "database"
+
+
+@contextmanager
+def _signals_counted(w: Worker) -> Iterator[None]:
+    """SIGTERM/SIGINT counted by the worker from before its banner on (``Worker.run`` acts on
+    the count), so a supervisor that signals once it reads the banner stops it gracefully."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    counted = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.signal(sig, w._on_signal) for sig in counted}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _wait_for_signal() -> threading.Event:

@@ -6,8 +6,8 @@ driver as ``now``: ``None`` for the system clock, meaning "use the database's ow
 host whose clock is skewed cannot expire a PostgreSQL lease), and the fake time under test.
 
 Steps of the wall clock. The host's wall clock can jump (an operator's ``date -s``, NTP
-stepping a clock that was far off, a VM resumed). This module is the one place that notices:
-every read of wall time (``wall_ns``, which the system clock, ``utcnow`` and SQLite's
+stepping a clock that was far off, a VM resumed). This module is where a step of the *host's*
+clock is noticed: every read of wall time (``wall_ns``, which the system clock, ``utcnow`` and SQLite's
 "database clock" all go through) compares how far wall time moved with how far the monotonic
 clock moved since the previous read, and when the two differ by more than ``STEP`` (1 s) it
 *re-anchors*: it takes the new wall time as true from then on and records the step
@@ -22,6 +22,15 @@ wall time, each asking ``Clock.stepped_at()``:
   a step;
 - the scheduler keeps its own continuous time (``scheduler``), so it fires no occurrence
   ahead of time on a forward step, and none twice on a backward one.
+
+The scheduler is the one other place that detects a step, with a policy of its own: it plans
+on the *database's* clock (PostgreSQL's ``now()``, which this module cannot see step; the
+host's clock for SQLite), compares it with the monotonic clock the same way, and follows a
+step only once it has held for ``step_hold`` (10 minutes), where this module re-anchors at
+once. The difference is deliberate: a fire cannot be taken back, so a mistaken step that is
+corrected within the hold must fire nothing, while a lease renewed or a rescue deferred for a
+lease costs little. A process started after a step sees none here (``stepped_at`` is
+``-inf``); the rescuer therefore also counts its own start as a step (``maintenance``).
 """
 
 from __future__ import annotations

@@ -154,7 +154,10 @@ OUTCOMES: dict[str, str] = {
     "dead": "the attempt failed and was the last one (dead-lettered, or dropped)",
     "snoozed": "the job snoozed itself; it runs again later without using an attempt",
     "cancelled": "the job cancelled itself; it is cancelled",
-    "released": "the worker stopped before the attempt ended; it runs again, attempt refunded",
+    "released": (
+        "the worker gave the job back unended (it stopped, or lacks the job's name); it runs "
+        "again, attempt refunded"
+    ),
 }
 
 

@@ -19,7 +19,14 @@ Guarantees and limits:
 - **A step of the clock is not a death.** A lease renewed on time before the host's wall
   clock stepped forward looks expired after it. The rescuer trusts no expiry until a full
   lease (``grace``) has passed since this process saw the step (``Clock.stepped_at``), time
-  in which the lease's worker renews it (at once: it saw the step too).
+  in which the lease's worker renews it (at once: it saw the step too). A process started
+  after a step cannot see it (a supervisor's restart, a pool's child, a deploy), so the start
+  of ``Maintenance`` counts as a step: a fresh rescuer trusts no expiry for one ``grace``
+  after it starts, time in which a live worker's next heartbeat renews its leases. The cost:
+  a worker started just after another crashed rescues the dead one's jobs up to one lease
+  later than a worker that was already running (which is why a standby, started before the
+  crash, keeps the bound above). Workers' rows are pruned likewise only three leases after
+  the start.
 - **A stall is not a death.** When this process saw the database delay or refuse its writes
   (SQLite's write lock held by a long business transaction; a network stall), heartbeats may
   have been stuck behind the same stall. The rescuer then waits until writes have flowed for
@@ -152,6 +159,8 @@ class Maintenance:
         self._next_prune = 0.0
         self._backlog = False
         self._deferred = False
+        #: A step this process could not see happened, at worst, just before it started.
+        self._started = clock.monotonic()
         self._standby_every = leader_ttl.total_seconds() / 3
 
     def tick(self, *, rescue_every: float, prune_every: float) -> int:
@@ -202,12 +211,13 @@ class Maintenance:
         """Fail every job whose lease expired; return the ids this call rescued. A job that ran
         alone (isolated) is charged its attempt (and may end dead); one that ran beside others
         gets it back and is isolated. Deferred (returns []) while this process saw a write
-        stall, or a step of the host clock, less than ``grace`` ago."""
+        stall, or a step of the host clock, or started, less than ``grace`` ago."""
         stepped = self.clock.stepped_at()
-        steady = self.clock.monotonic() - stepped
+        steady = self._steady_for(stepped)
         healthy = min(self.driver.stalls.healthy_for(), steady)
         if healthy < self.grace.total_seconds():
-            if not self._deferred:
+            starting = steady <= healthy and stepped <= self._started  # ordinary: not warned
+            if not self._deferred and not starting:
                 self._deferred = True
                 events.warning(
                     "jobs.maintenance.rescue-deferred",
@@ -225,6 +235,10 @@ class Maintenance:
         return self._rescue(isolated=True, stepped=stepped) + self._rescue(
             isolated=False, stepped=stepped
         )
+
+    def _steady_for(self, stepped: float) -> float:
+        """Seconds since this process saw the wall clock step, or started if that is later."""
+        return self.clock.monotonic() - max(stepped, self._started)
 
     def _rescue(self, *, isolated: bool, stepped: float) -> list[str]:
         rescued: list[str] = []
@@ -279,9 +293,10 @@ class Maintenance:
 
     def prune_workers(self) -> list[str]:
         """Delete the rows of workers whose heartbeat is stale; return their ids. None for a
-        while after a step of the clock: a live worker's last beat was written in the old time."""
+        while after a step of the clock (or this process's start: see the module): a live
+        worker's last beat was written in the old time."""
         stale = self.config.worker_stale or self.grace * 3
-        if self.clock.monotonic() - self.clock.stepped_at() < stale.total_seconds():
+        if self._steady_for(self.clock.stepped_at()) < stale.total_seconds():
             return []
         gone = self.driver.worker_prune(stale, now=self.clock.pinned())
         for worker_id in gone:

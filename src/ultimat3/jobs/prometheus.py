@@ -82,7 +82,7 @@ class Metrics:
         )
         self.rescued = Counter(
             "ultimat3_jobs_rescued",
-            "Jobs failed by the maintenance node because their worker vanished.",
+            "Jobs rescued by a worker because the worker that ran them vanished (lease expired).",
             job,
             registry=where,
         )

@@ -319,7 +319,9 @@ class Worker:
         self._loop_blocked = False
         self._signals_seen = 0
         self._next_isolation_check = 0.0
-        #: Job names this worker lacks and passes over in its claims, until (time.monotonic()).
+        #: Job names this worker lacks and passes over in its claims, until (clock.monotonic()).
+        #: Handler threads write it; nothing removes an entry (one per name, past ones unread),
+        #: so a skip a handler writes while the cycle reads is never lost.
         self._skipping: dict[str, float] = {}
         self._stuck_since: float | None = None
         self._next_beat = 0.0
@@ -578,10 +580,7 @@ class Worker:
     def _skipped(self) -> tuple[str, ...]:
         """The job names this worker passes over now (``_prepare`` adds them)."""
         now = self.clock.monotonic()
-        skipping = self._skipping.copy()  # handler threads add to it
-        for name, until in skipping.items():
-            if until <= now:
-                self._skipping.pop(name, None)
+        skipping = self._skipping.copy()  # handler threads write it meanwhile
         return tuple(sorted(name for name, until in skipping.items() if until > now))
 
     def _release_lost_claims(self) -> None:

@@ -37,6 +37,7 @@ from ultimat3.jobs.errors import ConfigurationError
 __all__ = [
     "INNER_BUSY_MS",
     "apply_migrations",
+    "autocommits",
     "blocked_here",
     "check_unconverted",
     "close_quietly",

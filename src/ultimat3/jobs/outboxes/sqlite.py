@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 from ultimat3.jobs.dialects.sqlite import (
     INNER_BUSY_MS,
     apply_migrations,
+    autocommits,
     connection_file,
     disown,
     dt,
@@ -50,6 +51,7 @@ from ultimat3.jobs.dialects.sqlite import (
     file_identity,
     hold_own,
     holder_watch,
+    is_busy,
     now_us,
     pending_versions,
     plain_rows,
@@ -63,7 +65,11 @@ from ultimat3.jobs.driver import (
     Joined,
     OneConnection,
 )
-from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
+from ultimat3.jobs.errors import (
+    ConfigurationError,
+    DriverUnavailableError,
+    in_callers_transaction,
+)
 from ultimat3.jobs.outbox_store import OutboxRecord, OutboxStore
 from ultimat3.jobs.records import NewJob
 from ultimat3.jobs.sql import migrations, queries
@@ -257,10 +263,13 @@ class SqliteOutboxStore(OneConnection):
                 fix="find what holds a long write transaction on that file and end it, or "
                 "raise busy_timeout",
             )
+        # A refused row (a duplicate id) or a bad file cannot pass by retrying; busy, full
+        # and I/O errors can.
         return DriverUnavailableError(
             f"SQLite failed on the outbox in {self.path}: {exc}",
             driver=_NAME,
             fix="check the file and the error above; run store.migrate() if it is new",
+            retryable=not isinstance(exc, sqlite3.IntegrityError),
         )
 
     def close(self) -> None:
@@ -372,10 +381,35 @@ class SqliteOutboxStore(OneConnection):
         def body(c: sqlite3.Connection) -> None:
             c.executemany(_Q["stage"], rows)
 
+        opened = conn.in_transaction
         try:
             write_in(conn, body, savepoint=_SAVEPOINT, retry=lambda attempt: attempt())
-        except sqlite3.OperationalError as exc:
-            raise self._unavailable(exc) from exc
+        except sqlite3.Error as exc:
+            if not opened and autocommits(conn):  # its own transaction, over: not the caller's
+                raise self._unavailable(exc) from exc
+            raise self._in_callers_transaction(exc, conn, len(rows)) from exc
+
+    def _in_callers_transaction(
+        self, exc: sqlite3.Error, conn: sqlite3.Connection, count: int
+    ) -> DriverUnavailableError:
+        """A stage that failed in the caller's transaction (``errors.in_callers_transaction``,
+        as the PostgreSQL store): its savepoint was rolled back and the transaction goes on,
+        unless SQLite ended it (``kept``: a full disk, an I/O error)."""
+        if is_busy(exc):
+            fix = (
+                "start write transactions with BEGIN IMMEDIATE (sqlite3.connect(..., "
+                "isolation_level='IMMEDIATE')) so they hold the write lock from the start"
+            )
+        elif isinstance(exc, sqlite3.IntegrityError):
+            fix = "stage each job once: its id is the outbox row's key"
+        else:
+            fix = "check the file and the error above"
+        return in_callers_transaction(
+            f"SQLite refused to stage {count} job(s) in the outbox in {self.path}: {exc}",
+            driver=_NAME,
+            fix=fix,
+            kept=conn.in_transaction,
+        )
 
     # -- the relay's side --------------------------------------------------------------------
 

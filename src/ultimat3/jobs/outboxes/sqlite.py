@@ -20,7 +20,10 @@ What it guarantees:
   while the claim waits for a business transaction's write lock (``dialects.sqlite.
   retry_busy``), the lock is free, and the store's identity, which every enqueue in a
   business transaction asks for, is computed once and never takes it. So a business
-  transaction that holds the write lock never waits for the relay that waits for it.
+  transaction that holds the write lock never waits for the relay that waits for it. One
+  wait keeps the lock: a ``COMMIT`` in rollback-journal mode waits for the file's readers to
+  leave, and the store's connection is in its transaction meanwhile (in WAL mode a commit
+  does not wait).
 
 Limits: the claim holds the write lock of your database while it publishes (one insert
 transaction on the job database per queue in the batch: milliseconds), so your writers wait
@@ -190,7 +193,9 @@ class SqliteOutboxStore(OneConnection):
             except sqlite3.Error as exc:
                 raise self._unavailable(exc) from exc
             self._opened(self._conn)
-            hold_own(self._conn, self.path)  # the library's own (dialects.sqlite.blocked_here)
+            hold_own(
+                self._conn, self.path, self
+            )  # the library's own (dialects.sqlite.blocked_here)
         return self._conn
 
     def _begin(self) -> sqlite3.Connection:
@@ -212,12 +217,16 @@ class SqliteOutboxStore(OneConnection):
     ) -> Iterator[sqlite3.Connection]:
         """``BEGIN IMMEDIATE`` on the store's connection: the write lock before any read. The
         wait for it holds no lock of ours (``_begin``); with ``held_here``, a wait for a lock
-        the application's own connection in this process holds ends with that error
-        (``dialects.sqlite.holder_watch``)."""
+        the application's own connection in this process holds ends with that error, at once
+        when no other thread could release it, else at the timeout
+        (``dialects.sqlite.HolderWatch``)."""
         watch = None if held_here is None else holder_watch(self.path, held_here)
         try:
             conn = retry_busy(self._begin, timeout=self._busy_timeout, on_busy=watch)
         except sqlite3.Error as exc:
+            held = None if watch is None or not is_busy(exc) else watch.verdict()
+            if held is not None:
+                raise held from exc
             raise self._unavailable(exc) from exc
         try:
             yield conn

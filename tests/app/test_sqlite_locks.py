@@ -4,16 +4,21 @@ transaction is open":
 - A deferred ``BEGIN`` (Python's, Django's) that has written nothing holds no lock: the first
   enqueue inside it migrates a fresh file on the library's connection, and joins it.
 - A transaction that read the file before the tables existed is told why it cannot see them;
-  one that wrote is refused within a second, not after the busy timeout.
+  one that wrote is refused in about half a second, not after the busy timeout.
 - A write lock held by the application's own connection in this process (a SQLAlchemy
   session after ``flush()``, a ``sqlite3`` connection in a transaction) while an enqueue goes
-  through the app's own connection is named within a second; one held by another process is
-  waited for, and the error names that process; one held a moment by another thread of this
-  process is waited for.
+  through the app's own connection, with no other thread running, is named in about half a
+  second; one held by another process is waited for, and the error names that process; one
+  held by another thread of this process is waited for (noted once in a WARNING), and named
+  only if it lasts the whole busy timeout.
+
+The bounds are loose on purpose (5 s against a busy timeout of 10 s): the diagnosis comes at
+about 0.55 s, and a loaded machine must not make it look late.
 """
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import subprocess
 import sys
@@ -53,7 +58,7 @@ def migrated(tmp_path: Path, module: types.ModuleType) -> Iterator[tuple[Path, A
     """A job file migrated beforehand with a business table, and an App on it with a short
     busy timeout (a wait that should not happen fails the test quickly on the old code)."""
     path = tmp_path / "jobs.sqlite3"
-    app = App(driver=SqliteDriver(path, busy_timeout=3.0), modules=[module])
+    app = App(driver=SqliteDriver(path, busy_timeout=10.0), modules=[module])
     app.open()
     with closing(sqlite3.connect(path, isolation_level=None)) as setup:
         setup.execute("CREATE TABLE orders (id integer)")
@@ -72,7 +77,7 @@ def test_a_deferred_transaction_that_wrote_nothing_migrates_a_fresh_file(
         started = time.monotonic()
         with app.using(conn):
             record.enqueue({"order": 1})
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 5.0
         conn.execute("CREATE TABLE orders (id integer)")
         conn.execute("INSERT INTO orders VALUES (1)")
         conn.execute("COMMIT")
@@ -123,7 +128,7 @@ def test_a_transaction_that_wrote_is_refused_within_a_second(
     with closing(sqlite3.connect(path, isolation_level=None)) as setup:
         setup.execute("PRAGMA journal_mode=WAL")
         setup.execute("CREATE TABLE orders (id integer)")
-    app = App(driver=SqliteDriver(path, busy_timeout=3.0), modules=[module])
+    app = App(driver=SqliteDriver(path, busy_timeout=10.0), modules=[module])
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute("BEGIN")
@@ -131,7 +136,7 @@ def test_a_transaction_that_wrote_is_refused_within_a_second(
         started = time.monotonic()
         with pytest.raises(ConfigurationError) as raised, app.using(conn):
             record.enqueue({})
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 5.0
         assert "need migrating" in raised.value.cause
         assert "the transaction around this call, once it has written" in raised.value.cause
         assert "ultimat3-jobs migrate" in raised.value.fix
@@ -145,7 +150,7 @@ def test_a_transaction_that_read_a_new_file_is_told_it_keeps_it_from_being_set_u
     tmp_path: Path, module: types.ModuleType
 ) -> None:
     path = tmp_path / "jobs.sqlite3"
-    app = App(driver=SqliteDriver(path, busy_timeout=3.0), modules=[module])
+    app = App(driver=SqliteDriver(path, busy_timeout=10.0), modules=[module])
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute("BEGIN")
@@ -153,7 +158,7 @@ def test_a_transaction_that_read_a_new_file_is_told_it_keeps_it_from_being_set_u
         started = time.monotonic()
         with pytest.raises(ConfigurationError) as raised, app.using(conn):
             record.enqueue({})
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 5.0
         assert "is new, and setting it up (WAL mode) needs every other" in raised.value.cause
         assert "ultimat3-jobs migrate" in raised.value.fix
         conn.execute("ROLLBACK")
@@ -179,7 +184,7 @@ def test_the_applications_own_lock_in_this_process_is_named_within_a_second(
         with pytest.raises(ConfigurationError) as raised:
             record.enqueue({})  # through the app's own connection: would wait for `own`
         took = time.monotonic() - started
-        assert took < 1.0, f"diagnosed after {took:.2f}s"
+        assert took < 5.0, f"diagnosed after {took:.2f}s"
         assert raised.value.cause.startswith(HELD_HERE)
         assert raised.value.fix.startswith("enqueue through it with using(app, session)")
         own.rollback()
@@ -205,7 +210,7 @@ def test_a_sqlalchemy_session_after_flush_is_named_within_a_second(
             started = time.monotonic()
             with pytest.raises(ConfigurationError) as raised:
                 record.enqueue({})  # forgot using(app, session)
-            assert time.monotonic() - started < 1.0
+            assert time.monotonic() - started < 5.0
             assert raised.value.cause.startswith(HELD_HERE)
     finally:
         engine.dispose()
@@ -246,28 +251,96 @@ def test_a_lock_held_by_another_process_is_waited_for_and_names_it(
         fast.close()
 
 
-def test_another_threads_short_transaction_in_this_process_is_waited_for(
-    migrated: tuple[Path, App],
+class _HeldHereNoted(logging.Handler):
+    """Sets ``noted`` when the wait logs that the lock is held in this process."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.noted = threading.Event()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "event", None) == "jobs.sqlite.held-here":
+            self.records.append(record)
+            self.noted.set()
+
+
+@pytest.fixture
+def held_here_log() -> Iterator[_HeldHereNoted]:
+    handler = _HeldHereNoted()
+    logger = logging.getLogger("ultimat3.jobs.dialects.sqlite")
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+
+
+@linux_only
+def test_another_threads_transaction_in_this_process_is_waited_for_past_the_diagnosis(
+    migrated: tuple[Path, App], held_here_log: _HeldHereNoted
 ) -> None:
+    """Another thread of the app holds an ordinary write transaction on the job file, longer
+    than the half second after which a lock held here is named: the enqueue is a wait that can
+    still succeed, so it notes the lock once (a WARNING) and goes on waiting until the holder
+    commits, here once that note is out."""
     path, app = migrated
     held = threading.Event()
 
-    def short_transaction() -> None:
+    def transaction() -> None:
         with closing(sqlite3.connect(path, isolation_level=None)) as other:
             other.execute("BEGIN IMMEDIATE")
             other.execute("INSERT INTO orders VALUES (1)")
             held.set()
-            time.sleep(0.3)  # the transaction's own work, shorter than the diagnosis
+            held_here_log.noted.wait(8)  # past the diagnosis, well within busy_timeout
             other.execute("COMMIT")
 
-    thread = threading.Thread(target=short_transaction)
+    thread = threading.Thread(target=transaction)
     thread.start()
     try:
         assert held.wait(5)
         record.enqueue({})
         assert app.count_jobs() == 1
+        assert held_here_log.noted.is_set(), "the wait went on past the held-here look"
+        [note] = held_here_log.records
+        assert HELD_HERE in note.getMessage()
     finally:
+        held_here_log.noted.set()
         thread.join()
+
+
+@linux_only
+def test_another_threads_lock_held_past_the_timeout_is_named_at_the_timeout(
+    tmp_path: Path, module: types.ModuleType
+) -> None:
+    """The same, held for longer than ``busy_timeout``: the wait lasts the whole timeout (the
+    holder might have committed), then names the lock held here rather than "busy"."""
+    path = tmp_path / "jobs.sqlite3"
+    app = App(driver=SqliteDriver(path, busy_timeout=1.0), modules=[module])
+    app.open()
+    held, done = threading.Event(), threading.Event()
+
+    def transaction() -> None:
+        with closing(sqlite3.connect(path, isolation_level=None)) as other:
+            other.execute("BEGIN IMMEDIATE")
+            held.set()
+            done.wait(10)
+            other.execute("ROLLBACK")
+
+    thread = threading.Thread(target=transaction)
+    thread.start()
+    try:
+        assert held.wait(5)
+        started = time.monotonic()
+        with pytest.raises(ConfigurationError) as raised:
+            record.enqueue({})
+        took = time.monotonic() - started
+        assert took >= 1.0, f"gave up after {took:.2f}s, before busy_timeout"
+        assert raised.value.cause.startswith(HELD_HERE)
+    finally:
+        done.set()
+        thread.join()
+        app.close()
 
 
 def _job() -> Any:
@@ -275,3 +348,29 @@ def _job() -> Any:
 
     return NewJob(id="j1", name="record", queue="default", input="{}", idempotency_key="j1",
                   max_attempts=1)  # fmt: skip
+
+
+def test_a_store_dropped_without_close_is_no_longer_counted_as_the_librarys(
+    tmp_path: Path,
+) -> None:
+    """The registry of the library's connections (``hold_own``) forgets a store collected
+    without close(): its connection is closed then, and nothing scans it any longer."""
+    import gc
+
+    from ultimat3.jobs.dialects import sqlite as dialect
+    from ultimat3.jobs.outboxes.sqlite import SqliteOutboxStore
+
+    path = tmp_path / "business.sqlite3"
+    key = dialect.file_identity(str(path)).key
+
+    def registered() -> int:
+        with dialect._own_lock:
+            return sum(1 for _, file, _ in dialect._own.values() if file == key)
+
+    store = SqliteOutboxStore(path)
+    store.migrate()
+    key = dialect.file_identity(str(path)).key  # the file exists now: its device and inode
+    assert registered() == 1
+    del store
+    gc.collect()
+    assert registered() == 0

@@ -301,7 +301,7 @@ def test_installed_enqueue_after_a_flush_joins_at_once_on_sqlite(tmp_path: Path)
             session.execute(text("INSERT INTO orders VALUES (1)"))
             session.flush()
             record.enqueue({"order": 1})
-        assert time.monotonic() - started < 2.0, "the enqueue waited for its own session's lock"
+        assert time.monotonic() - started < 5.0, "the enqueue waited for its own session's lock"
         assert orders(engine) == 1
         assert app.count_jobs() == 1
     finally:

@@ -89,7 +89,7 @@ def test_an_enqueue_never_waits_for_a_relay_that_waits_for_its_transaction(
     tmp_path: Path,
 ) -> None:
     business = tmp_path / "business.sqlite3"
-    store = SqliteOutboxStore(business, busy_timeout=3.0)
+    store = SqliteOutboxStore(business, busy_timeout=10.0)
     sys.modules[JOBS.__name__] = JOBS
     app = App(f"sqlite:///{tmp_path / 'jobs.sqlite3'}", modules=[JOBS], outbox=store)
     conn = sqlite3.connect(business, isolation_level=None)
@@ -108,7 +108,7 @@ def test_an_enqueue_never_waits_for_a_relay_that_waits_for_its_transaction(
         took = time.monotonic() - began
         conn.execute("COMMIT")
         ticking.join()
-        assert took < 1.0, f"the enqueue waited {took:.1f}s for the relay"
+        assert took < 5.0, f"the enqueue waited {took:.1f}s for the relay"
         assert published == [1], "the relay's claim waited for the commit, then published it"
     finally:
         conn.close()
@@ -121,7 +121,7 @@ def test_creating_the_outbox_inside_a_transaction_that_wrote_is_refused_within_a
     tmp_path: Path,
 ) -> None:
     business = tmp_path / "business.sqlite3"
-    store = SqliteOutboxStore(business, busy_timeout=3.0)  # never migrated
+    store = SqliteOutboxStore(business, busy_timeout=10.0)  # never migrated
     sys.modules[JOBS.__name__] = JOBS
     app = App(f"sqlite:///{tmp_path / 'jobs.sqlite3'}", modules=[JOBS], outbox=store)
     conn = sqlite3.connect(business, isolation_level=None)
@@ -132,7 +132,7 @@ def test_creating_the_outbox_inside_a_transaction_that_wrote_is_refused_within_a
         started = time.monotonic()
         with pytest.raises(ConfigurationError) as raised, app.using(conn):
             job_a.enqueue(1)
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 5.0
         assert "x_outbox" in raised.value.cause
         assert "this process holds the write lock" in raised.value.cause
         assert "ultimat3-jobs migrate" in raised.value.fix

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ultimat3.jobs.errors import ConfigurationError
+from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
 from ultimat3.jobs.outboxes import open_store
 from ultimat3.jobs.records import NewJob
 
@@ -186,8 +186,10 @@ def test_a_failed_stage_never_lets_the_transaction_commit_without_it(spec: Store
     with spec.begin() as conn:
         executor = spec.store.adopt(conn)
         spec.store.stage(executor, [new_job(1)])
-        with pytest.raises(Exception, match=r"(?i)unique"):
+        with pytest.raises(DriverUnavailableError, match=r"(?i)unique") as refused:
             spec.store.stage(executor, [new_job(3), new_job(1)])  # the same id again
+        assert refused.value.retryable is False, "the caller's transaction is theirs to retry"
+        assert "still usable" in refused.value.fix
         spec.store.stage(executor, [new_job(2)])  # the transaction is still usable
     with spec.store.claim(10) as batch:
         assert [r.job.id for r in batch.records] == ["job-0001", "job-0002"]

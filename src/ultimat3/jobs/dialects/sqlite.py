@@ -19,11 +19,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import sqlite3
+import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -36,7 +39,9 @@ from ultimat3.jobs.errors import ConfigurationError
 
 __all__ = [
     "INNER_BUSY_MS",
+    "HolderWatch",
     "apply_migrations",
+    "autocommits",
     "blocked_here",
     "check_unconverted",
     "close_quietly",
@@ -310,20 +315,25 @@ _own: dict[int, tuple[sqlite3.Connection, tuple[object, ...], int]] = {}
 _own_lock = threading.RLock()
 
 
-def hold_own(conn: sqlite3.Connection, path: str) -> None:
-    """Note ``conn`` as one of the library's connections to the file at ``path`` (until
-    ``disown``), so that ``blocked_here`` can tell them from the application's."""
+def hold_own(conn: sqlite3.Connection, path: str, owner: object) -> None:
+    """Note ``conn`` as one of the library's connections to the file at ``path``, so that
+    ``blocked_here`` can tell them from the application's, until ``disown`` or until
+    ``owner`` (the object that keeps ``conn``: a store, a thread's slot) is collected, closed
+    or not (a ``sqlite3.Connection`` takes no weak reference, so the registry's is strong)."""
     pid = os.getpid()
     entry = (conn, file_identity(path).key, pid)
     with _own_lock:
         for key in [key for key, (_, _, opener) in _own.items() if opener != pid]:
             del _own[key]  # a forked child's copy of its parent's: never used here
         _own[id(conn)] = entry
+    weakref.finalize(owner, disown, conn)
 
 
 def disown(conn: sqlite3.Connection) -> None:
     with _own_lock:
-        _own.pop(id(conn), None)
+        entry = _own.get(id(conn))
+        if entry is not None and entry[0] is conn:
+            del _own[id(conn)]
 
 
 def blocked_here(path: str) -> bool:
@@ -350,34 +360,83 @@ def blocked_here(path: str) -> bool:
     return True
 
 
-# A wait for the write lock looks at who holds it after _HELD_HERE_LOOK, then as often; held
-# _HELD_HERE_FOR by a connection of this process that is not the library's, it is the caller's
-# own (see blocked_here): waiting longer cannot help when it is this thread's, and another
-# thread's transactions are far shorter.
+# A wait for the write lock looks at who holds it after _HELD_HERE_LOOK, then as often. Held
+# _HELD_HERE_FOR by a connection of this process that is not the library's (blocked_here), it
+# is the application's own: the wait ends there only when no other thread of this process
+# could release it (the waiting thread is the only one), else it is noted once and goes on.
 _HELD_HERE_LOOK = 0.05
 _HELD_HERE_FOR = 0.5
 
+_log = logging.getLogger("ultimat3.jobs.dialects.sqlite")
 
-def holder_watch(path: str, held_here: Callable[[], Exception]) -> Callable[[float], None]:
-    """An ``on_busy`` for ``retry_busy`` that raises ``held_here()`` once the write lock on
-    ``path`` has been held by the application's own connection in this process
-    (``blocked_here``) at every look for half a second: about 0.55 s into the wait."""
-    since: float | None = None
-    look_at = _HELD_HERE_LOOK
 
-    def on_busy(waited: float) -> None:
-        nonlocal since, look_at
-        if waited < look_at:
+def _alone() -> bool:
+    """True when the calling thread is the only thread of this process that runs Python: a
+    connection of this process can then be released by no one while it waits."""
+    return len(sys._current_frames()) == 1
+
+
+class HolderWatch:
+    """An ``on_busy`` for ``retry_busy`` that looks at who holds the write lock on ``path``
+    while a write waits for it, and tells a wait that cannot end from one that can.
+
+    - Held by the application's own connection in this process (``blocked_here``) at every
+      look for half a second, and the waiting thread is the process's only thread: that
+      connection is this thread's (the caller's transaction around this call, a SQLAlchemy
+      session after ``flush()``, a ``sqlite3`` connection left in a transaction), and can only
+      be released once this call returns. ``held_here()`` is raised then, about 0.55 s in.
+    - The same with other threads running: one of them may hold it in an ordinary
+      transaction and commit, so the wait goes on; one WARNING says what it may be waiting
+      for. If the wait reaches the timeout with the lock held here at every look,
+      ``verdict()`` gives ``held_here()`` for the caller to raise instead of "busy"."""
+
+    def __init__(self, path: str, held_here: Callable[[], Exception]) -> None:
+        self.path = path
+        self.held_here = held_here
+        self._since: float | None = None
+        self._look_at = _HELD_HERE_LOOK
+        self._throughout: bool | None = None  # None: not looked yet
+        self._warned = False
+
+    def __call__(self, waited: float) -> None:
+        if waited < self._look_at:
             return
-        look_at = waited + _HELD_HERE_LOOK
-        if not blocked_here(path):
-            since = None
-        elif since is None:
-            since = waited
-        elif waited - since >= _HELD_HERE_FOR:
-            raise held_here() from None
+        self._look_at = waited + _HELD_HERE_LOOK
+        if not blocked_here(self.path):
+            self._since = None
+            self._throughout = False
+            return
+        if self._throughout is None:
+            self._throughout = True
+        if self._since is None:
+            self._since = waited
+        elif waited - self._since >= _HELD_HERE_FOR:
+            if _alone():
+                raise self.held_here() from None
+            if not self._warned:
+                self._warned = True
+                error = self.held_here()
+                _log.warning(
+                    "jobs.sqlite.held-here: waiting %.1fs so far for the write lock on %s, "
+                    "which this process holds on a connection that is not the library's; "
+                    "waiting on in case another thread holds it. %s",
+                    waited,
+                    self.path,
+                    error,
+                    extra={"event": "jobs.sqlite.held-here", "path": self.path},
+                )
 
-    return on_busy
+    def verdict(self) -> Exception | None:
+        """After the wait timed out: ``held_here()`` when this process held the lock on a
+        connection not the library's at every look, and still does; else None."""
+        if self._throughout and blocked_here(self.path):
+            return self.held_here()
+        return None
+
+
+def holder_watch(path: str, held_here: Callable[[], Exception]) -> HolderWatch:
+    """A ``HolderWatch`` on ``path`` (see there)."""
+    return HolderWatch(path, held_here)
 
 
 def rollback_quietly(conn: sqlite3.Connection) -> None:

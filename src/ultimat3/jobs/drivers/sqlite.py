@@ -56,11 +56,13 @@ Limits:
 - The application's own connection in this process holding the write lock (a SQLAlchemy
   session after ``flush()``, a ``sqlite3`` connection in a transaction, not joined with
   ``using``) while an enqueue, ``transaction()``, a migration or the set-up of a new file waits
-  for it: told within a second by a ``ConfigurationError`` saying so, not after
-  ``busy_timeout`` (``dialects.sqlite.blocked_here``: the lock's owner is read from Linux's
-  ``/proc/locks``, and none of the library's connections in this process is in a transaction
-  on the file). Elsewhere than Linux, and when another thread of this process holds the lock
-  less than half a second, the call waits as for any writer.
+  for it: told by a ``ConfigurationError`` saying so (``dialects.sqlite.blocked_here``: the
+  lock's owner is read from Linux's ``/proc/locks``, and none of the library's connections in
+  this process is in a transaction on the file). In about half a second when the waiting
+  thread is the process's only one (the lock can then only be its own, and never freed while
+  it waits); with other threads running, the lock may be another thread's ordinary
+  transaction: the call waits as for any writer, logs one WARNING, and raises that error
+  instead of "busy" at ``busy_timeout``. Elsewhere than Linux the call waits as for any writer.
 - Connections are per thread (``threading.local``), closed when the thread ends or by
   ``close()``; call ``close()`` only once the threads using the driver have stopped.
 - WAL needs shared memory between processes: the file must be on a local filesystem (a network
@@ -366,7 +368,7 @@ class SqliteDriver:
             conns, lock = self._conns, self._lock
             with lock:
                 conns[key] = slot.conn
-            hold_own(slot.conn, self.path)
+            hold_own(slot.conn, self.path, slot)
 
             def drop(conn: sqlite3.Connection = slot.conn) -> None:
                 if os.getpid() != pid:
@@ -555,8 +557,9 @@ class SqliteDriver:
         """Run ``attempt`` until it is not refused as busy, up to ``busy_timeout`` seconds
         (``dialects.sqlite.retry_busy``). A long wait is noted in ``stalls``: other writers
         could not write meanwhile either. With ``held_here``, a wait for a lock that this
-        process holds on a connection of its own ends with the error it makes
-        (``dialects.sqlite.holder_watch``)."""
+        process holds on a connection of its own ends with the error it makes: at once when
+        no other thread could release it, else at the timeout
+        (``dialects.sqlite.HolderWatch``)."""
         try:
             return attempt()
         except sqlite3.Error as exc:
@@ -573,6 +576,9 @@ class SqliteDriver:
                 raise
             if is_busy(exc):
                 self.stalls.note_failure()
+                held = None if watch is None else watch.verdict()
+                if held is not None:
+                    raise held from exc
             raise self._unavailable(exc) from exc
         self.stalls.note_wait(time.monotonic() - started)
         return result

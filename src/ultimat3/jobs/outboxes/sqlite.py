@@ -20,7 +20,10 @@ What it guarantees:
   while the claim waits for a business transaction's write lock (``dialects.sqlite.
   retry_busy``), the lock is free, and the store's identity, which every enqueue in a
   business transaction asks for, is computed once and never takes it. So a business
-  transaction that holds the write lock never waits for the relay that waits for it.
+  transaction that holds the write lock never waits for the relay that waits for it. One
+  wait keeps the lock: a ``COMMIT`` in rollback-journal mode waits for the file's readers to
+  leave, and the store's connection is in its transaction meanwhile (in WAL mode a commit
+  does not wait).
 
 Limits: the claim holds the write lock of your database while it publishes (one insert
 transaction on the job database per queue in the batch: milliseconds), so your writers wait
@@ -43,6 +46,7 @@ from typing import Any, TypeVar
 from ultimat3.jobs.dialects.sqlite import (
     INNER_BUSY_MS,
     apply_migrations,
+    autocommits,
     connection_file,
     disown,
     dt,
@@ -50,6 +54,7 @@ from ultimat3.jobs.dialects.sqlite import (
     file_identity,
     hold_own,
     holder_watch,
+    is_busy,
     now_us,
     pending_versions,
     plain_rows,
@@ -63,7 +68,11 @@ from ultimat3.jobs.driver import (
     Joined,
     OneConnection,
 )
-from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
+from ultimat3.jobs.errors import (
+    ConfigurationError,
+    DriverUnavailableError,
+    in_callers_transaction,
+)
 from ultimat3.jobs.outbox_store import OutboxRecord, OutboxStore
 from ultimat3.jobs.records import NewJob
 from ultimat3.jobs.sql import migrations, queries
@@ -184,7 +193,9 @@ class SqliteOutboxStore(OneConnection):
             except sqlite3.Error as exc:
                 raise self._unavailable(exc) from exc
             self._opened(self._conn)
-            hold_own(self._conn, self.path)  # the library's own (dialects.sqlite.blocked_here)
+            hold_own(
+                self._conn, self.path, self
+            )  # the library's own (dialects.sqlite.blocked_here)
         return self._conn
 
     def _begin(self) -> sqlite3.Connection:
@@ -206,12 +217,16 @@ class SqliteOutboxStore(OneConnection):
     ) -> Iterator[sqlite3.Connection]:
         """``BEGIN IMMEDIATE`` on the store's connection: the write lock before any read. The
         wait for it holds no lock of ours (``_begin``); with ``held_here``, a wait for a lock
-        the application's own connection in this process holds ends with that error
-        (``dialects.sqlite.holder_watch``)."""
+        the application's own connection in this process holds ends with that error, at once
+        when no other thread could release it, else at the timeout
+        (``dialects.sqlite.HolderWatch``)."""
         watch = None if held_here is None else holder_watch(self.path, held_here)
         try:
             conn = retry_busy(self._begin, timeout=self._busy_timeout, on_busy=watch)
         except sqlite3.Error as exc:
+            held = None if watch is None or not is_busy(exc) else watch.verdict()
+            if held is not None:
+                raise held from exc
             raise self._unavailable(exc) from exc
         try:
             yield conn
@@ -257,10 +272,13 @@ class SqliteOutboxStore(OneConnection):
                 fix="find what holds a long write transaction on that file and end it, or "
                 "raise busy_timeout",
             )
+        # A refused row (a duplicate id) or a bad file cannot pass by retrying; busy, full
+        # and I/O errors can.
         return DriverUnavailableError(
             f"SQLite failed on the outbox in {self.path}: {exc}",
             driver=_NAME,
             fix="check the file and the error above; run store.migrate() if it is new",
+            retryable=not isinstance(exc, sqlite3.IntegrityError),
         )
 
     def close(self) -> None:
@@ -372,10 +390,35 @@ class SqliteOutboxStore(OneConnection):
         def body(c: sqlite3.Connection) -> None:
             c.executemany(_Q["stage"], rows)
 
+        opened = conn.in_transaction
         try:
             write_in(conn, body, savepoint=_SAVEPOINT, retry=lambda attempt: attempt())
-        except sqlite3.OperationalError as exc:
-            raise self._unavailable(exc) from exc
+        except sqlite3.Error as exc:
+            if not opened and autocommits(conn):  # its own transaction, over: not the caller's
+                raise self._unavailable(exc) from exc
+            raise self._in_callers_transaction(exc, conn, len(rows)) from exc
+
+    def _in_callers_transaction(
+        self, exc: sqlite3.Error, conn: sqlite3.Connection, count: int
+    ) -> DriverUnavailableError:
+        """A stage that failed in the caller's transaction (``errors.in_callers_transaction``,
+        as the PostgreSQL store): its savepoint was rolled back and the transaction goes on,
+        unless SQLite ended it (``kept``: a full disk, an I/O error)."""
+        if is_busy(exc):
+            fix = (
+                "start write transactions with BEGIN IMMEDIATE (sqlite3.connect(..., "
+                "isolation_level='IMMEDIATE')) so they hold the write lock from the start"
+            )
+        elif isinstance(exc, sqlite3.IntegrityError):
+            fix = "stage each job once: its id is the outbox row's key"
+        else:
+            fix = "check the file and the error above"
+        return in_callers_transaction(
+            f"SQLite refused to stage {count} job(s) in the outbox in {self.path}: {exc}",
+            driver=_NAME,
+            fix=fix,
+            kept=conn.in_transaction,
+        )
 
     # -- the relay's side --------------------------------------------------------------------
 

@@ -270,3 +270,58 @@ def test_pg_a_refused_enqueue_on_a_connection_in_pipeline_mode(pg_app: App, pg_u
     assert _orders(pg_url) == [1, 2]
     assert pg_app.count_jobs() == 1
     assert json.loads(pg_app.get_job(kept.id).input) == {"what": "book"}
+
+
+@pytest.mark.postgres
+def test_pg_an_enqueue_after_a_failed_statement_in_the_callers_pipeline(
+    pg_app: App, pg_url: str
+) -> None:
+    """The caller's own statement failed in their pipeline, not synced yet: the enqueue says
+    that their transaction has failed, not that a write of ours failed in a usable one."""
+    import psycopg
+
+    from ultimat3.jobs import ConfigurationError
+
+    with psycopg.connect(pg_url) as conn:
+        with (
+            pytest.raises(psycopg.errors.InFailedSqlTransaction),
+            pg_app.using(conn),
+            conn.pipeline(),
+        ):
+            conn.execute("insert into orders values (1)")
+            conn.execute("insert into orders values (1)")  # refused, raised at the next sync
+            with pytest.raises(ConfigurationError) as caught:
+                ship.enqueue({"what": "book"})
+            conn.execute("select 1")  # the transaction is aborted, as the error said
+        conn.rollback()
+    assert "transaction has failed" in caught.value.cause
+    assert _orders(pg_url) == []
+
+
+@pytest.mark.postgres
+def test_pg_an_interrupted_enqueue_rolls_back_to_its_savepoint(pg_app: App, pg_url: str) -> None:
+    """Ctrl-C while the enqueue waits for a key: psycopg cancels the statement and raises
+    KeyboardInterrupt; the savepoint is rolled back, so the caller's transaction goes on."""
+    import os
+    import signal
+    import threading
+
+    import psycopg
+
+    with psycopg.connect(pg_url) as other, psycopg.connect(pg_url) as conn:
+        with pg_app.using(other):
+            receipt.enqueue({"order": 5})  # left uncommitted: the key is held
+        with conn.transaction(), pg_app.using(conn):
+            conn.execute("set local lock_timeout = '10s'")  # never for ever
+            conn.execute("insert into orders values (1)")
+            timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+            timer.start()
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    receipt.enqueue({"order": 5})
+            finally:
+                timer.join()
+            conn.execute("insert into orders values (2)")
+        other.rollback()
+    assert _orders(pg_url) == [1, 2]
+    assert pg_app.count_jobs() == 0

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ultimat3.jobs import App, DriverUnavailableError, JobsError, job
+from ultimat3.jobs import App, DriverUnavailableError, EnqueueRefusedError, JobsError, job
 
 
 @job
@@ -28,8 +28,11 @@ def receipt(input: dict[str, Any]) -> None:
 
 
 def _refused_in_place(exc: JobsError) -> None:
-    """The common shape of the error: not the outage's, not retryable in that transaction."""
-    assert not isinstance(exc, DriverUnavailableError) or exc.retryable is False
+    """The common shape of the error: an EnqueueRefusedError (a DriverUnavailableError, for
+    the handlers of that), not the outage's, not retryable in that transaction."""
+    assert type(exc) is EnqueueRefusedError
+    assert isinstance(exc, DriverUnavailableError)
+    assert exc.retryable is False
     assert "server is running" not in exc.fix
     assert "transaction" in exc.fix
 
@@ -77,7 +80,7 @@ def test_pg_lock_timeout_on_a_key_another_transaction_holds(pg_app: App, pg_url:
         conn.commit()
         with conn.transaction(), pg_app.using(conn):
             conn.execute("insert into orders values (1)")
-            with pytest.raises(JobsError) as caught:
+            with pytest.raises(EnqueueRefusedError) as caught:
                 receipt.enqueue({"order": 42})
             conn.execute("insert into orders values (2)")  # the transaction goes on
         other.rollback()
@@ -99,7 +102,7 @@ def test_pg_statement_timeout_in_the_callers_transaction(pg_app: App, pg_url: st
         conn.commit()
         with conn.transaction(), pg_app.using(conn):
             conn.execute("insert into orders values (1)")
-            with pytest.raises(JobsError) as caught:
+            with pytest.raises(EnqueueRefusedError) as caught:
                 receipt.enqueue({"order": 7})
             conn.execute("insert into orders values (2)")
         other.rollback()
@@ -137,7 +140,7 @@ def test_pg_a_row_refused_by_a_constraint_of_the_caller(
             )
     with psycopg.connect(pg_url) as conn, conn.transaction(), pg_app.using(conn):
         conn.execute("insert into orders values (1)")
-        with pytest.raises(JobsError) as caught:
+        with pytest.raises(EnqueueRefusedError) as caught:
             ship.enqueue({"what": "drone"})
         conn.execute("insert into orders values (2)")
         kept = ship.enqueue({"what": "book"})
@@ -161,7 +164,7 @@ def test_pg_serialization_failure_in_a_repeatable_read_transaction(
         with conn.transaction(), pg_app.using(conn):
             conn.execute("insert into orders values (1)")  # the snapshot is taken
             receipt.enqueue({"order": 9}, outbox=False)  # committed by the app on its own
-            with pytest.raises(JobsError) as caught:
+            with pytest.raises(EnqueueRefusedError) as caught:
                 receipt.enqueue({"order": 9})
             conn.execute("insert into orders values (2)")
     _refused_in_place(caught.value)
@@ -199,7 +202,7 @@ def test_sqlite_a_trigger_of_the_caller_refuses_the_job_half_way(sq_app: App) ->
     conn.execute("begin immediate")
     with sq_app.using(conn):
         conn.execute("insert into orders values (1)")
-        with pytest.raises(JobsError) as caught:
+        with pytest.raises(EnqueueRefusedError) as caught:
             ship.enqueue({"what": "drone"})
         conn.execute("insert into orders values (2)")
         kept = ship.enqueue({"what": "book"})
@@ -223,7 +226,7 @@ def test_sqlite_busy_in_the_callers_deferred_transaction(sq_app: App) -> None:
     holder.execute("insert into orders values (99)")
     conn.execute("begin")
     with sq_app.using(conn):
-        with pytest.raises(JobsError) as caught:
+        with pytest.raises(EnqueueRefusedError) as caught:
             ship.enqueue({"what": "book"})
         assert conn.in_transaction
         holder.execute("rollback")
@@ -237,3 +240,88 @@ def test_sqlite_busy_in_the_callers_deferred_transaction(sq_app: App) -> None:
     assert json.loads(sq_app.get_job(kept.id).input) == {"what": "lamp"}
     conn.close()
     holder.close()
+
+
+@pytest.mark.postgres
+def test_pg_a_refused_enqueue_on_a_connection_in_pipeline_mode(pg_app: App, pg_url: str) -> None:
+    """The caller's connection is in pipeline mode, where an execute takes one statement and
+    an error is raised at the next sync: the rollback to the savepoint is two executes, and
+    synced, so the transaction goes on."""
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(
+            "alter table ultimat3_jobs.x_jobs add constraint no_drones "
+            "check (input::text not like '%drone%')"
+        )
+    with (
+        psycopg.connect(pg_url) as conn,
+        conn.transaction(),
+        pg_app.using(conn),
+        conn.pipeline(),
+    ):
+        conn.execute("insert into orders values (1)")
+        with pytest.raises(EnqueueRefusedError) as caught:
+            ship.enqueue({"what": "drone"})
+        conn.execute("insert into orders values (2)")
+        kept = ship.enqueue({"what": "book"})
+    _refused_in_place(caught.value)
+    assert "no_drones" in caught.value.cause
+    assert _orders(pg_url) == [1, 2]
+    assert pg_app.count_jobs() == 1
+    assert json.loads(pg_app.get_job(kept.id).input) == {"what": "book"}
+
+
+@pytest.mark.postgres
+def test_pg_an_enqueue_after_a_failed_statement_in_the_callers_pipeline(
+    pg_app: App, pg_url: str
+) -> None:
+    """The caller's own statement failed in their pipeline, not synced yet: the enqueue says
+    that their transaction has failed, not that a write of ours failed in a usable one."""
+    import psycopg
+
+    from ultimat3.jobs import ConfigurationError
+
+    with psycopg.connect(pg_url) as conn:
+        with (
+            pytest.raises(psycopg.errors.InFailedSqlTransaction),
+            pg_app.using(conn),
+            conn.pipeline(),
+        ):
+            conn.execute("insert into orders values (1)")
+            conn.execute("insert into orders values (1)")  # refused, raised at the next sync
+            with pytest.raises(ConfigurationError) as caught:
+                ship.enqueue({"what": "book"})
+            conn.execute("select 1")  # the transaction is aborted, as the error said
+        conn.rollback()
+    assert "transaction has failed" in caught.value.cause
+    assert _orders(pg_url) == []
+
+
+@pytest.mark.postgres
+def test_pg_an_interrupted_enqueue_rolls_back_to_its_savepoint(pg_app: App, pg_url: str) -> None:
+    """Ctrl-C while the enqueue waits for a key: psycopg cancels the statement and raises
+    KeyboardInterrupt; the savepoint is rolled back, so the caller's transaction goes on."""
+    import os
+    import signal
+    import threading
+
+    import psycopg
+
+    with psycopg.connect(pg_url) as other, psycopg.connect(pg_url) as conn:
+        with pg_app.using(other):
+            receipt.enqueue({"order": 5})  # left uncommitted: the key is held
+        with conn.transaction(), pg_app.using(conn):
+            conn.execute("set local lock_timeout = '10s'")  # never for ever
+            conn.execute("insert into orders values (1)")
+            timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+            timer.start()
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    receipt.enqueue({"order": 5})
+            finally:
+                timer.join()
+            conn.execute("insert into orders values (2)")
+        other.rollback()
+    assert _orders(pg_url) == [1, 2]
+    assert pg_app.count_jobs() == 0

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
+from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError, EnqueueRefusedError
 from ultimat3.jobs.outboxes import open_store
 from ultimat3.jobs.records import NewJob
 
@@ -186,7 +186,7 @@ def test_a_failed_stage_never_lets_the_transaction_commit_without_it(spec: Store
     with spec.begin() as conn:
         executor = spec.store.adopt(conn)
         spec.store.stage(executor, [new_job(1)])
-        with pytest.raises(DriverUnavailableError, match=r"(?i)unique") as refused:
+        with pytest.raises(EnqueueRefusedError, match=r"(?i)unique") as refused:
             spec.store.stage(executor, [new_job(3), new_job(1)])  # the same id again
         assert refused.value.retryable is False, "the caller's transaction is theirs to retry"
         assert "still usable" in refused.value.fix
@@ -221,3 +221,147 @@ def test_a_forked_child_leaves_the_parents_connection_alone(spec: StoreSpec) -> 
     assert spec.store.pending_count() == 2, "the parent's connection still works"
     stage(spec, new_job(3))
     assert spec.store.pending_count() == 3
+
+
+# -- PostgreSQL: a failed stage in the caller's transaction ---------------------------------
+# The store writes through dialects.postgres.in_savepoint, as the driver does
+# (tests/app/test_failed_enqueue.py): the same savepoint, the same named errors.
+
+
+def _pg(spec: StoreSpec) -> None:
+    if spec.kind != "postgres":
+        pytest.skip("the PostgreSQL store's savepoint")
+
+
+def _staged_ids(spec: StoreSpec) -> list[str]:
+    with spec.store.claim(100) as batch:
+        return [r.job.id for r in batch.records]
+
+
+def test_pg_a_stage_waiting_past_lock_timeout_on_a_staged_id_names_it(spec: StoreSpec) -> None:
+    """Another transaction staged the same job id and has not ended: the stage waits for it
+    until the caller's lock_timeout, and the error names the id and the timeout."""
+    _pg(spec)
+    import psycopg
+
+    with psycopg.connect(spec.url) as other:
+        spec.store.stage(spec.store.adopt(other), [new_job(1)])  # uncommitted: the id is held
+        with spec.begin() as conn:
+            conn.execute("SET LOCAL lock_timeout = '200ms'")
+            executor = spec.store.adopt(conn)
+            with pytest.raises(EnqueueRefusedError) as caught:
+                spec.store.stage(executor, [new_job(1)])
+            spec.store.stage(executor, [new_job(2)])  # the transaction goes on
+        other.rollback()
+    exc = caught.value
+    assert exc.retryable is False
+    assert "'job-0001'" in exc.cause and "lock_timeout 200ms" in exc.cause
+    assert "still usable" in exc.fix and "see the message above" not in exc.fix
+    assert _staged_ids(spec) == ["job-0002"]
+
+
+def test_pg_a_stage_refused_by_a_constraint_of_the_caller_names_it(spec: StoreSpec) -> None:
+    _pg(spec)
+    import psycopg
+
+    with psycopg.connect(spec.url, autocommit=True) as admin:
+        admin.execute(
+            "ALTER TABLE ultimat3_jobs.x_outbox ADD CONSTRAINT no_mail CHECK (queue <> 'mail')"
+        )
+    with spec.begin() as conn:
+        executor = spec.store.adopt(conn)
+        with pytest.raises(EnqueueRefusedError) as caught:
+            spec.store.stage(executor, [new_job(1, queue="mail")])
+        spec.store.stage(executor, [new_job(2)])
+    assert caught.value.retryable is False
+    assert "no_mail" in caught.value.cause and "still usable" in caught.value.fix
+    assert "constraint or trigger" in caught.value.fix
+    assert _staged_ids(spec) == ["job-0002"]
+
+
+def test_pg_a_stage_of_an_id_staged_before_names_it(spec: StoreSpec) -> None:
+    _pg(spec)
+    with spec.begin() as conn:
+        executor = spec.store.adopt(conn)
+        spec.store.stage(executor, [new_job(1)])
+        with pytest.raises(EnqueueRefusedError) as caught:
+            spec.store.stage(executor, [new_job(3), new_job(1)])
+        spec.store.stage(executor, [new_job(2)])
+    assert "x_outbox_id_key" in caught.value.cause
+    assert "written twice" in caught.value.fix
+    assert _staged_ids(spec) == ["job-0001", "job-0002"]
+
+
+def test_pg_a_stage_after_the_table_was_dropped_says_to_migrate(spec: StoreSpec) -> None:
+    """The table went between adopt and stage: the error names the migration (not "see the
+    message above"), and the caller's transaction goes on."""
+    _pg(spec)
+    import psycopg
+
+    with spec.begin() as conn:
+        executor = spec.store.adopt(conn)
+        with psycopg.connect(spec.url, autocommit=True) as admin:
+            admin.execute("DROP TABLE ultimat3_jobs.x_outbox")
+        with pytest.raises(DriverUnavailableError) as caught:
+            spec.store.stage(executor, [new_job(1)])
+        assert conn.execute("SELECT 1").fetchone() == (1,)  # the transaction goes on
+    assert "missing" in caught.value.cause and "migrate" in caught.value.fix
+    assert caught.value.retryable is False
+
+
+def test_pg_a_stage_on_a_lost_connection_raises_a_jobs_error(spec: StoreSpec) -> None:
+    """The caller's connection was cut off before the SAVEPOINT: a DriverUnavailableError, not
+    psycopg's own error."""
+    _pg(spec)
+    import psycopg
+
+    with psycopg.connect(spec.url) as conn:
+        conn.execute("SELECT 1")  # a transaction is open
+        executor = spec.store.adopt(conn)
+        with psycopg.connect(spec.url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", [conn.info.backend_pid])
+        with pytest.raises(DriverUnavailableError) as caught:
+            spec.store.stage(executor, [new_job(1)])
+        assert conn.broken
+    assert not isinstance(caught.value, EnqueueRefusedError)
+    assert caught.value.retryable is True
+
+
+def test_pg_an_interrupted_stage_rolls_back_to_its_savepoint(spec: StoreSpec) -> None:
+    """Ctrl-C while the stage waits for a lock: psycopg cancels the statement and raises
+    KeyboardInterrupt; the savepoint is rolled back, so the caller's transaction goes on."""
+    _pg(spec)
+    import os
+    import signal
+
+    import psycopg
+
+    with psycopg.connect(spec.url) as other:
+        spec.store.stage(spec.store.adopt(other), [new_job(1)])  # the id is held
+        with spec.begin() as conn:
+            conn.execute("SET LOCAL lock_timeout = '10s'")  # never for ever
+            executor = spec.store.adopt(conn)
+            timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+            timer.start()
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    spec.store.stage(executor, [new_job(1)])
+            finally:
+                timer.join()
+            spec.store.stage(executor, [new_job(2)])  # the transaction goes on
+        other.rollback()
+    assert _staged_ids(spec) == ["job-0002"]
+
+
+def test_pg_a_failed_stage_on_a_connection_in_pipeline_mode(spec: StoreSpec) -> None:
+    """executemany rides the caller's pipeline without a sync: the stage syncs, so its error
+    is raised by the stage (not at the caller's next statement) and rolled back."""
+    _pg(spec)
+    with spec.begin() as conn, conn.pipeline():
+        executor = spec.store.adopt(conn)
+        spec.store.stage(executor, [new_job(1)])
+        with pytest.raises(EnqueueRefusedError):
+            spec.store.stage(executor, [new_job(3), new_job(1)])
+        spec.store.stage(executor, [new_job(2)])
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert _staged_ids(spec) == ["job-0001", "job-0002"]

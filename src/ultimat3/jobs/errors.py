@@ -12,9 +12,9 @@ exit code the command line uses for it. A class's docstring is its default messa
     │   └── PayloadTooLargeError
     ├── DeserializationError        a stored payload that cannot be decoded
     ├── OutboxNoTxError             mode="required" and no transaction to join
-    ├── DriverUnavailableError      the database cannot be reached or used, or a write of
-    │                               ours failed in your transaction (retryable=False; the
-    │                               transaction goes on: in_callers_transaction)
+    ├── DriverUnavailableError      the database cannot be reached or used
+    │   └── EnqueueRefusedError     a write of ours failed in your transaction, which goes on
+    │                               (retryable=False: in_callers_transaction)
     ├── JobNotFoundError
     ├── InvalidStateError           an action that the job's state does not allow
     ├── JobFailedError              a result asked of a job that ended dead or cancelled
@@ -148,23 +148,43 @@ KEPT_TRANSACTION = (
     "back): go on with it, commit or roll back; retrying the call inside that same transaction "
     "is not the remedy, retry the whole transaction once the cause is gone"
 )
+#: What the fix says instead when the transaction did not survive the failure.
+LOST_TRANSACTION = (
+    "your whole transaction is lost (the database rolled it back, or it can only be rolled "
+    "back now): roll it back if it is still open, and run it again from the start"
+)
+
+
+class EnqueueRefusedError(DriverUnavailableError):
+    """A write of the library inside your transaction failed; your transaction goes on.
+
+    An enqueue (or a completion) that joins your transaction writes in a savepoint of it. When
+    the database refuses that write (another transaction holds the same idempotency key past
+    your ``lock_timeout``, a ``statement_timeout``, a deadlock, a serialization failure, a row
+    refused by a constraint or trigger of yours), the library rolls back to the savepoint and
+    raises this error: ``cause`` names what happened, and your transaction goes on, holding
+    nothing of the call, so you may commit your own rows or roll back. ``retryable`` is
+    False: retrying the call inside the same transaction would meet the same cause; retry the
+    whole transaction. A subclass of ``DriverUnavailableError``, so handlers of that catch it
+    too. Rarely the transaction does not survive (SQLite rolls it back itself after a disk full
+    or an I/O error); ``fix`` then says so."""
+
+    def __init__(
+        self, cause: str | None = None, *, driver: str = "", fix: str | None = None
+    ) -> None:
+        super().__init__(cause, driver=driver, fix=fix, retryable=False)
 
 
 def in_callers_transaction(
     cause: str, *, driver: str, fix: str, kept: bool = True
-) -> DriverUnavailableError:
-    """The error of a write of ours that failed inside a caller's transaction: not retryable
-    there (``retryable=False``: the transaction is the caller's to retry, not ours), with
-    ``KEPT_TRANSACTION`` after ``fix``; ``kept=False`` when the database ended the whole
-    transaction itself (SQLite after a full disk or an I/O error), which the fix then says."""
-    tail = (
-        KEPT_TRANSACTION
-        if kept
-        else "the database rolled your whole transaction back: run it again from the start"
-    )
-    return DriverUnavailableError(
-        cause, driver=driver, fix=f"{fix}; {tail}" if fix else tail, retryable=False
-    )
+) -> EnqueueRefusedError:
+    """The error of a write of ours that failed inside a caller's transaction: an
+    ``EnqueueRefusedError`` (``retryable=False``: the transaction is the caller's to retry, not
+    ours), with ``KEPT_TRANSACTION`` after ``fix``; ``kept=False`` when the transaction did not
+    survive (SQLite rolled it back itself after a full disk or an I/O error; PostgreSQL could
+    not roll back to the savepoint), which the fix then says."""
+    tail = KEPT_TRANSACTION if kept else LOST_TRANSACTION
+    return EnqueueRefusedError(cause, driver=driver, fix=f"{fix}; {tail}" if fix else tail)
 
 
 class JobNotFoundError(JobsError):

@@ -11,6 +11,11 @@
   row factory, loaders or dumpers the connection was given.
 - ``check_joinable``: a caller's connection we may write in: open, sync, and not in a failed
   transaction; otherwise a ``ConfigurationError`` whose fix fits the case.
+- ``in_savepoint``: every write of ours in a caller's transaction (the driver's enqueue and
+  completion, the outbox store's stage) runs in a SAVEPOINT of it, and a failure rolls back to
+  the savepoint and raises an ``EnqueueRefusedError`` that names the cause (a lock or statement
+  timeout, the key or id waited for, a deadlock, a serialization failure, a constraint), so the
+  caller's transaction goes on. One mechanism for both, so their errors cannot drift apart.
 - ``split_url`` and the option readers (``listens``, ``flag``, ``whole``, ``seconds``): our
   options of a ``postgresql://`` URL, each refused with its name when it cannot work.
 - ``bounds_sql``: the ``set_config`` statement that gives one transaction of ours (or, on a
@@ -30,13 +35,20 @@ import hashlib
 import re
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
 from ultimat3.jobs.driver import DatabaseId
-from ultimat3.jobs.errors import ConfigurationError
+from ultimat3.jobs.errors import (
+    ConfigurationError,
+    EnqueueRefusedError,
+    SerializationError,
+    in_callers_transaction,
+)
+from ultimat3.jobs.records import NewJob
 
 if TYPE_CHECKING:
     import psycopg
@@ -52,11 +64,15 @@ __all__ = [
     "check_joinable",
     "first_line",
     "identify",
+    "in_savepoint",
+    "jobs_named",
+    "listed",
     "masked_dsn",
     "migration_plan",
     "our_adapters",
     "our_cursor",
     "pooler_mode",
+    "refused",
     "seconds",
     "split_url",
 ]
@@ -451,3 +467,226 @@ UNBOUNDED_SQL = (
     b"SELECT set_config(name, reset_val, true) FROM pg_settings WHERE name IN "
     b"('statement_timeout', 'lock_timeout', 'idle_in_transaction_session_timeout')"
 )
+
+
+# -- writes of ours in a caller's transaction ----------------------------------------------------
+
+#: The savepoint around every write of ours in a caller's transaction (``in_savepoint``).
+SAVEPOINT_SQL = b"SAVEPOINT ultimat3_jobs"
+RELEASE_SQL = b"RELEASE SAVEPOINT ultimat3_jobs"
+#: One statement per execute: a connection in pipeline mode refuses two in one.
+ROLLBACK_TO_SQL = b"ROLLBACK TO SAVEPOINT ultimat3_jobs"
+#: The caller's own timeouts, which an error of ours in their transaction names.
+TIMEOUTS_SQL = b"SELECT current_setting('lock_timeout'), current_setting('statement_timeout')"
+
+
+@contextmanager
+def in_savepoint(
+    conn: Any,
+    *,
+    driver: str,
+    describe: Callable[[], tuple[str, str]],
+    translate: Callable[[Any], BaseException],
+    prepare: bool | None = False,
+) -> Iterator[Any]:
+    """Run the body (which writes on ``conn``, a caller's connection) inside their
+    transaction without ever ending it, in a SAVEPOINT; yields ``conn``.
+
+    A failure rolls back to the savepoint, so the transaction stays usable and holds nothing
+    of the call, and raises what happened as an ``EnqueueRefusedError`` that names it
+    (``caller_error``); an interrupt (``KeyboardInterrupt``, a cancelled task) rolls back the
+    same way and goes on as it is. A lost connection took the transaction with it, and a
+    missing table needs a migration: both raise ``translate(exc)`` (the caller's error for
+    any psycopg error of its own statements), as does any failure on an idle autocommit
+    connection, which gets a BEGIN/COMMIT of its own (its own statements would commit too).
+    A non-autocommit connection with no transaction yet gets the one psycopg opens for the
+    SAVEPOINT, left open for the caller. On a connection in pipeline mode the statements
+    queued before ours are synced first, and ours after the body, so an error is raised here
+    and never at the caller's next statement.
+
+    ``describe()``, called on a failure only: what the write was ("the enqueue of job
+    receipt") and who holds what it may wait for ("another transaction holds idempotency key
+    'order-42' and has not ended"). ``prepare``: prepare SAVEPOINT and RELEASE on the
+    connection (psycopg's ``prepare``: never behind a transaction-mode pooler)."""
+    pg = _psycopg()
+    if conn.pgconn.transaction_status == pg.pq.TransactionStatus.IDLE and conn.autocommit:
+        try:
+            with conn.transaction():
+                yield conn
+        except pg.Error as exc:
+            _raise_translated(exc, translate)
+        return
+    cursor = our_cursor(conn)
+    try:
+        _sync(conn)
+    except pg.Error as exc:  # a statement of the caller's, queued in their pipeline, failed
+        if conn.broken:
+            _raise_translated(exc, translate)
+        check_joinable(conn, fix="")  # their transaction has failed: says so
+        raise
+    try:
+        cursor.execute(SAVEPOINT_SQL, prepare=prepare)
+    except BaseException as exc:  # nothing of ours to undo
+        _failed(exc, conn, driver, describe, translate, savepoint=False)
+    try:
+        yield conn
+        cursor.execute(RELEASE_SQL, prepare=prepare)
+        _sync(conn)
+    except BaseException as exc:
+        _failed(exc, conn, driver, describe, translate, savepoint=True)
+
+
+def _sync(conn: Any) -> None:
+    """On a connection in pipeline mode, send a Sync and process every result: an error of a
+    statement queued so far is raised now (psycopg raises the first)."""
+    if conn.pgconn.pipeline_status:  # PipelineStatus.OFF is 0
+        with conn.pipeline() as pipeline:
+            pipeline.sync()
+
+
+def _raise_translated(exc: Any, translate: Callable[[Any], BaseException]) -> NoReturn:
+    translated = translate(exc)
+    if translated is exc:
+        raise exc
+    raise translated from exc
+
+
+def _failed(
+    exc: BaseException,
+    conn: Any,
+    driver: str,
+    describe: Callable[[], tuple[str, str]],
+    translate: Callable[[Any], BaseException],
+    *,
+    savepoint: bool,
+) -> NoReturn:
+    """A write of ours in the caller's transaction failed with ``exc``: roll back to our
+    savepoint (when it was sent: ``savepoint``), then raise (``in_savepoint``)."""
+    pg = _psycopg()
+    status = pg.pq.TransactionStatus
+    try:  # in pipeline mode: the results up to here, ``exc`` among them, so it runs ours again
+        _sync(conn)
+    except pg.Error:
+        pass
+    alive = not conn.broken and conn.pgconn.transaction_status in (status.INTRANS, status.INERROR)
+    timeouts = ("", "")
+    undo_failed: BaseException | None = None
+    if alive and savepoint:
+        try:
+            cursor = our_cursor(conn)
+            cursor.execute(ROLLBACK_TO_SQL, prepare=False)
+            cursor.execute(RELEASE_SQL, prepare=False)
+            _sync(conn)
+            if isinstance(exc, pg.Error) and exc.sqlstate in ("55P03", "57014"):
+                row = cursor.execute(TIMEOUTS_SQL, prepare=False).fetchone()
+                timeouts = (str(row[0]), str(row[1])) if row else timeouts
+        except pg.Error as failure:  # said in the error below, which is about ``exc``
+            undo_failed = failure
+    if not isinstance(exc, pg.Error):
+        raise exc
+    if not alive or conn.broken or isinstance(exc, _missing_schema()):
+        _raise_translated(exc, translate)
+    kept = conn.pgconn.transaction_status == status.INTRANS
+    if kept and isinstance(exc, pg.DataError):
+        raise refused(exc) from exc  # a value of the job: nothing to do with the caller
+    what, holder = describe()
+    raise caller_error(
+        exc,
+        driver=driver,
+        what=what,
+        holder=holder,
+        timeouts=timeouts,
+        kept=kept,
+        undo_failed=undo_failed,
+    ) from exc
+
+
+def _missing_schema() -> tuple[type, ...]:
+    errors = _psycopg().errors
+    return (errors.UndefinedTable, errors.InvalidSchemaName)
+
+
+def jobs_named(jobs: Sequence[NewJob]) -> str:
+    """The jobs of a call, for an error: ``job send_email``, ``3 jobs of send_email``."""
+    if not jobs:
+        return "a job"
+    names = sorted({job.name for job in jobs})
+    named = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    return f"job {named}" if len(jobs) == 1 else f"{len(jobs)} jobs of {named}"
+
+
+def listed(values: Sequence[str]) -> str:
+    """Keys or ids for an error: the first three, quoted."""
+    return ", ".join(repr(v) for v in values[:3]) + (", ..." if len(values) > 3 else "")
+
+
+def refused(exc: Any) -> SerializationError:
+    """What to raise when PostgreSQL refuses a job's values (a ``DataError``)."""
+    return SerializationError(
+        f"PostgreSQL refused the job: {first_line(exc)}",
+        fix="pass the JSON text the serializer made, and numbers that fit in 32 bits",
+    )
+
+
+def caller_error(
+    exc: Any,
+    *,
+    driver: str,
+    what: str,
+    holder: str,
+    timeouts: tuple[str, str] = ("", ""),
+    kept: bool = True,
+    undo_failed: BaseException | None = None,
+) -> EnqueueRefusedError:
+    """The ``EnqueueRefusedError`` for ``exc``, a psycopg error of ``what`` (a write of ours
+    in a caller's transaction) that was rolled back to its savepoint (``kept``) or could not
+    be (``undo_failed``, if that failed too). ``holder``: who holds what a lock wait waited
+    for; ``timeouts``: the caller's lock_timeout and statement_timeout, named by a timeout."""
+    state = exc.sqlstate or ""
+    message = first_line(exc)
+    lock_timeout, statement_timeout = timeouts
+    if state == "55P03":
+        cause = f"{holder}: {what} waited past lock_timeout {lock_timeout}".rstrip()
+        fix = (
+            "let that transaction end first (a key then dedupes onto its job), or raise "
+            "lock_timeout"
+        )
+    elif state == "57014" and "statement timeout" in message:
+        cause = (
+            f"{what} ran past statement_timeout {statement_timeout}: perhaps {holder}, or the "
+            "server is slow"
+        )
+        fix = "let a transaction holding the key end first, or raise statement_timeout"
+    elif state == "57014":
+        cause = f"{what} was cancelled: {message}"
+        fix = "a client or an operator cancelled the statement (pg_cancel_backend)"
+    elif state == "40001":
+        cause = f"PostgreSQL could not serialize {what} with a concurrent transaction: {message}"
+        fix = (
+            "a REPEATABLE READ or SERIALIZABLE transaction fails so when another one commits "
+            "the same key or rows meanwhile"
+        )
+    elif state == "40P01":
+        cause = f"{what} deadlocked with another transaction: {message}"
+        fix = "take locks (and enqueue keys) in one order in your transactions"
+    elif state.startswith("23"):
+        constraint = getattr(exc.diag, "constraint_name", None)
+        cause = f"PostgreSQL refused the row of {what}: {message}" + (
+            f" (constraint {constraint})" if constraint and constraint not in message else ""
+        )
+        if constraint and constraint.startswith("x_"):  # the library's own: a unique id
+            fix = "the same job id was written twice: give each job an id of its own"
+        else:
+            fix = (
+                "a constraint or trigger added to the library's tables refused it (the "
+                "library's own schema refuses none of its rows)"
+            )
+    else:
+        cause = f"PostgreSQL failed {what}: {message} (SQLSTATE {state or 'none'})"
+        fix = (
+            "check the statement PostgreSQL names (a trigger or rule of yours on the tables, "
+            "the schema `ultimat3-jobs migrate` made)"
+        )
+    if undo_failed is not None:
+        cause += f"; rolling back to the savepoint failed too: {first_line(undo_failed)}"
+    return in_callers_transaction(cause, driver=driver, fix=fix, kept=kept)

@@ -19,12 +19,13 @@ Guarantees (beyond the ``Driver`` protocol's rules, which this driver keeps):
   SAVEPOINT, and the driver never commits it. Any failure (a lock or statement timeout under
   the caller's own settings, a serialization failure, a deadlock, a row refused by a
   constraint or trigger of the caller's) rolls back to the savepoint, so the caller's
-  transaction stays usable and holds nothing of the call, and raises a
-  ``DriverUnavailableError`` with ``retryable=False`` that names the cause ("another
-  transaction holds idempotency key ... : waited past lock_timeout 2s") and says to retry
-  the whole transaction, not the call inside it (``errors.in_callers_transaction``). The
-  savepoint costs two round trips (``SAVEPOINT``, ``RELEASE``). A connection in autocommit
-  mode with no transaction open is accepted: the insert then commits on its own. A
+  transaction stays usable and holds nothing of the call, and raises an
+  ``EnqueueRefusedError`` (``retryable=False``) that names the cause ("another transaction
+  holds idempotency key ... : waited past lock_timeout 2s") and says to retry the whole
+  transaction, not the call inside it (``dialects.postgres.in_savepoint``, shared with the
+  outbox store). The savepoint costs two round trips (``SAVEPOINT``, ``RELEASE``). A
+  connection in autocommit mode with no transaction open is accepted: the insert then
+  commits on its own. A connection in pipeline mode is synced before and after. A
   non-autocommit connection with no transaction yet gets the implicit one psycopg opens,
   left open for the caller to commit.
 - **Limits** (``ultimat3.jobs.limits``): a limited claim is two pipelined statements in one
@@ -128,7 +129,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -146,11 +147,15 @@ from ultimat3.jobs.dialects.postgres import (
     check_bounds,
     check_joinable,
     identify,
+    in_savepoint,
+    jobs_named,
+    listed,
     masked_dsn,
     migration_plan,
     our_cursor,
 )
 from ultimat3.jobs.dialects.postgres import first_line as _first_line
+from ultimat3.jobs.dialects.postgres import refused as _refused
 from ultimat3.jobs.driver import (
     DatabaseId,
     Driver,
@@ -165,7 +170,6 @@ from ultimat3.jobs.errors import (
     ConfigurationError,
     DriverUnavailableError,
     SerializationError,
-    in_callers_transaction,
 )
 from ultimat3.jobs.limits import keys_to_look
 from ultimat3.jobs.records import (
@@ -261,13 +265,6 @@ _RETRYABLE_CLASSES = ("08", "53", "57", "58", "40")
 _RETRYABLE_STATES = frozenset({"25006", "55P03"})
 _STATES = {state.value: state for state in JobState}
 _MICROSECOND = timedelta(microseconds=1)
-#: The savepoint around every write of ours in a caller's transaction (``_joined``).
-_SAVEPOINT = b"ultimat3_jobs"
-_SAVEPOINT_SQL = b"SAVEPOINT " + _SAVEPOINT
-_RELEASE_SQL = b"RELEASE SAVEPOINT " + _SAVEPOINT
-_ROLLBACK_TO = b"ROLLBACK TO SAVEPOINT " + _SAVEPOINT + b"; " + _RELEASE_SQL
-#: The caller's own timeouts, which an error of ours in their transaction names.
-_TIMEOUTS = b"SELECT current_setting('lock_timeout'), current_setting('statement_timeout')"
 _MIGRATE_FIX = "run `ultimat3-jobs migrate` (or driver.migrate()) against this database"
 _ADOPT_FIX = (
     "pass a psycopg 3 Connection to the job database (or the executor that "
@@ -2047,128 +2044,36 @@ class PostgresDriver:
             check_joinable(conn, fix=_ADOPT_FIX)  # closed, or failed: says so
         return conn
 
-    @contextmanager
-    def _joined(self, executor: Joined, jobs: Sequence[NewJob] = ()) -> Iterator[Conn]:
-        """Run inside the caller's transaction without ever ending it, in a SAVEPOINT: a
-        failure of ours (a lock or statement timeout, a serialization failure, a row refused
-        by a constraint) rolls back to it, so the caller's transaction stays usable and holds
-        nothing of the call (``_caller_failed``). A non-autocommit connection with no
-        transaction yet gets the one psycopg opens for the SAVEPOINT, left open for the caller.
-        An idle autocommit connection gets a BEGIN/COMMIT of its own, as its own statements
-        would commit. ``jobs``: the jobs being written, which an error names."""
+    def _joined(
+        self, executor: Joined, jobs: Sequence[NewJob] = ()
+    ) -> AbstractContextManager[Conn]:
+        """Run inside the caller's transaction without ever ending it, in a SAVEPOINT
+        (``dialects.postgres.in_savepoint``, shared with the outbox store): a failure of ours
+        (a lock or statement timeout, a serialization failure, a row refused by a constraint)
+        rolls back to it, so the caller's transaction stays usable and holds nothing of the
+        call, and raises an ``EnqueueRefusedError`` that names the cause. ``jobs``: the jobs
+        being written, which an error names."""
         conn = self._joined_conn(executor)
-        if conn.pgconn.transaction_status == _IDLE and conn.autocommit:
-            try:
-                with conn.transaction():
-                    yield conn
-            except psycopg.Error as exc:
-                self._reraise(exc, conn)
-            return
-        cursor = our_cursor(conn)
-        try:
-            cursor.execute(_SAVEPOINT_SQL, prepare=self._prepare)
-        except BaseException as exc:  # the transaction as it was: nothing of ours to undo
-            self._caller_failed(exc, conn, jobs, savepoint=False)
-        try:
-            yield conn
-            cursor.execute(_RELEASE_SQL, prepare=self._prepare)
-        except BaseException as exc:
-            self._caller_failed(exc, conn, jobs, savepoint=True)
-
-    def _caller_failed(
-        self, exc: BaseException, conn: Conn, jobs: Sequence[NewJob], *, savepoint: bool
-    ) -> NoReturn:
-        """A write of ours in the caller's transaction failed: roll back to our savepoint
-        (when the server ran it: ``savepoint``), then raise what happened, as an error that
-        names the cause and says that the transaction goes on
-        (``errors.in_callers_transaction``). A lost connection took the transaction with it,
-        and says so as any lost connection does."""
-        kept = not conn.broken and conn.pgconn.transaction_status in (_INTRANS, _INERROR)
-        settings: tuple[str, str] = ("", "")
-        if kept and savepoint:
-            try:
-                cursor = our_cursor(conn)
-                cursor.execute(_ROLLBACK_TO, prepare=False)
-                if isinstance(exc, psycopg.Error) and exc.sqlstate in ("55P03", "57014"):
-                    row = cursor.execute(_TIMEOUTS, prepare=False).fetchone()
-                    settings = (str(row[0]), str(row[1])) if row else settings
-            except psycopg.Error:
-                kept = False
-        if not isinstance(exc, psycopg.Error):
-            raise exc
-        if not kept or conn.broken:
-            self._reraise(exc, conn)
-        raise self._in_callers_transaction(exc, conn, jobs, *settings) from exc
-
-    def _in_callers_transaction(
-        self,
-        exc: psycopg.Error,
-        conn: Conn,
-        jobs: Sequence[NewJob],
-        lock_timeout: str,
-        statement_timeout: str,
-    ) -> Exception:
-        """The error of ``exc``, raised by a write of ours that was rolled back to its savepoint
-        in the caller's transaction, which goes on (``_caller_failed``)."""
-        if isinstance(exc, psycopg.DataError):
-            return _refused(exc)  # a value of the job: nothing to do with the caller
-        if isinstance(exc, pg_errors.UndefinedTable | pg_errors.InvalidSchemaName):
-            return self._translate(exc, conn)  # missing tables: said as ever
-        state = exc.sqlstate or ""
-        message = _first_line(exc)
-        what = f"the enqueue of {_jobs_named(jobs)}" if jobs else "a write of ultimat3-jobs"
-        keys = [j.idempotency_key for j in jobs if j.idempotency_key != j.id]
-        keys += [j.unique_key for j in jobs if j.unique_key is not None]
-        holder = (
-            f"another transaction holds idempotency key {_listed(keys)} and has not ended"
-            if keys
-            else "another transaction holds a lock on the job table (a migration, or a "
-            "statement run by hand)"
+        return in_savepoint(
+            conn,
+            driver=_NAME,
+            describe=lambda: _described(jobs),
+            translate=lambda exc: self._noted(exc, conn),
+            prepare=self._prepare,
         )
-        if state == "55P03":
-            cause = f"{holder}: {what} waited past lock_timeout {lock_timeout}"
-            fix = (
-                "let that transaction end first (a key then dedupes onto its job), or raise "
-                "lock_timeout"
-            )
-        elif state == "57014" and "statement timeout" in message:
-            cause = (
-                f"{what} ran past statement_timeout {statement_timeout}: perhaps "
-                f"{holder}, or the server is slow"
-            )
-            fix = "let a transaction holding the key end first, or raise statement_timeout"
-        elif state == "40001":
-            cause = (
-                f"PostgreSQL could not serialize {what} with a concurrent transaction: {message}"
-            )
-            fix = (
-                "a REPEATABLE READ or SERIALIZABLE transaction fails so when another one "
-                "commits the same key or rows meanwhile"
-            )
-        elif state == "40P01":
-            cause = f"{what} deadlocked with another transaction: {message}"
-            fix = "take locks (and enqueue keys) in one order in your transactions"
-        elif state.startswith("23"):
-            constraint = getattr(exc.diag, "constraint_name", None)
-            cause = f"PostgreSQL refused the row of {what}: {message}" + (
-                f" (constraint {constraint})" if constraint and constraint not in message else ""
-            )
-            fix = (
-                "a constraint or trigger added to the job tables refused it (the library's own "
-                "schema refuses none of its rows)"
-            )
-        else:
-            cause = f"PostgreSQL failed {what}: {message} (SQLSTATE {state})"
-            fix = "see the message above"
-        return in_callers_transaction(cause, driver=_NAME, fix=fix)
 
     def _reraise(self, exc: psycopg.Error, conn: Conn) -> NoReturn:
-        translated = self._translate(exc, conn)
+        translated = self._noted(exc, conn)
         if translated is exc:
             raise exc
+        raise translated from exc
+
+    def _noted(self, exc: psycopg.Error, conn: Conn) -> Exception:
+        """``_translate``, noting an unavailable database in ``stalls``."""
+        translated = self._translate(exc, conn)
         if isinstance(translated, DriverUnavailableError):
             self.stalls.note_failure()
-        raise translated from exc
+        return translated
 
     def _translate(self, exc: psycopg.Error, conn: Conn) -> Exception:
         """The ``JobsError`` for any psycopg error of a statement of ours (the total error
@@ -2236,18 +2141,21 @@ class PostgresDriver:
         return self._identity
 
 
-def _jobs_named(jobs: Sequence[NewJob]) -> str:
-    """The jobs of a call, for an error: ``job send_email``, ``3 jobs of send_email``."""
+def _described(jobs: Sequence[NewJob]) -> tuple[str, str]:
+    """A write of ours in a caller's transaction, for its error (``in_savepoint``): what it
+    was, and who holds what a lock wait of it waited for (the keys of the jobs, or else a
+    lock on the job table)."""
     if not jobs:
-        return "a job"
-    names = sorted({job.name for job in jobs})
-    named = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-    return f"job {named}" if len(jobs) == 1 else f"{len(jobs)} jobs of {named}"
-
-
-def _listed(values: Sequence[str]) -> str:
-    """Keys for an error: the first three, quoted."""
-    return ", ".join(repr(v) for v in values[:3]) + (", ..." if len(values) > 3 else "")
+        return "a write of ultimat3-jobs", "another transaction holds a lock on a job it writes"
+    keys = [j.idempotency_key for j in jobs if j.idempotency_key != j.id]
+    keys += [j.unique_key for j in jobs if j.unique_key is not None]
+    holder = (
+        f"another transaction holds idempotency key {listed(keys)} and has not ended"
+        if keys
+        else "another transaction holds a lock on the job table (a migration, or a "
+        "statement run by hand)"
+    )
+    return f"the enqueue of {jobs_named(jobs)}", holder
 
 
 def _plain(job: NewJob) -> bool:
@@ -2258,14 +2166,6 @@ def _plain(job: NewJob) -> bool:
         and job.delay is None
         and job.limit_key is None
         and job.unique_key is None
-    )
-
-
-def _refused(exc: psycopg.DataError) -> SerializationError:
-    """What to raise when PostgreSQL refuses a job's values."""
-    return SerializationError(
-        f"PostgreSQL refused the job: {_first_line(exc)}",
-        fix="pass the JSON text the serializer made, and numbers that fit in 32 bits",
     )
 
 

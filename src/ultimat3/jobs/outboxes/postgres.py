@@ -4,7 +4,8 @@ What it guarantees:
 
 - **Staged in your transaction.** ``stage`` writes on your own psycopg ``Connection`` inside a
   SAVEPOINT of your open transaction, so the rows exist if and only if you commit, and a failed
-  stage leaves your transaction usable. A non-autocommit connection with no transaction yet
+  stage leaves your transaction usable: it raises an ``EnqueueRefusedError`` naming the cause,
+  as the driver's enqueue does (both go through ``dialects.postgres.in_savepoint``). A non-autocommit connection with no transaction yet
   gets the implicit one psycopg opens, left open for you to commit; an autocommit connection
   outside a transaction commits the rows at once, as its own INSERT would.
 - **Relays split the work.** A claim takes rows ``FOR UPDATE SKIP LOCKED`` (seed
@@ -51,6 +52,9 @@ from ultimat3.jobs.dialects.postgres import (
     check_bounds,
     check_joinable,
     identify,
+    in_savepoint,
+    jobs_named,
+    listed,
     masked_dsn,
     migration_plan,
     our_cursor,
@@ -63,7 +67,6 @@ from ultimat3.jobs.driver import (
 from ultimat3.jobs.errors import (
     ConfigurationError,
     DriverUnavailableError,
-    in_callers_transaction,
 )
 from ultimat3.jobs.outbox_store import OutboxRecord, OutboxStore
 from ultimat3.jobs.records import NewJob
@@ -72,7 +75,6 @@ from ultimat3.jobs.sql import migrations, queries
 try:
     import psycopg
     from psycopg import errors as pg_errors
-    from psycopg import pq
     from psycopg import sql as pg_sql
     from psycopg.conninfo import conninfo_to_dict
 except ImportError as _exc:  # pragma: no cover - exercised only without the extra
@@ -233,6 +235,7 @@ class PostgresOutboxStore(OneConnection):
                 f"the outbox table is missing in {self.display_url}: {exc}",
                 driver=_NAME,
                 fix=_MIGRATE_FIX,
+                retryable=False,
             )
         if conn.broken or isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
             return self._unavailable(exc)
@@ -308,9 +311,10 @@ class PostgresOutboxStore(OneConnection):
     def stage(
         self, executor: Joined, jobs: Sequence[NewJob], *, now: datetime | None = None
     ) -> None:
-        """Write the rows on the caller's connection, in their transaction, inside a savepoint:
-        a failure rolls back to it, so the caller's transaction stays usable and holds none of
-        the rows (``errors.in_callers_transaction``). An idle autocommit connection gets a
+        """Write the rows on the caller's connection, in their transaction, inside a savepoint
+        (``dialects.postgres.in_savepoint``, the driver's too): a failure rolls back to it, so
+        the caller's transaction stays usable and holds none of the rows, and raises an
+        ``EnqueueRefusedError`` that names the cause. An idle autocommit connection gets a
         BEGIN/COMMIT of its own."""
         if not jobs:
             return
@@ -332,36 +336,16 @@ class PostgresOutboxStore(OneConnection):
             }
             for job in jobs
         ]
-        query = self._q["stage"]
-        if conn.autocommit and conn.pgconn.transaction_status == pq.TransactionStatus.IDLE:
-            try:
-                with conn.transaction(), our_cursor(conn) as cur:
-                    cur.executemany(query, rows)
-            except psycopg.Error as exc:
-                translated = self._translate(exc, conn)
-                if translated is exc:
-                    raise
-                raise translated from exc
-            return
-        with our_cursor(conn) as cur:
-            cur.execute(b"SAVEPOINT ultimat3_jobs_outbox", prepare=False)
-            try:
-                cur.executemany(query, rows)
-                cur.execute(b"RELEASE SAVEPOINT ultimat3_jobs_outbox", prepare=False)
-            except psycopg.Error as exc:
-                if conn.broken:
-                    raise self._translate(exc, conn) from exc
-                cur.execute(
-                    b"ROLLBACK TO SAVEPOINT ultimat3_jobs_outbox; "
-                    b"RELEASE SAVEPOINT ultimat3_jobs_outbox",
-                    prepare=False,
-                )
-                raise in_callers_transaction(
-                    f"PostgreSQL refused to stage {len(rows)} job(s) in the outbox: "
-                    f"{str(exc).strip().splitlines()[0]}",
-                    driver=_NAME,
-                    fix="see the message above",
-                ) from exc
+        with (
+            in_savepoint(
+                conn,
+                driver=_NAME,
+                describe=lambda: _described(jobs),
+                translate=lambda exc: self._translate(exc, conn),
+            ),
+            our_cursor(conn) as cursor,
+        ):
+            cursor.executemany(self._q["stage"], rows)
 
     # -- the relay's side --------------------------------------------------------------------
 
@@ -387,6 +371,15 @@ class PostgresOutboxStore(OneConnection):
                 self._q["prune"], {"before": published_before, "limit": limit}, prepare=False
             )
             return cur.rowcount
+
+
+def _described(jobs: Sequence[NewJob]) -> tuple[str, str]:
+    """A stage in a caller's transaction, for its error (``in_savepoint``): what it was, and
+    who holds what a lock wait of it waited for (an id is the only unique column)."""
+    return (
+        f"staging {jobs_named(jobs)} in the outbox",
+        f"another transaction staged job id {listed([job.id for job in jobs])} and has not ended",
+    )
 
 
 if __debug__:

@@ -49,6 +49,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from ultimat3.jobs import events
+from ultimat3.jobs.clock import Clock
 from ultimat3.jobs.records import (
     ClaimParams,
     Cycle,
@@ -67,7 +68,16 @@ from ultimat3.jobs.records import (
     WorkerInfo,
 )
 
-__all__ = ["DatabaseId", "Driver", "Executor", "Joined", "StallTracker", "current_tx"]
+__all__ = [
+    "CLOCK_SKEW_WARN",
+    "DatabaseId",
+    "Driver",
+    "Executor",
+    "Joined",
+    "StallTracker",
+    "check_clock_skew",
+    "current_tx",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +217,38 @@ class StallTracker:
     def healthy_for(self) -> float:
         """Seconds since the last stall this process saw (infinite if none)."""
         return time.monotonic() - self._stalled_at
+
+
+#: A host clock further than this from the database's is reported once at a service's start.
+CLOCK_SKEW_WARN = timedelta(seconds=5)
+
+
+def check_clock_skew(driver: Driver, clock: Clock, *, service: str) -> datetime:
+    """Read the database's clock (``database_now``) between two reads of ``clock``, warn with
+    ``jobs.clock.skewed`` when they differ by more than ``CLOCK_SKEW_WARN``, and return the
+    database's time. A worker and a scheduler call it once at their start: on PostgreSQL the
+    library decides on the server's clock, so a host clock that is off changes no due time,
+    lease or cron occurrence, only what is read on the host (log times, the times the
+    dashboard shows); the warning says how far off it is. Raises what ``database_now`` raises
+    (the database is away)."""
+    before = clock.now()
+    database = driver.database_now(now=clock.pinned())
+    host = before + (clock.now() - before) / 2  # the host's time when the database read its own
+    skew = (host - database).total_seconds()
+    if abs(skew) > CLOCK_SKEW_WARN.total_seconds():
+        events.warning(
+            "jobs.clock.skewed",
+            service=service,
+            host_time=host.isoformat(),
+            database_time=database.isoformat(),
+            skew=round(skew, 3),
+            cause=f"this host's clock is {abs(skew):.1f} s "
+            f"{'ahead of' if skew > 0 else 'behind'} the database's",
+            effect="due times, leases and cron use the database's clock; the skew shows only "
+            "in log times and the times the dashboard displays",
+            fix="synchronise this host's clock (NTP: chrony, systemd-timesyncd)",
+        )
+    return database
 
 
 class Driver(Protocol):

@@ -70,6 +70,11 @@ CATALOGUE: dict[str, str] = {
     "jobs.worker.leave-failed": "a worker could not delete its row on exit",
     "jobs.worker.pruned": "the maintenance node deleted a stale worker row",
     "jobs.worker.bounds": "a PostgreSQL statement_timeout shorter than the lease",
+    "jobs.clock.skewed": (
+        "at a worker's or scheduler's start, the host's clock and the database's differ by more "
+        "than 5 s (due times, leases and cron use the database's: only log times and the "
+        "dashboard's display show the skew)"
+    ),
     "jobs.database.unavailable": "the worker lost its database connections (once per outage)",
     "jobs.database.recovered": "the worker reaches its database again",
     "jobs.maintenance.rescue-deferred": (

@@ -580,9 +580,11 @@ class CycleResult:
     completed: set[str] = field(default_factory=set)
     failed: set[str] = field(default_factory=set)
     claimed: list[Job] = field(default_factory=list)
-    #: With limits: when a due job held back by a full rate window may next be claimed (the
-    #: worker's wait ends then at the latest); None when nothing waits on a rate limit.
-    wake_at: datetime | None = None
+    #: With limits: how long after the claim's ``now`` (the driver's clock, as every due time)
+    #: a due job held back by a full rate window may next be claimed; the worker's wait ends
+    #: then at the latest, measured on its monotonic clock, so a host clock that is off cannot
+    #: shorten or stretch it. None when nothing waits on a rate limit.
+    wake_in: timedelta | None = None
 
 
 @dataclass(frozen=True, slots=True)

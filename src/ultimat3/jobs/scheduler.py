@@ -39,7 +39,7 @@ from typing import Any
 
 from ultimat3.jobs import events
 from ultimat3.jobs.clock import STEP, Clock
-from ultimat3.jobs.driver import Driver
+from ultimat3.jobs.driver import Driver, check_clock_skew
 from ultimat3.jobs.errors import JobsError
 from ultimat3.jobs.ids import token
 from ultimat3.jobs.job import JobHandle
@@ -170,7 +170,11 @@ class Scheduler:
     def time(self) -> datetime:
         """The scheduler's time: the database's clock, except while it has stepped away from
         the time this scheduler keeps (for less than ``step_hold``: see the module)."""
-        db = self._database_time = self.driver.database_now(now=self.clock.pinned())
+        if self._anchor is None:  # the first reading: the host's clock is compared with it once
+            db = check_clock_skew(self.driver, self.clock, service="scheduler")
+        else:
+            db = self.driver.database_now(now=self.clock.pinned())
+        self._database_time = db
         mono = self.clock.monotonic()
         if self._anchor is None:
             self._anchor = (db, mono)

@@ -58,7 +58,7 @@ from typing import Any, Literal
 
 from ultimat3.jobs import events
 from ultimat3.jobs.clock import Clock
-from ultimat3.jobs.driver import Driver
+from ultimat3.jobs.driver import Driver, check_clock_skew
 from ultimat3.jobs.duration import format_duration
 from ultimat3.jobs.errors import (
     ConfigurationError,
@@ -302,8 +302,9 @@ class Worker:
         self._cond = threading.Condition(self._lock)
         self._held: dict[Lease, _Held] = {}  # by lease: a job can have a zombie run and a new one
         self._wake = Wake()  # a slot freed, or a stop was asked for (selectable: see wake.py)
-        #: When the last claim's full rate window reopens (``CycleResult.wake_at``).
-        self._rate_wake: datetime | None = None
+        #: When (on ``clock.monotonic()``) the last claim's full rate window reopens: the wait
+        #: the driver measured on its own clock (``CycleResult.wake_in``) from the claim's send.
+        self._rate_wake: float | None = None
         self._stop_claiming = threading.Event()
         self._hard_stop = threading.Event()
         self._stopped = threading.Event()
@@ -343,6 +344,7 @@ class Worker:
         self._avg_run = 1.0  # seconds; starts long, so that threads wake for each job at first
         self._cycle_loop = Loop("cycle", self._cycle_step, on_fatal=self._fatal)
         self._renew_now = threading.Event()  # the heartbeat asks the renew loop to go
+        self._clock_checked = False  # the host's clock against the database's (_presence_step)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -371,7 +373,7 @@ class Worker:
             "heartbeat": Loop("heartbeat", self._heartbeat_step, on_fatal=self._fatal, stop=halt),
             "renew": Loop("renew", self._renew_step, on_fatal=self._fatal, stop=halt),
             "maintenance": Loop("maintenance", self._maintenance_step, stop=self._stop_claiming),
-            "presence": Loop("presence", self.presence.beat, stop=halt),
+            "presence": Loop("presence", self._presence_step, stop=halt),
         }
         self.presence.restarted(self.clock.now())
         for loop in self._loops.values():
@@ -434,6 +436,18 @@ class Worker:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         return self.stats
+
+    def _presence_step(self) -> float:
+        """Write this worker's row; after the first beat that reached the database, compare
+        the host's clock with the database's once (``check_clock_skew``)."""
+        every = self.presence.beat()
+        if not self._clock_checked:
+            try:
+                check_clock_skew(self.driver, self.clock, service="worker")
+                self._clock_checked = True
+            except JobsError:
+                pass  # the database is away (the beat said so): checked at the next beat
+        return every
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals_seen += 1
@@ -547,6 +561,7 @@ class Worker:
                 limited=self.limited,
                 skip=self._skipped() if self._skipping else (),
             )
+        sent = self.clock.monotonic()  # the driver's now is no earlier than this
         try:
             result = self.driver.job_cycle(
                 Cycle(
@@ -564,7 +579,8 @@ class Worker:
                 self._lost_claims.append(claim.token)
             raise
         self.stats.claimed += len(result.claimed)
-        self._rate_wake = result.wake_at
+        wake_in = result.wake_in
+        self._rate_wake = None if wake_in is None else sent + wake_in.total_seconds()
         if done:
             self.stats.completed += len(result.completed)
             self._note_lost([h for h in done if h.job.id not in result.completed])
@@ -610,7 +626,7 @@ class Worker:
         if idle:
             wake_at = self._rate_wake
             if wake_at is not None:  # a rate window reopens then: no later than that
-                left = (wake_at - self.clock.now()).total_seconds()
+                left = wake_at - self.clock.monotonic()
                 poll = min(poll, max(0.01, left + 0.002))
             try:
                 if limit:

@@ -340,8 +340,9 @@ class MemoryDriver:
 
     def _claim_until(
         self, params: ClaimParams, *, started: bool
-    ) -> tuple[list[Job], datetime | None]:
-        """The claimed jobs, and when a job held back by a rate limit may be claimed."""
+    ) -> tuple[list[Job], timedelta | None]:
+        """The claimed jobs, and how long after ``now`` a job held back by a rate limit may be
+        claimed."""
         at = _now(params.now)
         queues = set(params.queues)
         wake_at = None
@@ -379,7 +380,7 @@ class MemoryDriver:
             if started:
                 self._started.add(running.id)
             claimed.append(running)
-        return claimed, wake_at
+        return claimed, (wake_at - at if wake_at is not None else None)
 
     def _first_due(self, queues: set[str], at: datetime, limit: int) -> list[Job]:
         """The first ``limit`` due jobs, in claim order, of the unpaused ``queues``, neither
@@ -590,10 +591,10 @@ class MemoryDriver:
             }
             failed = self._fail(cycle.failures, at)
             claimed: list[Job] = []
-            wake_at = None
+            wake_in = None
             if cycle.claims is not None:
-                claimed, wake_at = self._claim_until(cycle.claims, started=True)
-        return CycleResult(completed, failed, claimed, wake_at)
+                claimed, wake_in = self._claim_until(cycle.claims, started=True)
+        return CycleResult(completed, failed, claimed, wake_in)
 
     def job_release_unstarted(self, *, now: datetime | None = None) -> list[str]:
         at = _now(now)

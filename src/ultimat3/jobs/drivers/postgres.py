@@ -772,15 +772,16 @@ class PostgresDriver:
             (self._q["job_claim_limited"], claim),
         ]
 
-    def _advance(self, params: ClaimParams, lock_rows: list[Row]) -> datetime | None:
+    def _advance(self, params: ClaimParams, lock_rows: list[Row]) -> timedelta | None:
         """Move the key cursor where a limited claim says (``job_limit_lock``: after the last
-        key it got, round-robin); return when a full rate window reopens."""
+        key it got, round-robin); return how long after the statement's ``now`` a full rate
+        window reopens."""
         if not (params.limited and lock_rows):
             return None
-        _, cursor, wake_at = lock_rows[0]
+        _, cursor, wake_in = lock_rows[0]
         if cursor is not None:
             self._after = cursor
-        return wake_at  # type: ignore[no-any-return]
+        return wake_in  # type: ignore[no-any-return]
 
     def _claim_query(
         self, params: ClaimParams, *, started: bool, relaxed: bool = False
@@ -845,7 +846,7 @@ class PostgresDriver:
             steps.extend(self._claim_steps(claim, started=True))
         rows = self._pipelined(steps)
         result = CycleResult()
-        wake_at = None
+        wake_in = None
         at = 1 if relaxed else 0
         for changed, present in (
             (result.completed, cycle.completes),
@@ -856,10 +857,10 @@ class PostgresDriver:
                 at += 1
         if claim is not None:
             if claim.limited:
-                wake_at = self._advance(claim, rows[at + 1])
+                wake_in = self._advance(claim, rows[at + 1])
                 at += 2
             result.claimed.extend(_job(row) for row in rows[at])
-        return replace(result, wake_at=wake_at) if wake_at is not None else result
+        return replace(result, wake_in=wake_in) if wake_in is not None else result
 
     def _cycle_queue(self, cycle: Cycle, claim: ClaimParams, now: datetime | None) -> CycleResult:
         """The usual turn, completions and a claim of one queue, as one statement

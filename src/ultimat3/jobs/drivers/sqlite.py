@@ -905,10 +905,10 @@ class SqliteDriver:
             if fail_rows:
                 failed = _apply_each(conn, _Q["job_fail"], fail_rows, fail_ids)
             claimed: list[Job] = []
-            wake_at = None
+            wake_in = None
             if claim is not None:
-                claimed, wake_at = _claim(conn, claim, started=True, after=self._after)
-            return CycleResult(completed, failed, claimed, wake_at)
+                claimed, wake_in = _claim(conn, claim, started=True, after=self._after)
+            return CycleResult(completed, failed, claimed, wake_in)
 
         if not (cycle.writes or claim is not None):
             return CycleResult()
@@ -1595,9 +1595,9 @@ def _apply_each(
 
 def _claim(
     conn: sqlite3.Connection, params: ClaimParams, *, started: bool, after: dict[str, str]
-) -> tuple[list[Job], datetime | None]:
+) -> tuple[list[Job], timedelta | None]:
     """Claim for ``params`` in the open transaction, marking the jobs ``started`` or not; and
-    when a job held back by a rate limit may be claimed. ``after`` holds the per-queue key
+    how long after its ``now`` a job held back by a rate limit may be claimed. ``after`` holds the per-queue key
     cursor of limited claims, and is advanced."""
     now_us = _now_us(params.now)
     args: dict[str, Any] = {
@@ -1619,7 +1619,7 @@ def _claim(
         rows = _claim_queues(conn, queues, args, after if params.limited else None, wake)
     jobs = [_job(row) for row in rows]
     jobs.sort(key=_claim_order)
-    return jobs, (_dt(min(wake)) if wake else None)
+    return jobs, (timedelta(microseconds=min(wake) - now_us) if wake else None)
 
 
 def _claim_queues(

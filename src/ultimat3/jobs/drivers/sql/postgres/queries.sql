@@ -826,7 +826,9 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
 -- held to the end of the transaction; a key another claim holds is skipped) and recorded in a
 -- transaction-local setting for job_claim_limited. That statement runs next in the same
 -- transaction, so with a snapshot taken after the locks: its count of running jobs is exact.
--- Also returns where the next claim goes on (the cursor), and when a full rate window reopens.
+-- Also returns where the next claim goes on (the cursor), and how long after this statement's
+-- now a full rate window reopens (a wait, on the database's clock: never a time the worker
+-- would compare with its own).
 WITH RECURSIVE fwd(queue, k, n) AS (
     SELECT q.name,
            (SELECT j.limit_key FROM {schema}.x_jobs j
@@ -966,9 +968,10 @@ SELECT set_config('ultimat3_jobs.limit_keys',
        coalesce((SELECT k FROM got ORDER BY pos DESC LIMIT 1),
                 (SELECT max(k) FROM back WHERE n = %(keys)s AND k <= %(after)s),
                 (SELECT max(k) FROM fwd WHERE n = %(keys)s)),
-       -- When the first full rate window reopens: its oldest start leaves it.
+       -- How long until the first full rate window reopens: its oldest start leaves it.
        (SELECT min(oldest + rate_period * interval '1 microsecond') FROM flows
         WHERE rate_max > 0 AND starts >= rate_max AND running < limit_max)
+       - coalesce(%(now)s::timestamptz, now())
 
 -- name: job_claim_limited
 -- Steps 2 and 3: the unlimited due jobs (as job_claim) and, for each key job_limit_lock got,

@@ -90,6 +90,8 @@ def _inject(driver: Driver, error: Callable[[], BaseException]) -> Iterator[None
         return
     checkout, pool = driver._checkout, driver._pool  # type: ignore[attr-defined]
     putconn = pool.putconn
+    # Lease renewals have a connection of their own, outside the pool: it fails the same way.
+    connect_renewer = driver._connect_renewer  # type: ignore[attr-defined]
 
     def faulty() -> Any:
         return _Faulty(checkout(), error())
@@ -97,12 +99,16 @@ def _inject(driver: Driver, error: Callable[[], BaseException]) -> Iterator[None
     def give_back(conn: Any) -> None:
         putconn(conn._real if isinstance(conn, _Faulty) else conn)
 
+    driver._drop_renewer()  # type: ignore[attr-defined]
     driver._checkout = faulty  # type: ignore[attr-defined]
+    driver._connect_renewer = lambda: _Faulty(connect_renewer(), error())  # type: ignore[attr-defined]
     pool.putconn = give_back
     try:
         yield
     finally:
         del driver._checkout  # type: ignore[attr-defined]
+        del driver._connect_renewer  # type: ignore[attr-defined]
+        driver._drop_renewer()  # type: ignore[attr-defined]
         pool.putconn = putconn
 
 

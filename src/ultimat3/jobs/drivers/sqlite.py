@@ -46,7 +46,12 @@ unique expression index makes NULLs collide for dedupe). A job id reused under a
 Limits:
 
 - SQLite 3.37 or newer (STRICT tables, ``RETURNING``). "The database clock" of SQLite is the
-  clock of whichever host calls: every process sharing the file must agree on the time.
+  clock of whichever host calls: every process sharing the file must agree on the time. A
+  step of it is harmless on Linux: the file stores the host clock's frame (``clock.Frame``),
+  and the first write after a step moves the stored due times and lease expiries by it
+  (``_align``). Elsewhere nothing moves: a delayed job's due time is a time on the host's
+  wall clock. Processes that do not share ``CLOCK_BOOTTIME`` (one in a time namespace of its
+  own) would each take the other's frame for a step: they must not share a file.
 - A caller's transaction that read before enqueueing (a deferred ``BEGIN`` then a SELECT) can
   be overtaken by another writer; SQLite then refuses the upgrade and the whole caller
   transaction must be retried. That surfaces as ``DriverUnavailableError`` telling the caller to

@@ -180,3 +180,116 @@ def test_history_stays_as_written(stepped: tuple[App, FakeClock, str]) -> None:
     after = app.driver.job_get(done.id)
     assert before is not None and after is not None
     assert (after.created_at, after.finished_at) == (before.created_at, before.finished_at)
+
+
+def _new(job_id: str, **fields: Any) -> NewJob:
+    return NewJob(
+        id=job_id,
+        name="later",
+        queue="default",
+        input="{}",
+        idempotency_key=job_id,
+        max_attempts=3,
+        **fields,
+    )
+
+
+def test_writers_racing_after_a_step_move_the_times_once(tmp_path: Path) -> None:
+    """Four drivers (four processes of one host) write at once after a step: the check and the
+    move are in the write lock's transaction, so the due time moves by the step, once, and one
+    of them says so."""
+    import logging
+    import threading
+
+    path = tmp_path / "race.sqlite3"
+    clock = FakeClock(START)
+    drivers = [SqliteDriver(path, clock=clock) for _ in range(4)]
+    drivers[0].migrate()
+    [made] = drivers[0].job_insert_many([_new("j0", delay=timedelta(seconds=90))], now=clock.now())
+    clock.step(timedelta(hours=2))
+    steps: list[logging.LogRecord] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if getattr(record, "event", None) == "jobs.sqlite.clock-step":
+                steps.append(record)
+
+    log = logging.getLogger("ultimat3.jobs.drivers.sqlite")
+    handler = Catch()
+    log.addHandler(handler)
+    go = threading.Barrier(len(drivers))
+
+    def write(n: int, driver: SqliteDriver) -> None:
+        go.wait()
+        for k in range(20):
+            driver.job_insert_many([_new(f"w{n}-{k}", delay=timedelta(hours=1))], now=clock.now())
+
+    threads = [threading.Thread(target=write, args=(n, d)) for n, d in enumerate(drivers)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        job = drivers[1].job_get(made.id)
+        assert job is not None and job.run_at == START + timedelta(hours=2, seconds=90)
+        assert len(steps) == 1
+    finally:
+        log.removeHandler(handler)
+        for d in drivers:
+            d.close()
+
+
+def test_a_rate_window_keeps_its_length_across_a_backward_step(tmp_path: Path) -> None:
+    """Starts inside their rate window move with a step: one start a minute, stepped back an
+    hour, lets the next start a minute later, not an hour and a minute later."""
+    clock = FakeClock(START)
+    driver = SqliteDriver(tmp_path / "rate.sqlite3", clock=clock)
+    try:
+        driver.migrate()
+        limit = {"limit_key": "k", "limit_max": 10, "rate_max": 1}
+        jobs = [_new(f"r{n}", rate_period=timedelta(minutes=1), **limit) for n in range(2)]
+        driver.job_insert_many(jobs, now=clock.now())
+
+        def claim() -> list[str]:
+            params = ClaimParams(
+                ("default",), 5, timedelta(seconds=30), "w", now=clock.now(), limited=True
+            )
+            return [j.id for j in driver.job_cycle(Cycle(claim=params), now=clock.now()).claimed]
+
+        assert len(claim()) == 1
+        clock.step(-timedelta(hours=1))
+        assert claim() == []  # the window is not over
+        clock.advance(61)
+        assert len(claim()) == 1, "the rate window lasted an hour longer"
+    finally:
+        driver.close()
+
+
+def test_a_leader_lease_keeps_its_length_across_a_backward_step(tmp_path: Path) -> None:
+    """A dead leader's lease lapses its length after its last renewal, not an hour later."""
+    clock = FakeClock(START)
+    driver = SqliteDriver(tmp_path / "leader.sqlite3", clock=clock)
+    try:
+        driver.migrate()
+        ttl = timedelta(seconds=10)
+        assert driver.leader_elect("m", "a", ttl, now=clock.now())
+        clock.step(-timedelta(hours=1))
+        assert not driver.leader_elect("m", "b", ttl, now=clock.now())
+        clock.advance(11)
+        assert driver.leader_elect("m", "b", ttl, now=clock.now()), "a lapsed lease held on"
+    finally:
+        driver.close()
+
+
+def test_the_host_frame_is_the_wall_clock_against_boot_time() -> None:
+    """The kernel's boot id, and an offset that stays put while no step happens (a step of it
+    is shimmed in real processes: ``test_clock_step_sqlite_processes.py``)."""
+    from ultimat3.jobs.clock import host_frame
+
+    first = host_frame()
+    if first is None:
+        pytest.skip("no boot id or CLOCK_BOOTTIME: not Linux")
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        assert first.boot == f.read().strip()
+    second = host_frame()
+    assert second is not None and abs(second.offset - first.offset) < 1000  # 1 ms

@@ -148,7 +148,9 @@ def test_the_rescuer_trusts_no_expiry_for_a_lease_after_a_step(
     clock.advance(29)
     assert maintenance.rescue() == []
     clock.advance(2)  # a full lease since the step, and still no renewal: rescued
-    if by > timedelta(0):
+    if by > timedelta(0) or app.driver.name == "sqlite":
+        # SQLite moves a stored lease expiry with a step of the host clock: the lease lapsed
+        # a lease after its renewal, in true time, whichever way the clock stepped.
         assert maintenance.rescue() == [made.id]
     else:  # the lease was renewed in the old, later time: it lapses a lease after that
         assert maintenance.rescue() == []

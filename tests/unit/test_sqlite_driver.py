@@ -440,8 +440,8 @@ def test_a_failed_insert_does_not_poison_the_callers_transaction(driver: SqliteD
 def test_one_job_in_an_open_caller_transaction_is_two_statements_in_a_savepoint(
     driver: SqliteDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The usual enqueue in a caller's open transaction: the insert and the count, in a
-    savepoint (a failure takes back both, and nothing of the caller's), and no look-up of a ``Joined`` this driver made (``_on_executor`` asks
+    """The usual enqueue in a caller's open transaction: the frame check, the insert and the
+    count, in a savepoint (a failure takes back both, and nothing of the caller's), and no look-up of a ``Joined`` this driver made (``_on_executor`` asks
     ``adopt`` only about others). A job published again, a taken key and an id taken under
     another key find the stored job or name the clash, and leave the counts true."""
     taken = new_job(key="taken")
@@ -463,9 +463,10 @@ def test_one_job_in_an_open_caller_transaction_is_two_statements_in_a_savepoint(
         conn.set_trace_callback(sent.append)
         fresh = new_job()
         assert driver.job_insert_many([fresh], executor=joined) == [InsertResult(fresh.id, False)]
-        assert len(sent) == 4, sent
-        assert sent[0].startswith("SAVEPOINT") and sent[3].startswith("RELEASE")
-        assert "INSERT INTO x_jobs " in sent[1] and "INSERT INTO x_job_counts " in sent[2]
+        assert len(sent) == 5, sent
+        assert sent[0].startswith("SAVEPOINT") and sent[4].startswith("RELEASE")
+        assert "FROM x_clock" in sent[1]  # the frame of the host clock (a step: _align)
+        assert "INSERT INTO x_jobs " in sent[2] and "INSERT INTO x_job_counts " in sent[3]
         sent.clear()
         assert driver.job_insert_many([fresh], executor=joined) == [InsertResult(fresh.id, True)]
         again = new_job(key="taken")

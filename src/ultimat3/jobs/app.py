@@ -157,7 +157,7 @@ class App(Enqueuer):
         with self._open_lock:
             if self._driver is None:
                 assert self.url is not None
-                self._driver = open_driver(self.url)
+                self._driver = open_driver(self.url, clock=self.clock)
             if not self._opened:
                 if self._migrate:
                     applied = self._driver.migrate()
@@ -193,7 +193,7 @@ class App(Enqueuer):
             with self._open_lock:
                 if self._driver is None:
                     assert self.url is not None
-                    self._driver = open_driver(self.url)
+                    self._driver = open_driver(self.url, clock=self.clock)
         return self._driver
 
     def register(self, *modules: ModuleType | object) -> list[Registered]:

@@ -20,6 +20,8 @@ wall time, each asking ``Clock.stepped_at()``:
 - the rescuer trusts no lease expiry until a full lease has passed since the step, like
   after a stall of the database (``maintenance``), so a live job is never rescued because of
   a step;
+- the SQLite driver moves the due times and lease expiries stored in its file by the step,
+  once per file, so that a job delayed 90 s still waits 90 s (``Frame``, below);
 - the scheduler keeps its own continuous time (``scheduler``), so it fires no occurrence
   ahead of time on a forward step, and none twice on a backward one.
 
@@ -38,6 +40,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
@@ -129,6 +133,64 @@ def last_step() -> Step | None:
     return _anchor.step
 
 
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """Where a clock's wall time stands against a time that never steps: ``offset`` is wall
+    time minus that time, in microseconds, on the boot ``boot``. It changes only when the wall
+    clock steps (by the step), or when ``boot`` changes (the time that never steps restarts).
+
+    The host's frame is host-wide on Linux: ``CLOCK_BOOTTIME`` is one clock for every process
+    (unlike ``CLOCK_MONOTONIC``, it keeps counting while the host is suspended, so a resume is
+    no step: the time that passed asleep did pass), and ``boot`` is the kernel's boot id. The
+    SQLite driver stores the last frame seen in its file and moves the stored future times by
+    any change of it (``drivers.sqlite``)."""
+
+    boot: str
+    offset: int
+    #: The wall time it was read at, microseconds since the epoch.
+    at: int
+
+
+def _read_boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+#: The kernel's boot id (Linux), read once: a process lives within one boot. None elsewhere.
+_BOOT_ID = _read_boot_id() if hasattr(time, "CLOCK_BOOTTIME") else None
+
+
+def host_frame() -> Frame | None:
+    """The host's frame (``Frame``): its wall clock against ``CLOCK_BOOTTIME``. None where
+    there is no boot id or boot time to read (not Linux): there, a step cannot be told apart
+    from a reboot across processes, and times stored by SQLite follow the wall clock."""
+    if _BOOT_ID is None:
+        return None
+    boot = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+    wall = wall_ns()
+    return Frame(_BOOT_ID, (wall - boot) // 1000, wall // 1000)
+
+
+def _no_frame() -> Frame | None:
+    return None
+
+
+def frame_reader(clock: Clock | None) -> Callable[[], Frame | None]:
+    """How to read the frame of the wall time a driver writes with ``clock``: the host's for
+    the system clock (and any clock that pins None: the driver then reads the host's clock),
+    a fake clock's own (``FakeClock.frame``), and none for another clock that pins its time
+    (its steps cannot be seen)."""
+    if clock is None or isinstance(clock, SystemClock):
+        return host_frame
+    own = getattr(clock, "frame", None)
+    if callable(own):
+        return own  # type: ignore[no-any-return]
+    return host_frame if clock.pinned() is None else _no_frame
+
+
 def utcnow() -> datetime:
     return _EPOCH + timedelta(microseconds=wall_ns() // 1000)
 
@@ -181,6 +243,8 @@ class FakeClock:
         self._mono = 0.0
         self._stepped_at = -float("inf")
         self._lock = threading.Lock()
+        #: Its "boot": two fake clocks are two hosts, whose monotonic times are unrelated.
+        self._boot = f"fake:{uuid.uuid4().hex}"
 
     def now(self) -> datetime:
         """The fake time, timezone-aware, in UTC."""
@@ -205,6 +269,13 @@ class FakeClock:
         ``-inf`` if it never did."""
         with self._lock:
             return self._stepped_at
+
+    def frame(self) -> Frame:
+        """Its wall time against its monotonic time (``Frame``): changed by ``step`` and by
+        ``set`` backwards, never by ``advance``."""
+        with self._lock:
+            wall = (self._now - _EPOCH) // timedelta(microseconds=1)
+            return Frame(self._boot, wall - round(self._mono * 1e6), wall)
 
     def advance(self, by: timedelta | float) -> datetime:
         """Move forward by a timedelta or a number of seconds; returns the new time.

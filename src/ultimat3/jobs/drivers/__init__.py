@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
+from ultimat3.jobs.clock import Clock
 from ultimat3.jobs.dialects import canonical_url as canonical_url
 from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.errors import ConfigurationError
@@ -45,8 +46,9 @@ def sqlite_path(url: str) -> Path:
     return Path(path).expanduser()
 
 
-def open_driver(url: str) -> Driver:
-    """Open (not yet migrate) the driver a URL names."""
+def open_driver(url: str, *, clock: Clock | None = None) -> Driver:
+    """Open (not yet migrate) the driver a URL names. ``clock``: the app's (SQLite reads its
+    frame, to notice a step of the wall clock: ``SqliteDriver``)."""
     url = canonical_url(url)
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     if scheme == "sqlite":
@@ -71,6 +73,7 @@ def open_driver(url: str) -> Driver:
             sqlite_path(url),
             synchronous=options.get("synchronous", "FULL").upper(),
             busy_timeout=busy_timeout,
+            clock=clock,
         )
     if scheme in ("postgresql", "postgres"):
         from ultimat3.jobs.dialects.postgres import (

@@ -46,7 +46,12 @@ unique expression index makes NULLs collide for dedupe). A job id reused under a
 Limits:
 
 - SQLite 3.37 or newer (STRICT tables, ``RETURNING``). "The database clock" of SQLite is the
-  clock of whichever host calls: every process sharing the file must agree on the time.
+  clock of whichever host calls: every process sharing the file must agree on the time. A
+  step of it is harmless on Linux: the file stores the host clock's frame (``clock.Frame``),
+  and the first write after a step moves the stored due times and lease expiries by it
+  (``_align``). Elsewhere nothing moves: a delayed job's due time is a time on the host's
+  wall clock. Processes that do not share ``CLOCK_BOOTTIME`` (one in a time namespace of its
+  own) would each take the other's frame for a step: they must not share a file.
 - A caller's transaction that read before enqueueing (a deferred ``BEGIN`` then a SELECT) can
   be overtaken by another writer; SQLite then refuses the upgrade and the whole caller
   transaction must be retried. That surfaces as ``DriverUnavailableError`` telling the caller to
@@ -87,6 +92,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from ultimat3.jobs import ids
+from ultimat3.jobs.clock import STEP, Clock, frame_reader
 from ultimat3.jobs.dialects.sqlite import (
     BUSY_SNAPSHOT,
     CANTOPEN,
@@ -189,6 +195,7 @@ _SETTLE_POLL = 0.0005
 _SETTLE_FOR = 0.25
 
 _SAVEPOINT = "ultimat3_jobs"
+_STEP_US = int(STEP * 1e6)
 _NETWORK_FILESYSTEMS = frozenset(
     {
         "nfs",
@@ -307,6 +314,7 @@ class SqliteDriver:
         *,
         synchronous: str = "FULL",
         busy_timeout: float = 30.0,
+        clock: Clock | None = None,
     ) -> None:
         raw = os.fspath(path)
         if not raw or raw == ":memory:" or raw.startswith("file:"):
@@ -349,6 +357,12 @@ class SqliteDriver:
         self._after: dict[str, str] = {}
         #: A wait longer than this for the write lock counts as a stall (see StallTracker).
         self.stalls = StallTracker(threshold=0.5)
+        #: The frame of the wall time this driver writes (``clock.Frame``; ``_align``).
+        self._frame = frame_reader(clock)
+        #: The last frame found stored in the file (boot, offset): while the host's is within
+        #: ``STEP`` of it, nothing can have stored another (the frame is host-wide), and the
+        #: check needs no read.
+        self._frame_seen: tuple[str, int] | None = None
         renew_after_fork(self)
         close_at_exit(self)
 
@@ -630,7 +644,7 @@ class SqliteDriver:
                 fix="make the write part of the transaction (enqueue without outbox=False, or "
                 "pass executor=), or make it after the transaction ends",
             )
-        return self._retry(lambda: once(slot.conn, body), held_here)
+        return self._retry(lambda: once(slot.conn, self._aligned(body)), held_here)
 
     def _caller_holds_lock(self, own: sqlite3.Connection) -> bool:
         """True when the code calling us runs inside a transaction on this file (another App's,
@@ -670,7 +684,7 @@ class SqliteDriver:
             conn = self.adopt(executor).connection
         opened = conn.in_transaction
         try:
-            return write_in(conn, body, savepoint=_SAVEPOINT, retry=self._retry)
+            return write_in(conn, self._aligned(body), savepoint=_SAVEPOINT, retry=self._retry)
         except sqlite3.Error as exc:
             if not _translatable(exc):
                 raise
@@ -686,6 +700,64 @@ class SqliteDriver:
             if not opened:
                 raise
             raise in_callers_transaction(exc.cause, driver="sqlite", fix=exc.fix) from exc
+
+    # -- steps of the host clock -------------------------------------------------------------
+
+    def _aligned(
+        self, body: Callable[[sqlite3.Connection], _T]
+    ) -> Callable[[sqlite3.Connection], _T]:
+        def aligned(conn: sqlite3.Connection) -> _T:
+            self._align(conn)
+            return body(conn)
+
+        return aligned
+
+    def _align(self, conn: sqlite3.Connection) -> None:
+        """First thing in every write transaction, under the write lock: compare the frame of
+        the host's clock (``clock.Frame``) with the one stored in the file, and on a step (a
+        change over ``STEP``) move the stored future times by it and store the new frame.
+        Under the write lock, so exactly once per file, and no row is written in the new time
+        before the move. A changed boot id (a reboot) is stored without moving anything.
+
+        The read is skipped while the host's frame stays within ``STEP`` of the one this driver
+        last found stored: the frame is the same for every process of the host, so another
+        process can only have stored a different one after a step this one now sees too (one
+        started after the step included: its first write reads). Cost, measured: 2.2 us with
+        the read, 0.9 us without (most of it the frame's own read)."""
+        frame = self._frame()
+        if frame is None:
+            return
+        seen = self._frame_seen
+        if seen is not None and seen[0] == frame.boot and abs(frame.offset - seen[1]) <= _STEP_US:
+            return  # the file held this frame, and no process of the host can see another one
+        row = conn.execute(_Q["clock_frame"]).fetchone()
+        if row is not None and row[0] == frame.boot:
+            by = frame.offset - row[1]
+            if -_STEP_US <= by <= _STEP_US:
+                # Kept only when found stored, never when this transaction stores it: a
+                # transaction that is rolled back takes the frame it stored with it.
+                self._frame_seen = (row[0], row[1])
+                return
+            args = {"by": by, "now": frame.at}
+            jobs = conn.execute(_Q["clock_shift_jobs"], args).rowcount
+            conn.execute(_Q["clock_shift_leaders"], args)
+            conn.execute(_Q["clock_shift_workers"], args)
+            _log.warning(
+                "jobs.sqlite.clock-step: the host's wall clock stepped by %+.3f s; the due "
+                "times and lease expiries of %d job(s) in %s moved with it",
+                by / 1e6,
+                jobs,
+                self.path,
+                extra={
+                    "event": "jobs.sqlite.clock-step",
+                    "path": self.path,
+                    "by_seconds": by / 1e6,
+                    "jobs": jobs,
+                },
+            )
+        conn.execute(
+            _Q["clock_frame_set"], {"boot": frame.boot, "offset": frame.offset, "now": frame.at}
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -555,3 +555,34 @@ DELETE FROM x_workers WHERE heartbeat_at < :cutoff RETURNING id;
 -- name: worker_list
 SELECT id, host, pid, queues, concurrency, started_at, heartbeat_at, version
 FROM x_workers ORDER BY id;
+
+-- name: clock_frame
+-- The frame of the host clock last seen (migration 10): a read of one row by its key.
+SELECT boot, "offset" FROM x_clock WHERE id = 1;
+
+-- name: clock_frame_set
+INSERT INTO x_clock (id, boot, "offset", updated_at) VALUES (1, :boot, :offset, :now)
+ON CONFLICT (id) DO UPDATE SET boot = excluded.boot, "offset" = excluded."offset",
+    updated_at = excluded.updated_at;
+
+-- name: clock_shift_jobs
+-- A step of the host clock by :by microseconds (the driver's _align): the times still ahead
+-- move with it, so each keeps its distance from now. A waiting job's due time (and a running
+-- one's, which a release that keeps its place puts back), a running job's lease expiry, and a
+-- rate-limited start still inside its window (limits count those against now). Finished
+-- jobs' times, created_at and other starts are history: they stay as written.
+UPDATE x_jobs
+SET run_at = CASE WHEN state IN ('scheduled', 'available', 'running')
+                  THEN run_at + :by ELSE run_at END,
+    lease_expires_at = lease_expires_at + :by,
+    attempted_at = CASE WHEN rate_max > 0 AND attempted_at > :now - :by - rate_period
+                        THEN attempted_at + :by ELSE attempted_at END
+WHERE state IN ('scheduled', 'available', 'running')
+   OR (rate_max > 0 AND attempted_at > :now - :by - rate_period);
+
+-- name: clock_shift_leaders
+UPDATE x_leaders SET expires_at = expires_at + :by;
+
+-- name: clock_shift_workers
+-- A worker's last heartbeat is compared with now to prune the stale ones.
+UPDATE x_workers SET heartbeat_at = heartbeat_at + :by;

@@ -201,10 +201,28 @@ def hold_write_lock(path: str) -> sqlite3.Connection:
     return holder
 
 
+_HOLD_ELSEWHERE = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN IMMEDIATE")
+print("held", flush=True)
+sys.stdin.read()
+conn.execute("ROLLBACK")
+"""
+
+
 def test_a_held_write_lock_becomes_driver_unavailable_not_operational_error(path: str) -> None:
+    # Held by another process: one of this process's own would be named as such instead
+    # (tests/app/test_sqlite_locks.py).
     SqliteDriver(path).migrate()
     driver = SqliteDriver(path, busy_timeout=0.3)
-    holder = hold_write_lock(path)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_ELSEWHERE, path],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
     try:
         for write in (
             lambda: driver.job_insert_many([new_job()]),
@@ -223,8 +241,7 @@ def test_a_held_write_lock_becomes_driver_unavailable_not_operational_error(path
         # Reads do not wait for a writer in WAL mode.
         assert driver.job_get("nope") is None
     finally:
-        holder.execute("ROLLBACK")
-        holder.close()
+        holder.communicate("", timeout=10)
     assert driver.job_insert_many([job := new_job()]) == [InsertResult(job.id, False)]
     driver.close()
 

@@ -376,3 +376,33 @@ def test_pg_an_interrupted_enqueue_rolls_back_to_its_savepoint(pg_app: App, pg_u
         other.rollback()
     assert _orders(pg_url) == [1, 2]
     assert pg_app.count_jobs() == 0
+
+
+@pytest.mark.postgres
+def test_pg_an_interrupt_whose_rollback_to_the_savepoint_failed_says_so(pg_url: str) -> None:
+    """An interrupt goes on as it is; when rolling back to the savepoint failed too (here the
+    savepoint is gone, released inside the body), it carries a note saying so, since the
+    caller's transaction may now be aborted."""
+    import psycopg
+
+    from ultimat3.jobs.dialects.postgres import in_savepoint
+
+    with psycopg.connect(pg_url) as conn:
+        conn.execute("select 1")  # the caller's transaction is open
+        with (
+            pytest.raises(KeyboardInterrupt) as caught,
+            in_savepoint(
+                conn,
+                driver="postgres",
+                describe=lambda: ("the test's write", ""),
+                translate=lambda exc: exc,
+            ),
+        ):
+            conn.execute("release savepoint ultimat3_jobs")
+            raise KeyboardInterrupt
+        [note] = caught.value.__notes__
+        assert "rolling back to its savepoint failed too" in note
+        assert "ultimat3_jobs" in note  # psycopg's "savepoint ... does not exist"
+        assert "may be aborted" in note
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+        conn.rollback()

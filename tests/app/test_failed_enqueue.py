@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,38 @@ def pg_app(pg_url: str, make_module: Any) -> Iterator[App]:
         conn.execute("create table orders (id int primary key)")
     yield app
     app.close()
+
+
+def _interrupt_when_waiting(url: str, backend_pid: int) -> tuple[threading.Thread, list[bool]]:
+    """A started thread that sends SIGINT to this process once the backend ``backend_pid``
+    waits for a lock (``pg_stat_activity``, read on a connection of its own), never before:
+    a fixed delay could land before the wait on a loaded machine. The list holds True once
+    the wait was seen and the signal sent; nothing is sent if it is not seen within 10 s."""
+    import os
+    import signal
+    import time
+
+    import psycopg
+
+    sent: list[bool] = []
+
+    def watch() -> None:
+        with psycopg.connect(url, autocommit=True) as admin:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                row = admin.execute(
+                    "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                    [backend_pid],
+                ).fetchone()
+                if row is not None and row[0] == "Lock":
+                    sent.append(True)
+                    os.kill(os.getpid(), signal.SIGINT)
+                    return
+                time.sleep(0.01)
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    return thread, sent
 
 
 def _orders(url: str) -> list[int]:
@@ -299,13 +332,31 @@ def test_pg_an_enqueue_after_a_failed_statement_in_the_callers_pipeline(
 
 
 @pytest.mark.postgres
+def test_pg_an_enqueue_after_a_failed_statement_in_an_autocommit_pipeline(
+    pg_app: App, pg_url: str
+) -> None:
+    """On an autocommit connection in pipeline mode the caller's failed statement ran in an
+    implicit transaction of its own, which the enqueue's sync ends: no failed transaction is
+    left to name, and the caller's error reaches them as a JobsError, like every driver
+    error, with the psycopg error as its cause."""
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as conn, pg_app.using(conn):
+        with conn.pipeline():
+            conn.execute("insert into orders values (1)")
+            conn.execute("insert into orders values (1)")  # refused, raised at the next sync
+            with pytest.raises(JobsError) as caught:
+                ship.enqueue({"what": "book"})
+        assert isinstance(caught.value.__cause__, psycopg.errors.UniqueViolation)
+        ship.enqueue({"what": "lamp"})  # the connection goes on
+    assert _orders(pg_url) == []  # the implicit transaction lasted to the sync: both undone
+    assert pg_app.count_jobs() == 1
+
+
+@pytest.mark.postgres
 def test_pg_an_interrupted_enqueue_rolls_back_to_its_savepoint(pg_app: App, pg_url: str) -> None:
     """Ctrl-C while the enqueue waits for a key: psycopg cancels the statement and raises
     KeyboardInterrupt; the savepoint is rolled back, so the caller's transaction goes on."""
-    import os
-    import signal
-    import threading
-
     import psycopg
 
     with psycopg.connect(pg_url) as other, psycopg.connect(pg_url) as conn:
@@ -314,14 +365,44 @@ def test_pg_an_interrupted_enqueue_rolls_back_to_its_savepoint(pg_app: App, pg_u
         with conn.transaction(), pg_app.using(conn):
             conn.execute("set local lock_timeout = '10s'")  # never for ever
             conn.execute("insert into orders values (1)")
-            timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
-            timer.start()
+            watcher, sent = _interrupt_when_waiting(pg_url, conn.info.backend_pid)
             try:
                 with pytest.raises(KeyboardInterrupt):
                     receipt.enqueue({"order": 5})
             finally:
-                timer.join()
+                watcher.join()
+            assert sent == [True], "interrupted while it waited for the key"
             conn.execute("insert into orders values (2)")
         other.rollback()
     assert _orders(pg_url) == [1, 2]
     assert pg_app.count_jobs() == 0
+
+
+@pytest.mark.postgres
+def test_pg_an_interrupt_whose_rollback_to_the_savepoint_failed_says_so(pg_url: str) -> None:
+    """An interrupt goes on as it is; when rolling back to the savepoint failed too (here the
+    savepoint is gone, released inside the body), it carries a note saying so, since the
+    caller's transaction may now be aborted."""
+    import psycopg
+
+    from ultimat3.jobs.dialects.postgres import in_savepoint
+
+    with psycopg.connect(pg_url) as conn:
+        conn.execute("select 1")  # the caller's transaction is open
+        with (
+            pytest.raises(KeyboardInterrupt) as caught,
+            in_savepoint(
+                conn,
+                driver="postgres",
+                describe=lambda: ("the test's write", ""),
+                translate=lambda exc: exc,
+            ),
+        ):
+            conn.execute("release savepoint ultimat3_jobs")
+            raise KeyboardInterrupt
+        [note] = caught.value.__notes__
+        assert "rolling back to its savepoint failed too" in note
+        assert "ultimat3_jobs" in note  # psycopg's "savepoint ... does not exist"
+        assert "may be aborted" in note
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+        conn.rollback()

@@ -14,6 +14,11 @@ transaction is open":
 
 The bounds are loose on purpose (5 s against a busy timeout of 10 s): the diagnosis comes at
 about 0.55 s, and a loaded machine must not make it look late.
+
+The early diagnosis needs the waiting thread to be the process's only one (``_alone``). A
+daemon thread left by an earlier test in the same pytest run (a pool's, a watchdog's) would
+turn it into the busy timeout, so the tests of its message and timing take ``_alone`` as true
+(the ``alone`` fixture), and one test runs the real check in a fresh process.
 """
 
 from __future__ import annotations
@@ -51,6 +56,15 @@ def record(value: Any) -> None:
 @pytest.fixture
 def module(make_module: Callable[..., types.ModuleType]) -> types.ModuleType:
     return make_module("sqlite_locks_jobs", record=record)
+
+
+@pytest.fixture
+def alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The waiting thread counts as the process's only one, whatever threads earlier tests of
+    this run left behind (the real check: ``test_the_early_diagnosis_in_a_process_of_one_thread``)."""
+    from ultimat3.jobs.dialects import sqlite as dialect
+
+    monkeypatch.setattr(dialect, "_alone", lambda: True)
 
 
 @pytest.fixture
@@ -122,7 +136,7 @@ def test_a_transaction_that_read_before_the_migration_is_told_why_it_cannot_see_
 
 @linux_only
 def test_a_transaction_that_wrote_is_refused_within_a_second(
-    tmp_path: Path, module: types.ModuleType
+    tmp_path: Path, module: types.ModuleType, alone: None
 ) -> None:
     path = tmp_path / "jobs.sqlite3"
     with closing(sqlite3.connect(path, isolation_level=None)) as setup:
@@ -147,7 +161,7 @@ def test_a_transaction_that_wrote_is_refused_within_a_second(
 
 @linux_only
 def test_a_transaction_that_read_a_new_file_is_told_it_keeps_it_from_being_set_up(
-    tmp_path: Path, module: types.ModuleType
+    tmp_path: Path, module: types.ModuleType, alone: None
 ) -> None:
     path = tmp_path / "jobs.sqlite3"
     app = App(driver=SqliteDriver(path, busy_timeout=10.0), modules=[module])
@@ -174,7 +188,7 @@ def test_a_transaction_that_read_a_new_file_is_told_it_keeps_it_from_being_set_u
 
 @linux_only
 def test_the_applications_own_lock_in_this_process_is_named_within_a_second(
-    migrated: tuple[Path, App],
+    migrated: tuple[Path, App], alone: None
 ) -> None:
     path, app = migrated
     own = sqlite3.connect(path)  # Python's legacy mode: the INSERT opens a transaction
@@ -194,9 +208,61 @@ def test_the_applications_own_lock_in_this_process_is_named_within_a_second(
         own.close()
 
 
+#: Run in a fresh process, whose only thread is the one that waits: the real ``_alone``.
+_ONE_THREAD = """
+import sqlite3, sys, threading, time, types
+from ultimat3.jobs import App, ConfigurationError, job
+from ultimat3.jobs.drivers.sqlite import SqliteDriver
+
+@job
+def record(value):
+    pass
+
+module = types.ModuleType("one_thread_jobs")
+module.record = record
+sys.modules[module.__name__] = module
+path = sys.argv[1]
+app = App(driver=SqliteDriver(path, busy_timeout=10.0), modules=[module])
+app.open()
+setup = sqlite3.connect(path, isolation_level=None)
+setup.execute("CREATE TABLE orders (id integer)")
+setup.close()
+own = sqlite3.connect(path)
+own.execute("INSERT INTO orders VALUES (1)")
+threads = threading.active_count()
+started = time.monotonic()
+try:
+    record.enqueue({})
+except ConfigurationError as exc:
+    print(threads, round(time.monotonic() - started, 3), exc.cause, sep="\\n")
+else:
+    print(threads, "no error", sep="\\n")
+"""
+
+
+@linux_only
+def test_the_early_diagnosis_in_a_process_of_one_thread(tmp_path: Path) -> None:
+    """The real check that no other thread could release the lock (``_alone``, which the
+    other tests take as true): in a process of one thread, an enqueue that would wait for the
+    application's own uncommitted write is named in about half a second."""
+    path = tmp_path / "jobs.sqlite3"
+    run = subprocess.run(
+        [sys.executable, "-c", _ONE_THREAD, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    threads, took, cause = run.stdout.split("\n", 2)
+    assert threads == "1"
+    assert float(took) < 5.0, f"diagnosed after {took}s (busy_timeout 10 s)"
+    assert cause.startswith(HELD_HERE)
+
+
 @linux_only
 def test_a_sqlalchemy_session_after_flush_is_named_within_a_second(
-    migrated: tuple[Path, App],
+    migrated: tuple[Path, App], alone: None
 ) -> None:
     sqlalchemy = pytest.importorskip("sqlalchemy")
     from sqlalchemy.orm import Session
@@ -365,7 +431,7 @@ def test_a_store_dropped_without_close_is_no_longer_counted_as_the_librarys(
 
     def registered() -> int:
         with dialect._own_lock:
-            return sum(1 for _, file, _ in dialect._own.values() if file == key)
+            return sum(1 for _, file, _, _ in dialect._own.values() if file == key)
 
     store = SqliteOutboxStore(path)
     store.migrate()
@@ -374,3 +440,31 @@ def test_a_store_dropped_without_close_is_no_longer_counted_as_the_librarys(
     del store
     gc.collect()
     assert registered() == 0
+
+
+def test_a_disowned_connection_is_no_longer_kept_by_its_owners_finalizer(
+    tmp_path: Path,
+) -> None:
+    """``disown`` (a connection closed or dropped for a new one) detaches the finalizer that
+    ``hold_own`` left on the owner, so nothing of the library keeps the old connection while
+    the owner lives: noted twice (a reconnect on the same slot), disowned once, it is held by
+    the test alone, as a connection the library never saw is."""
+    from ultimat3.jobs.dialects import sqlite as dialect
+
+    path = tmp_path / "business.sqlite3"
+
+    class Owner:
+        pass
+
+    owner = Owner()
+    never_noted = sqlite3.connect(path)
+    conn = sqlite3.connect(path)
+    try:
+        dialect.hold_own(conn, str(path), owner)
+        dialect.hold_own(conn, str(path), owner)
+        dialect.disown(conn)
+        assert sys.getrefcount(conn) == sys.getrefcount(never_noted)
+        assert owner is not None  # alive throughout
+    finally:
+        conn.close()
+        never_noted.close()

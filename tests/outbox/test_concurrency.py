@@ -118,8 +118,14 @@ def test_an_enqueue_never_waits_for_a_relay_that_waits_for_its_transaction(
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/locks")
 def test_creating_the_outbox_inside_a_transaction_that_wrote_is_refused_within_a_second(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The early refusal needs the waiting thread to be the process's only one: a thread left
+    # by an earlier test of this run must not make it the busy timeout (the real check:
+    # tests/app/test_sqlite_locks.py, test_the_early_diagnosis_in_a_process_of_one_thread).
+    from ultimat3.jobs.dialects import sqlite as dialect
+
+    monkeypatch.setattr(dialect, "_alone", lambda: True)
     business = tmp_path / "business.sqlite3"
     store = SqliteOutboxStore(business, busy_timeout=10.0)  # never migrated
     sys.modules[JOBS.__name__] = JOBS

@@ -523,7 +523,9 @@ def in_savepoint(
         if conn.broken:
             _raise_translated(exc, translate)
         check_joinable(conn, fix="")  # their transaction has failed: says so
-        raise
+        # Or it had none to fail: an autocommit pipeline ran that statement in an implicit
+        # transaction of its own, ended by the sync. Their error, said as every driver error.
+        _raise_translated(exc, translate)
     try:
         cursor.execute(SAVEPOINT_SQL, prepare=prepare)
     except BaseException as exc:  # nothing of ours to undo
@@ -583,6 +585,12 @@ def _failed(
         except pg.Error as failure:  # said in the error below, which is about ``exc``
             undo_failed = failure
     if not isinstance(exc, pg.Error):
+        if undo_failed is not None:
+            exc.add_note(
+                "ultimat3-jobs: rolling back to its savepoint failed too "
+                f"({first_line(undo_failed)}), so the transaction may be aborted and keep what "
+                "the call wrote until it is rolled back"
+            )
         raise exc
     if not alive or conn.broken or isinstance(exc, _missing_schema()):
         _raise_translated(exc, translate)

@@ -308,8 +308,12 @@ def write_lock_holders(path: str) -> frozenset[int] | None:
 
 
 #: The connections the library opened on SQLite files, in this process: id -> (connection,
-#: the file's identity key, the process that opened it).
-_own: dict[int, tuple[sqlite3.Connection, tuple[object, ...], int]] = {}
+#: the file's identity key, the process that opened it, the finalizer that disowns it when its
+#: owner is collected: detached by ``disown``, so it holds the connection no longer).
+_Own = tuple[
+    sqlite3.Connection, tuple[object, ...], int, "weakref.finalize[[sqlite3.Connection], object]"
+]
+_own: dict[int, _Own] = {}
 #: Reentrant: a driver's connection is disowned by a finalizer, which the garbage collector may
 #: run on a thread that holds it already.
 _own_lock = threading.RLock()
@@ -321,19 +325,22 @@ def hold_own(conn: sqlite3.Connection, path: str, owner: object) -> None:
     ``owner`` (the object that keeps ``conn``: a store, a thread's slot) is collected, closed
     or not (a ``sqlite3.Connection`` takes no weak reference, so the registry's is strong)."""
     pid = os.getpid()
-    entry = (conn, file_identity(path).key, pid)
+    key = file_identity(path).key
     with _own_lock:
-        for key in [key for key, (_, _, opener) in _own.items() if opener != pid]:
-            del _own[key]  # a forked child's copy of its parent's: never used here
-        _own[id(conn)] = entry
-    weakref.finalize(owner, disown, conn)
+        for known in [known for known, entry in _own.items() if entry[2] != pid]:
+            del _own[known]  # a forked child's copy of its parent's: never used here
+        disown(conn)  # noted again: its old finalizer goes
+        _own[id(conn)] = (conn, key, pid, weakref.finalize(owner, disown, conn))
 
 
 def disown(conn: sqlite3.Connection) -> None:
+    """Forget ``conn`` (closed, or about to be): its finalizer is detached, so neither the
+    registry nor the finalizer keeps it or its owner's bookkeeping any longer."""
     with _own_lock:
         entry = _own.get(id(conn))
         if entry is not None and entry[0] is conn:
             del _own[id(conn)]
+            entry[3].detach()
 
 
 def blocked_here(path: str) -> bool:
@@ -349,7 +356,7 @@ def blocked_here(path: str) -> bool:
     key, pid = file_identity(path).key, os.getpid()
     with _own_lock:
         entries = tuple(_own.values())
-    for conn, file, opener in entries:
+    for conn, file, opener, _ in entries:
         if file != key or opener != pid:
             continue
         try:

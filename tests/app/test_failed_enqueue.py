@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pgwait import interrupt_when_waiting  # tests/ is on the path, as for pgcluster
 from ultimat3.jobs import App, DriverUnavailableError, EnqueueRefusedError, JobsError, job
 
 
@@ -59,38 +59,6 @@ def pg_app(pg_url: str, make_module: Any) -> Iterator[App]:
         conn.execute("create table orders (id int primary key)")
     yield app
     app.close()
-
-
-def _interrupt_when_waiting(url: str, backend_pid: int) -> tuple[threading.Thread, list[bool]]:
-    """A started thread that sends SIGINT to this process once the backend ``backend_pid``
-    waits for a lock (``pg_stat_activity``, read on a connection of its own), never before:
-    a fixed delay could land before the wait on a loaded machine. The list holds True once
-    the wait was seen and the signal sent; nothing is sent if it is not seen within 10 s."""
-    import os
-    import signal
-    import time
-
-    import psycopg
-
-    sent: list[bool] = []
-
-    def watch() -> None:
-        with psycopg.connect(url, autocommit=True) as admin:
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                row = admin.execute(
-                    "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
-                    [backend_pid],
-                ).fetchone()
-                if row is not None and row[0] == "Lock":
-                    sent.append(True)
-                    os.kill(os.getpid(), signal.SIGINT)
-                    return
-                time.sleep(0.01)
-
-    thread = threading.Thread(target=watch)
-    thread.start()
-    return thread, sent
 
 
 def _orders(url: str) -> list[int]:
@@ -365,7 +333,7 @@ def test_pg_an_interrupted_enqueue_rolls_back_to_its_savepoint(pg_app: App, pg_u
         with conn.transaction(), pg_app.using(conn):
             conn.execute("set local lock_timeout = '10s'")  # never for ever
             conn.execute("insert into orders values (1)")
-            watcher, sent = _interrupt_when_waiting(pg_url, conn.info.backend_pid)
+            watcher, sent = interrupt_when_waiting(pg_url, conn.info.backend_pid)
             try:
                 with pytest.raises(KeyboardInterrupt):
                     receipt.enqueue({"order": 5})

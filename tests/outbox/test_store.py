@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from pgwait import interrupt_when_waiting  # tests/ is on the path, as for pgcluster
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError, EnqueueRefusedError
 from ultimat3.jobs.outboxes import open_store
 from ultimat3.jobs.records import NewJob
@@ -327,38 +328,6 @@ def test_pg_a_stage_on_a_lost_connection_raises_a_jobs_error(spec: StoreSpec) ->
     assert caught.value.retryable is True
 
 
-def _interrupt_when_waiting(url: str, backend_pid: int) -> tuple[threading.Thread, list[bool]]:
-    """A started thread that sends SIGINT to this process once the backend ``backend_pid``
-    waits for a lock (``pg_stat_activity``, read on a connection of its own), never before:
-    a fixed delay could land before the wait on a loaded machine. The list holds True once
-    the wait was seen and the signal sent; nothing is sent if it is not seen within 10 s."""
-    import os
-    import signal
-    import time
-
-    import psycopg
-
-    sent: list[bool] = []
-
-    def watch() -> None:
-        with psycopg.connect(url, autocommit=True) as admin:
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                row = admin.execute(
-                    "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
-                    [backend_pid],
-                ).fetchone()
-                if row is not None and row[0] == "Lock":
-                    sent.append(True)
-                    os.kill(os.getpid(), signal.SIGINT)
-                    return
-                time.sleep(0.01)
-
-    thread = threading.Thread(target=watch)
-    thread.start()
-    return thread, sent
-
-
 def test_pg_an_interrupted_stage_rolls_back_to_its_savepoint(spec: StoreSpec) -> None:
     """Ctrl-C while the stage waits for a lock: psycopg cancels the statement and raises
     KeyboardInterrupt; the savepoint is rolled back, so the caller's transaction goes on."""
@@ -370,7 +339,7 @@ def test_pg_an_interrupted_stage_rolls_back_to_its_savepoint(spec: StoreSpec) ->
         with spec.begin() as conn:
             conn.execute("SET LOCAL lock_timeout = '10s'")  # never for ever
             executor = spec.store.adopt(conn)
-            watcher, sent = _interrupt_when_waiting(spec.url, conn.info.backend_pid)
+            watcher, sent = interrupt_when_waiting(spec.url, conn.info.backend_pid)
             try:
                 with pytest.raises(KeyboardInterrupt):
                     spec.store.stage(executor, [new_job(1)])

@@ -287,11 +287,12 @@ class PostgresDriver:
 
     ``dsn`` is a libpq URL or conninfo string. ``pool_min``/``pool_max`` size the pool (the
     LISTEN connections are extra: the workers' one, and the one the first wait for a result
-    opens; so is the one a worker's lease renewals use, which a busy pool cannot starve); ``pooler="transaction"`` (or ``listen=False``) turns
-    LISTEN/NOTIFY and prepared statements off for transaction-mode poolers, and ``poll`` is
-    then the longest gap between two looks for new jobs while idle; ``statement_timeout`` and
-    ``lock_timeout`` (seconds) bound every statement of ours; ``application_name`` labels every
-    session.
+    opens; so is the one a worker's lease renewals use, which a busy pool cannot starve,
+    replaced after the pool's ``max_lifetime``); ``pooler="transaction"`` (or
+    ``listen=False``) turns LISTEN/NOTIFY and prepared statements off for transaction-mode
+    poolers, and ``poll`` is then the longest gap between two looks for new jobs while idle;
+    ``statement_timeout`` and ``lock_timeout`` (seconds) bound every statement of ours;
+    ``application_name`` labels every session.
     """
 
     name = _NAME
@@ -479,6 +480,9 @@ class PostgresDriver:
         self._renewer: Conn | None = None
         self._renewer_since = 0.0  # when it connected: replaced after the pool's max_lifetime
         self._renew_lock = threading.Lock()
+        #: Held to close the renewals' connection and to shut its socket down (``close``):
+        #: the socket is never shut down after its descriptor was freed (and perhaps reused).
+        self._renewer_end = threading.Lock()
         self._listener: Conn | None = None
         self._listen_lock = threading.Lock()
         self._wake_cond = threading.Condition()
@@ -539,6 +543,7 @@ class PostgresDriver:
         self._listener = None
         self._renewer = None
         self._renew_lock = threading.Lock()
+        self._renewer_end = threading.Lock()
         self._listen_lock = threading.Lock()  # a lock held by another thread stays held
         self._wake_cond = threading.Condition()
         self._look_lock = threading.Lock()
@@ -962,7 +967,8 @@ class PostgresDriver:
                     self._reraise(exc, conn)
                 finally:
                     self._cursors.pop(conn, None)
-                    conn.close()
+                    with self._renewer_end:
+                        conn.close()
             finally:
                 self._watch.disarm(conn)
             self.stalls.note_wait(_monotonic() - started)
@@ -1015,21 +1021,23 @@ class PostgresDriver:
         if conn is not None:
             self._cursors.pop(conn, None)
             try:
-                conn.close()
+                with self._renewer_end:
+                    conn.close()
             except psycopg.Error:
                 pass
 
     def _cut_renewer(self) -> None:
         """End the renewals' connection under a statement of another thread, without freeing
         it there: its socket is shut down, the statement fails, and that thread closes it."""
-        conn = self._renewer
-        if conn is None:
-            return
-        try:
-            with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
-                sock.shutdown(socket.SHUT_RDWR)
-        except (psycopg.Error, OSError):  # closed already
-            pass
+        with self._renewer_end:
+            conn = self._renewer
+            if conn is None or conn.closed:
+                return
+            try:
+                with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
+                    sock.shutdown(socket.SHUT_RDWR)
+            except (psycopg.Error, OSError):  # closed already
+                pass
 
     def _closed_error(self) -> DriverUnavailableError:
         return DriverUnavailableError(

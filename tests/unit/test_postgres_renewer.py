@@ -5,6 +5,7 @@ pool's connection lifetime, and never held by a presence beat while a renewal ne
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -157,3 +158,33 @@ def test_a_checkout_that_finds_an_idle_connection_does_not_stop_others_keeping_t
     assert not failed
     assert [conn for conn, _ in driver._kept] == [mine]
     driver._putconn(got[0])
+
+
+def test_a_beat_stuck_on_its_row_lock_holds_the_renewals_connection_one_second_at_most(
+    pg_dsn: str,
+) -> None:
+    driver = PostgresDriver(pg_dsn, statement_timeout=60.0, lock_timeout=30.0)
+    now = datetime.now(UTC)
+    worker = WorkerInfo("h:1:stuck", "h", 1, ("default",), 2, now, now, "0")
+    try:
+        driver.worker_beat(worker)
+        with psycopg.connect(pg_dsn) as holder:  # holds the worker's row past any renewal
+            holder.execute(
+                "SELECT 1 FROM ultimat3_jobs.x_workers WHERE id = %s FOR UPDATE", [worker.id]
+            )
+            thread, failed = _run(lambda: driver.worker_beat(worker))
+            for _ in range(500):
+                if driver._renew_lock.locked():
+                    break
+                threading.Event().wait(0.01)
+            # The renewal that comes while the beat waits for the row gets the connection
+            # once the beat's own lock timeout (1 s) ends it, not the driver's 30 s.
+            started = time.monotonic()
+            assert driver._on_renewer(PID, {})
+            assert time.monotonic() - started < 10.0
+            thread.join(10)
+            assert not thread.is_alive()
+            assert [type(exc) for exc in failed] == [DriverUnavailableError]
+            holder.rollback()
+    finally:
+        driver.close()

@@ -260,6 +260,10 @@ _PROBE_WAIT = 1.0
 _PROBE_CONFIRM = 5.0
 #: A pool checkout's first look: a connection idle in the pool, without waiting for one.
 _NO_WAIT = 0.001
+#: How long a presence beat waits for a lease renewal on their shared connection before it
+#: takes a pooled one instead, and the longest it may run there (its statement and lock
+#: timeouts): a lease renewal waits no longer than this for a beat.
+_BEAT_WAIT = 1.0
 #: Intervals of this module's newer parts (the renewals' connection, the pooler check).
 _monotonic = SystemClock().monotonic
 #: SQLSTATE classes that mean "the server cannot serve us now": connection exception,
@@ -373,6 +377,10 @@ class PostgresDriver:
         self.statement_timeout = statement_timeout
         self.lock_timeout = lock_timeout
         self._bounds = bounds_sql(statement_timeout, lock_timeout, idle=statement_timeout)
+        #: A presence beat on the renewals' connection: short, so a renewal never waits long.
+        self._beat_bounds = bounds_sql(
+            min(statement_timeout, _BEAT_WAIT), min(lock_timeout, _BEAT_WAIT), idle=None
+        )
         #: On a direct connection the bounds are session settings of each pooled connection,
         #: set when the pool opens it (``_configure``), so a statement of ours needs no second
         #: one in front. Behind a transaction pooler a session is shared with other clients:
@@ -933,15 +941,22 @@ class PostgresDriver:
         return {row[0] for row in rows}
 
     def _on_renewer(
-        self, query: bytes, params: dict[str, Any], *, rows: bool = True, wait: bool = True
+        self,
+        query: bytes,
+        params: dict[str, Any],
+        *,
+        rows: bool = True,
+        wait: float | None = None,
+        bounds: bytes | None = None,
     ) -> list[Row] | None:
         """Run one statement on the lease renewals' connection of their own, outside the
-        pool (and the worker's presence beat: ``rows=False``, no rows to read, ``wait=False``:
-        None at once when a renewal holds the connection): handlers and enqueues that hold
+        pool (and the worker's presence beat: ``rows=False``, no rows to read; ``wait``: None
+        when another statement still holds the connection after that many seconds; ``bounds``:
+        its own timeouts, for this statement only): handlers and enqueues that hold
         every pooled connection (``pool_max``) cannot starve the heartbeat. Opened on the
         first renewal, replaced after any error (the next renewal connects again) and after
         the pool's ``max_lifetime``; bounded like the pool's, and cut off by the watchdog."""
-        if not self._renew_lock.acquire(blocking=wait):
+        if not self._renew_lock.acquire(timeout=-1 if wait is None else wait):
             return None
         try:
             if self._closed:
@@ -959,7 +974,12 @@ class PostgresDriver:
             started = _monotonic()
             self._watch.arm(conn)
             try:
-                cursor = self._exec(conn, query, params, bounded=True)
+                if bounds is None:
+                    cursor = self._exec(conn, query, params, bounded=True)
+                else:  # one implicit transaction: set_config(..., true) ends with it
+                    with conn.pipeline():
+                        conn.execute(bounds, prepare=self._prepare)
+                        cursor = conn.execute(query, params, prepare=self._prepare)
                 got = cursor.fetchall() if rows else []
             except psycopg.Error as exc:
                 self._renewer = None
@@ -1377,9 +1397,13 @@ class PostgresDriver:
             "now": now,
             "version": worker.version,
         }
-        # On the renewals' connection when no renewal holds it (a busy pool cannot make a
-        # live worker look gone); else pooled: a renewal never waits behind a beat for long.
-        if self._on_renewer(self._q["worker_beat"], params, rows=False, wait=False) is None:
+        # On the renewals' connection (a busy pool cannot make a live worker look gone), unless
+        # a renewal holds it for long: then pooled.
+        beat = self._q["worker_beat"]
+        if (
+            self._on_renewer(beat, params, rows=False, wait=_BEAT_WAIT, bounds=self._beat_bounds)
+            is None
+        ):
             self._write_only("worker_beat", params)
 
     def worker_remove(self, worker_id: str) -> None:

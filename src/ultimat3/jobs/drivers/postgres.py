@@ -136,6 +136,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from ultimat3.jobs import events, ids
 from ultimat3.jobs import sql as sql_files
+from ultimat3.jobs.clock import SystemClock
 from ultimat3.jobs.dialects.postgres import (
     CONNECT_DEFAULTS,
     LOCK_TIMEOUT,
@@ -257,6 +258,14 @@ _POLL_SLICE = 0.05
 #: it waits for that one or a second one before it decides that a pooler does.
 _PROBE_WAIT = 1.0
 _PROBE_CONFIRM = 5.0
+#: A pool checkout's first look: a connection idle in the pool, without waiting for one.
+_NO_WAIT = 0.001
+#: How long a presence beat waits for a lease renewal on their shared connection before it
+#: takes a pooled one instead, and the longest it may run there (its statement and lock
+#: timeouts): a lease renewal waits no longer than this for a beat.
+_BEAT_WAIT = 1.0
+#: Intervals of this module's newer parts (the renewals' connection, the pooler check).
+_monotonic = SystemClock().monotonic
 #: SQLSTATE classes that mean "the server cannot serve us now": connection exception,
 #: insufficient resources, operator intervention (admin shutdown, query cancelled), system
 #: error, transaction rollback (serialization failure, deadlock).
@@ -282,11 +291,12 @@ class PostgresDriver:
 
     ``dsn`` is a libpq URL or conninfo string. ``pool_min``/``pool_max`` size the pool (the
     LISTEN connections are extra: the workers' one, and the one the first wait for a result
-    opens; so is the one a worker's lease renewals use, which a busy pool cannot starve); ``pooler="transaction"`` (or ``listen=False``) turns
-    LISTEN/NOTIFY and prepared statements off for transaction-mode poolers, and ``poll`` is
-    then the longest gap between two looks for new jobs while idle; ``statement_timeout`` and
-    ``lock_timeout`` (seconds) bound every statement of ours; ``application_name`` labels every
-    session.
+    opens; so is the one a worker's lease renewals use, which a busy pool cannot starve,
+    replaced after the pool's ``max_lifetime``); ``pooler="transaction"`` (or
+    ``listen=False``) turns LISTEN/NOTIFY and prepared statements off for transaction-mode
+    poolers, and ``poll`` is then the longest gap between two looks for new jobs while idle;
+    ``statement_timeout`` and ``lock_timeout`` (seconds) bound every statement of ours;
+    ``application_name`` labels every session.
     """
 
     name = _NAME
@@ -367,6 +377,10 @@ class PostgresDriver:
         self.statement_timeout = statement_timeout
         self.lock_timeout = lock_timeout
         self._bounds = bounds_sql(statement_timeout, lock_timeout, idle=statement_timeout)
+        #: A presence beat on the renewals' connection: short, so a renewal never waits long.
+        self._beat_bounds = bounds_sql(
+            min(statement_timeout, _BEAT_WAIT), min(lock_timeout, _BEAT_WAIT), idle=None
+        )
         #: On a direct connection the bounds are session settings of each pooled connection,
         #: set when the pool opens it (``_configure``), so a statement of ours needs no second
         #: one in front. Behind a transaction pooler a session is shared with other clients:
@@ -447,7 +461,7 @@ class PostgresDriver:
         self._lent: dict[Conn, float] = {}
         #: Kept between calls, with when it left the pool; the last one kept is used first.
         self._kept: list[tuple[Conn, float]] = []
-        #: Threads waiting for the pool: while any does, a call's connection goes back to the
+        #: Threads waiting for the pool (none was idle in it): while any does, a call's connection goes back to the
         #: pool instead of the kept list, which only later calls look at.
         self._waiting = 0
         self._waiting_lock = threading.Lock()
@@ -472,7 +486,11 @@ class PostgresDriver:
         self._finished = self._new_finished()
         #: The lease renewals' connection, outside the pool (``_on_renewer``).
         self._renewer: Conn | None = None
+        self._renewer_since = 0.0  # when it connected: replaced after the pool's max_lifetime
         self._renew_lock = threading.Lock()
+        #: Held to close the renewals' connection and to shut its socket down (``close``):
+        #: the socket is never shut down after its descriptor was freed (and perhaps reused).
+        self._renewer_end = threading.Lock()
         self._listener: Conn | None = None
         self._listen_lock = threading.Lock()
         self._wake_cond = threading.Condition()
@@ -533,6 +551,7 @@ class PostgresDriver:
         self._listener = None
         self._renewer = None
         self._renew_lock = threading.Lock()
+        self._renewer_end = threading.Lock()
         self._listen_lock = threading.Lock()  # a lock held by another thread stays held
         self._wake_cond = threading.Condition()
         self._look_lock = threading.Lock()
@@ -595,12 +614,13 @@ class PostgresDriver:
             if got:
                 self._listen_lock.release()
         self._finished.close()
-        got = self._renew_lock.acquire(timeout=1.0)  # else closed under a renewal: it fails
-        try:
-            self._drop_renewer()
-        finally:
-            if got:
+        if self._renew_lock.acquire(timeout=1.0):
+            try:
+                self._drop_renewer()
+            finally:
                 self._renew_lock.release()
+        else:  # a renewal still runs: it fails, and closes its connection itself
+            self._cut_renewer()
         self._give_back_kept()
         self._pool.close(timeout=5.0)
         self._watch.close()
@@ -917,31 +937,49 @@ class PostgresDriver:
             return set()
         params = {**_lease_arrays(leases), "lease_for": lease_for, "now": now}
         rows = self._on_renewer(self._q["lease_extend"], params)
+        assert rows is not None  # it waited for the connection
         return {row[0] for row in rows}
 
-    def _on_renewer(self, query: bytes, params: dict[str, Any], *, rows: bool = True) -> list[Row]:
+    def _on_renewer(
+        self,
+        query: bytes,
+        params: dict[str, Any],
+        *,
+        rows: bool = True,
+        wait: float | None = None,
+        bounds: bytes | None = None,
+    ) -> list[Row] | None:
         """Run one statement on the lease renewals' connection of their own, outside the
-        pool (and the worker's presence beat: ``rows=False``, no rows to read): handlers and
-        enqueues that hold every pooled connection (``pool_max``) cannot starve the
-        heartbeat. Opened on the first renewal, replaced after any error (the
-        next renewal connects again); bounded like the pool's, and cut off by the watchdog."""
-        with self._renew_lock:
+        pool (and the worker's presence beat: ``rows=False``, no rows to read; ``wait``: None
+        when another statement still holds the connection after that many seconds; ``bounds``:
+        its own timeouts, for this statement only): handlers and enqueues that hold
+        every pooled connection (``pool_max``) cannot starve the heartbeat. Opened on the
+        first renewal, replaced after any error (the next renewal connects again) and after
+        the pool's ``max_lifetime``; bounded like the pool's, and cut off by the watchdog."""
+        if not self._renew_lock.acquire(timeout=-1 if wait is None else wait):
+            return None
+        try:
             if self._closed:
-                raise DriverUnavailableError(
-                    f"the driver for {self.display_url} is closed",
-                    driver=_NAME,
-                    fix="open a new driver (or App) instead of using a closed one",
-                )
+                self._drop_renewer()
+                raise self._closed_error()
             conn = self._renewer
-            if conn is not None and _ended(conn):  # a restart, a terminated session
+            if conn is not None and (
+                _ended(conn)  # a restart, a terminated session
+                or _monotonic() - self._renewer_since >= self._pool.max_lifetime
+            ):
                 self._drop_renewer()
                 conn = None
             if conn is None:
                 conn = self._connect_renewer()
-            started = time.monotonic()
+            started = _monotonic()
             self._watch.arm(conn)
             try:
-                cursor = self._exec(conn, query, params, bounded=True)
+                if bounds is None:
+                    cursor = self._exec(conn, query, params, bounded=True)
+                else:  # one implicit transaction: set_config(..., true) ends with it
+                    with conn.pipeline():
+                        conn.execute(bounds, prepare=self._prepare)
+                        cursor = conn.execute(query, params, prepare=self._prepare)
                 got = cursor.fetchall() if rows else []
             except psycopg.Error as exc:
                 self._renewer = None
@@ -949,43 +987,84 @@ class PostgresDriver:
                     self._reraise(exc, conn)
                 finally:
                     self._cursors.pop(conn, None)
-                    conn.close()
+                    with self._renewer_end:
+                        conn.close()
             finally:
                 self._watch.disarm(conn)
-            self.stalls.note_wait(time.monotonic() - started)
+            self.stalls.note_wait(_monotonic() - started)
             return got
+        finally:
+            if self._closed:  # closed during this call (``close`` did not get the lock)
+                self._drop_renewer()
+            self._renew_lock.release()
 
     def _connect_renewer(self) -> Conn:
+        """Connect the renewals' connection (under ``_renew_lock``). Closed again on any
+        failure after the connect, and when the driver was closed meanwhile."""
         kwargs: dict[str, Any] = {**self._connect_kwargs, "autocommit": True}
         if self._stateless:
             kwargs["prepare_threshold"] = None
         try:
             conn: Conn = psycopg.connect(self._dsn, **kwargs)
+        except psycopg.Error as exc:
+            raise self._renewer_unavailable(exc) from exc
+        try:
             self._watch.arm(conn)
             try:
                 self._configure(conn)
             finally:
                 self._watch.disarm(conn)
-        except psycopg.Error as exc:
-            self.stalls.note_failure()
-            raise DriverUnavailableError(
-                f"cannot connect to PostgreSQL at {self.display_url} to renew leases: "
-                f"{_first_line(exc)}",
-                driver=_NAME,
-                fix="check that the server is running and reachable; the worker's renew loop "
-                "retries by itself",
-            ) from exc
-        self._renewer = conn
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, psycopg.Error):
+                raise self._renewer_unavailable(exc) from exc
+            raise
+        self._renewer, self._renewer_since = conn, _monotonic()
+        if self._closed:  # closed while this connected: ``close`` saw no connection to close
+            self._drop_renewer()
+            raise self._closed_error()
         return conn
 
+    def _renewer_unavailable(self, exc: psycopg.Error) -> DriverUnavailableError:
+        self.stalls.note_failure()
+        return DriverUnavailableError(
+            f"cannot connect to PostgreSQL at {self.display_url} to renew leases: "
+            f"{_first_line(exc)}",
+            driver=_NAME,
+            fix="check that the server is running and reachable; the worker's renew loop "
+            "retries by itself",
+        )
+
     def _drop_renewer(self) -> None:
+        """Close the renewals' connection; only under ``_renew_lock``, never under a statement."""
         conn, self._renewer = self._renewer, None
         if conn is not None:
             self._cursors.pop(conn, None)
             try:
-                conn.close()
+                with self._renewer_end:
+                    conn.close()
             except psycopg.Error:
                 pass
+
+    def _cut_renewer(self) -> None:
+        """End the renewals' connection under a statement of another thread, without freeing
+        it there: its socket is shut down, the statement fails, and that thread closes it."""
+        with self._renewer_end:
+            conn = self._renewer
+            if conn is None or conn.closed:
+                return
+            try:
+                with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
+                    sock.shutdown(socket.SHUT_RDWR)
+            except (psycopg.Error, OSError):  # closed already
+                pass
+
+    def _closed_error(self) -> DriverUnavailableError:
+        return DriverUnavailableError(
+            f"the driver for {self.display_url} is closed",
+            driver=_NAME,
+            fix="open a new driver (or App) instead of using a closed one",
+        )
 
     def job_complete_many(
         self,
@@ -1318,8 +1397,14 @@ class PostgresDriver:
             "now": now,
             "version": worker.version,
         }
-        # On the renewals' connection: a busy pool cannot make a live worker look gone.
-        self._on_renewer(self._q["worker_beat"], params, rows=False)
+        # On the renewals' connection (a busy pool cannot make a live worker look gone), unless
+        # a renewal holds it for long: then pooled.
+        beat = self._q["worker_beat"]
+        if (
+            self._on_renewer(beat, params, rows=False, wait=_BEAT_WAIT, bounds=self._beat_bounds)
+            is None
+        ):
+            self._write_only("worker_beat", params)
 
     def worker_remove(self, worker_id: str) -> None:
         self._write_only("worker_remove", {"id": worker_id})
@@ -1478,33 +1563,35 @@ class PostgresDriver:
         )
 
     def _direct(self, probe: Conn) -> bool:
-        """Whether the server's session of ``probe`` sees this end of its socket as its
-        client: then nothing (no pooler, proxy or NAT) sits in between. False when it cannot
-        tell (a Unix socket: no address to compare)."""
+        """Whether the server's session of ``probe`` sees both ends of its socket as we do:
+        its client is this end (address and port) and its own end is the one we connected
+        to. Then nothing (no pooler, proxy or NAT) sits in between: a local pooler's own
+        connection to the server may use our client port too, but never toward the same
+        server end. False when it cannot tell (a Unix socket: no address to compare)."""
         try:
             with socket.socket(fileno=os.dup(probe.pgconn.socket)) as ours:
-                here = ours.getsockname()
+                here, there = ours.getsockname(), ours.getpeername()
         except OSError:
             return False
-        if not isinstance(here, tuple) or len(here) < 2:
+        if not (isinstance(here, tuple) and isinstance(there, tuple)):
             return False  # a Unix socket
-        local_addr, local_port = here[0], here[1]
         self._watch.arm(probe)
         try:
             row = probe.execute(
-                "SELECT host(client_addr), client_port FROM pg_stat_activity"
-                " WHERE pid = pg_backend_pid()",
+                "SELECT host(client_addr), client_port, host(inet_server_addr()),"
+                " inet_server_port() FROM pg_stat_activity WHERE pid = pg_backend_pid()",
                 prepare=False,
             ).fetchone()
         finally:
             self._watch.disarm(probe)
-        if row is None or row[0] is None or row[1] is None:
+        if row is None or any(value is None for value in row):
             return False
         try:
-            seen, ours_ip = (_ip(row[0]), _ip(local_addr))
+            seen = (_ip(row[0]), int(row[1]), _ip(row[2]), int(row[3]))
+            known = (_ip(here[0]), int(here[1]), _ip(there[0]), int(there[1]))
         except ValueError:
             return False
-        direct = seen == ours_ip and int(row[1]) == int(local_port)
+        direct = seen == known
         if direct:
             events.debug(
                 "jobs.postgres.pooler",
@@ -1960,11 +2047,7 @@ class PostgresDriver:
 
     def _checkout_once(self) -> tuple[Conn, float]:
         if self._closed:
-            raise DriverUnavailableError(
-                f"the driver for {self.display_url} is closed",
-                driver=_NAME,
-                fix="open a new driver (or App) instead of using a closed one",
-            )
+            raise self._closed_error()
         while True:
             try:
                 conn, since = self._kept.pop()
@@ -1977,18 +2060,16 @@ class PostgresDriver:
         if self._forked:  # the first call of a forked child: its own pool (_after_fork)
             self._forked = False
             self._pool.open(wait=False)  # safe to call twice, if two threads get here
-        with self._waiting_lock:
-            self._waiting += 1
         try:
             for _ in range(self._pool_max + 1):
-                conn = self._getconn()
+                conn = self._take()
                 if not _ended(conn):
                     return conn, time.monotonic()
                 # The session ended while the connection sat in the pool (server restart,
                 # pg_terminate_backend): closing it makes the pool replace it.
                 conn.close()
                 self._give_back(conn)
-            return self._getconn(), time.monotonic()
+            return self._take(), time.monotonic()
         except PoolTimeout as exc:
             raise DriverUnavailableError(
                 f"no free connection to PostgreSQL at {self.display_url} within "
@@ -1998,11 +2079,20 @@ class PostgresDriver:
                 "max_connections), or lower the worker concurrency",
             ) from exc
         except PoolClosed as exc:
-            raise DriverUnavailableError(
-                f"the driver for {self.display_url} is closed",
-                driver=_NAME,
-                fix="open a new driver (or App) instead of using a closed one",
-            ) from exc
+            raise self._closed_error() from exc
+
+    def _take(self) -> Conn:
+        """A pooled connection: one idle in the pool, else one waited for (``_getconn``),
+        counted in ``_waiting`` while this thread waits."""
+        try:
+            conn: Conn = self._pool.getconn(timeout=_NO_WAIT)
+            return conn
+        except PoolTimeout:
+            pass
+        with self._waiting_lock:
+            self._waiting += 1
+        try:
+            return self._getconn()
         finally:
             with self._waiting_lock:
                 self._waiting -= 1
@@ -2262,8 +2352,8 @@ def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
 
 def _heard(probe: Any, payloads: set[str], timeout: float) -> bool:
     """Whether one of ``payloads`` reaches ``probe`` within ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while (remaining := deadline - time.monotonic()) > 0:
+    deadline = _monotonic() + timeout
+    while (remaining := deadline - _monotonic()) > 0:
         for note in probe.notifies(timeout=remaining, stop_after=1):
             if note.payload in payloads:
                 return True

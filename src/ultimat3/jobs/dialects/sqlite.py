@@ -388,7 +388,8 @@ class HolderWatch:
     while a write waits for it, and tells a wait that cannot end from one that can.
 
     - Held by the application's own connection in this process (``blocked_here``) at every
-      look for half a second, and the waiting thread is the process's only thread: that
+      look for half a second, and the waiting thread is the process's only thread, or runs
+      inside a transaction the caller opened on its own connection (``in_callers_tx``): that
       connection is this thread's (the caller's transaction around this call, a SQLAlchemy
       session after ``flush()``, a ``sqlite3`` connection left in a transaction), and can only
       be released once this call returns. ``held_here()`` is raised then, about 0.55 s in.
@@ -397,9 +398,15 @@ class HolderWatch:
       for. If the wait reaches the timeout with the lock held here at every look,
       ``verdict()`` gives ``held_here()`` for the caller to raise instead of "busy"."""
 
-    def __init__(self, path: str, held_here: Callable[[], Exception]) -> None:
+    def __init__(
+        self, path: str, held_here: Callable[[], Exception], *, in_callers_tx: bool = False
+    ) -> None:
         self.path = path
         self.held_here = held_here
+        #: The waiting call runs inside a transaction the caller opened on a connection of
+        #: its own (``app.using(conn)``): that connection, this thread's, is the one that can
+        #: hold the lock, so other threads running do not make the wait worth going on.
+        self.in_callers_tx = in_callers_tx
         self._since: float | None = None
         self._look_at = _HELD_HERE_LOOK
         self._throughout: bool | None = None  # None: not looked yet
@@ -418,7 +425,7 @@ class HolderWatch:
         if self._since is None:
             self._since = waited
         elif waited - self._since >= _HELD_HERE_FOR:
-            if _alone():
+            if self.in_callers_tx or _alone():
                 raise self.held_here() from None
             if not self._warned:
                 self._warned = True
@@ -441,9 +448,11 @@ class HolderWatch:
         return None
 
 
-def holder_watch(path: str, held_here: Callable[[], Exception]) -> HolderWatch:
+def holder_watch(
+    path: str, held_here: Callable[[], Exception], *, in_callers_tx: bool = False
+) -> HolderWatch:
     """A ``HolderWatch`` on ``path`` (see there)."""
-    return HolderWatch(path, held_here)
+    return HolderWatch(path, held_here, in_callers_tx=in_callers_tx)
 
 
 def rollback_quietly(conn: sqlite3.Connection) -> None:

@@ -582,7 +582,15 @@ class SqliteDriver:
             if not is_busy(exc):
                 raise self._unavailable(exc) from exc
         started = time.monotonic()
-        watch = None if held_here is None else holder_watch(self.path, held_here)
+        joined = current_tx.get()
+        in_callers_tx = joined is not None and bool(
+            getattr(joined.connection, "in_transaction", False)
+        )
+        watch = (
+            None
+            if held_here is None
+            else holder_watch(self.path, held_here, in_callers_tx=in_callers_tx)
+        )
         try:
             result = retry_busy(attempt, timeout=self._busy_timeout, on_busy=watch)
         except sqlite3.Error as exc:

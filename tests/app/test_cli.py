@@ -6,6 +6,7 @@ import json
 import re
 import sys
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import click
@@ -619,7 +620,7 @@ def test_commands_on_jobs_never_create_the_schema_in_a_sqlite_file(
     assert (code, out) == (1, "")
     assert "are missing or older than this version" in err
     assert "fix: run `ultimat3-jobs migrate` (a worker migrates too)" in err
-    with sqlite3.connect(project / "empty.sqlite3") as conn:
+    with closing(sqlite3.connect(project / "empty.sqlite3")) as conn:
         tables = conn.execute("select name from sqlite_master").fetchall()
     assert tables == []
 

@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import time
 from collections.abc import Callable
+from contextlib import closing
 
 import pytest
 
@@ -51,7 +52,7 @@ def _leader_pid(app: App, env: dict[str, str]) -> int | None:
             row = conn.execute(query.format(f'"{schema}".')).fetchone()
     else:
         path = env["ULTIMAT3_JOBS_URL"][len("sqlite:///") :]
-        with sqlite3.connect(path, timeout=10) as conn:
+        with closing(sqlite3.connect(path, timeout=10)) as conn:
             row = conn.execute(query.format("")).fetchone()
     return None if row is None else int(row[0].split(":")[-2])
 

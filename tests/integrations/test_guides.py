@@ -113,7 +113,7 @@ def test_the_django_guide_runs_as_written(tmp_path: Path, project_env: dict[str,
         for block in blocks(project.page):
             project.run(block)
             if "manage.py migrate" in block.code:  # before any worker or App opened the file
-                with sqlite3.connect(tmp_path / "db.sqlite3") as db:
+                with closing(sqlite3.connect(tmp_path / "db.sqlite3")) as db:
                     versions = [v for (v,) in db.execute("SELECT version FROM x_migrations")]
                 assert versions, "manage.py migrate created no job tables"
         env = {**project_env, "DJANGO_SETTINGS_MODULE": "myproject.settings"}

@@ -25,7 +25,6 @@ import random
 import sqlite3
 import sys
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -33,7 +32,7 @@ from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Protocol, TypeVar
 
-from ultimat3.jobs.clock import wall_ns
+from ultimat3.jobs.clock import Clock, SystemClock, wall_ns
 from ultimat3.jobs.driver import DatabaseId
 from ultimat3.jobs.errors import ConfigurationError
 
@@ -211,11 +210,15 @@ _BACKOFF_FIRST = 0.0005
 _BACKOFF_CAP = 0.002
 
 
+_SYSTEM = SystemClock()
+
+
 def retry_busy(
     attempt: Callable[[], _T],
     *,
     timeout: float,
     on_busy: Callable[[float], None] | None = None,
+    clock: Clock | None = None,
 ) -> _T:
     """Run ``attempt`` until SQLite does not refuse it as busy, for up to ``timeout`` seconds,
     pausing 0.25-2 ms (jittered) between tries; past the timeout the last refusal is raised.
@@ -224,8 +227,10 @@ def retry_busy(
 
     An attempt that takes a lock of its own (a connection shared between threads) takes it
     inside ``attempt`` and so releases it for every pause: no Python lock is held across the
-    wait."""
-    started = time.monotonic()
+    wait. The pauses are real ones (``clock`` defaults to the system's): the other holder of the
+    lock lives in real time, whatever clock the caller's decisions use."""
+    clock = clock or _SYSTEM
+    started = clock.monotonic()
     deadline = started + timeout
     delay = _BACKOFF_FIRST
     while True:
@@ -234,13 +239,13 @@ def retry_busy(
         except sqlite3.Error as exc:
             if isinstance(exc, sqlite3.IntegrityError) or not is_busy(exc):
                 raise
-            now = time.monotonic()
+            now = clock.monotonic()
             left = deadline - now
             if left <= 0:
                 raise
             if on_busy is not None:
                 on_busy(now - started)
-        time.sleep(min(left, random.uniform(delay / 2, delay)))
+        clock.sleep(min(left, random.uniform(delay / 2, delay)))
         delay = min(delay * 2, _BACKOFF_CAP)
 
 

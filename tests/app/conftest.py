@@ -139,3 +139,16 @@ def spawn(env: dict[str, str]) -> Iterator[Callable[..., subprocess.Popen[bytes]
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """A PostgreSQL cluster of the test module's own, for tests that crash, stop or restart
+    the server (the session's shared one must survive them)."""
+    pgcluster = pytest.importorskip("pgcluster")
+    try:
+        own = pgcluster.Cluster.create()
+    except pgcluster.ClusterError as exc:
+        pytest.skip(str(exc))
+    yield own
+    own.close()

@@ -22,7 +22,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,18 +76,6 @@ def test_a_lone_jobs_completion_is_written_while_the_leader_sleeps(
 
 
 # -- real worker processes ---------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    """A cluster of this module's own: the restart test stops it."""
-    pgcluster = pytest.importorskip("pgcluster")
-    try:
-        own = pgcluster.Cluster.create()
-    except pgcluster.ClusterError as exc:
-        pytest.skip(str(exc))
-    yield own
-    own.close()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +24,6 @@ from .processes import HERE, ledger, poison_hurts_only_itself, wait_until
 pytestmark = pytest.mark.postgres
 
 Spawn = Callable[..., subprocess.Popen[bytes]]
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    pgcluster = pytest.importorskip("pgcluster")
-    try:
-        own = pgcluster.Cluster.create()
-    except pgcluster.ClusterError as exc:
-        pytest.skip(str(exc))
-    yield own
-    own.close()
 
 
 @pytest.fixture

@@ -15,11 +15,11 @@ import pytest
 from ultimat3.jobs import App
 
 from .processes import HERE, ledger, wait_until
-from .test_pg_faults import FAST, cluster, env
+from .test_pg_faults import FAST, env
 
 pytestmark = pytest.mark.postgres
 WORKER = (sys.executable, "-m", "ultimat3.jobs", "--app", "faultjobs:app", "worker")
-__all__ = ["cluster", "env"]  # fixtures
+__all__ = ["env"]  # fixtures
 
 
 def test_an_outage_is_one_line_and_its_recovery_another(

@@ -34,6 +34,7 @@ from ultimat3.jobs import (
     job,
     task,
 )
+from ultimat3.jobs.clock import Backoff
 from ultimat3.jobs.worker import FATAL_EXIT
 
 EVENTS: list[tuple[str, float]] = []
@@ -221,7 +222,9 @@ def test_an_unexpected_claim_error_is_survived(
 
 
 def test_a_critical_loop_that_keeps_crashing_stops_the_worker_non_zero(
-    make_app: Callable[..., App], make_module: Callable[..., types.ModuleType]
+    make_app: Callable[..., App],
+    make_module: Callable[..., types.ModuleType],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     app = make_app(make_module("exec_fatal", noop=noop))
     worker = app.worker(poll_interval="50ms")
@@ -237,12 +240,8 @@ def test_a_critical_loop_that_keeps_crashing_stops_the_worker_non_zero(
     worker.driver = Broken()  # type: ignore[assignment]
     import ultimat3.jobs.supervise as supervise
 
-    first = supervise._BACKOFF_FIRST
-    supervise._BACKOFF_FIRST = 0.01
-    try:
-        stats = worker.run(install_signals=False)
-    finally:
-        supervise._BACKOFF_FIRST = first
+    monkeypatch.setattr(supervise, "BACKOFF", Backoff(first=0.01, cap=5.0))
+    stats = worker.run(install_signals=False)
     assert worker.exit_code == FATAL_EXIT
     assert stats.claimed == 0
 
@@ -578,7 +577,9 @@ def _new(handle: Any) -> Any:
 
 
 def test_the_scheduler_thread_survives_an_unexpected_error(
-    make_app: Callable[..., App], make_module: Callable[..., types.ModuleType]
+    make_app: Callable[..., App],
+    make_module: Callable[..., types.ModuleType],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     app = make_app(make_module("exec_sched_loop", b_healthy=healthy, noop=noop))
     scheduler = app.scheduler(tick_interval="20ms")
@@ -594,14 +595,10 @@ def test_the_scheduler_thread_survives_an_unexpected_error(
     scheduler.tick = flaky  # type: ignore[method-assign]
     import ultimat3.jobs.supervise as supervise
 
-    first = supervise._BACKOFF_FIRST
-    supervise._BACKOFF_FIRST = 0.01
-    try:
-        scheduler.start()
-        _wait(lambda: len(calls) >= 3, what="ticks after the error")
-        scheduler.stop()
-    finally:
-        supervise._BACKOFF_FIRST = first
+    monkeypatch.setattr(supervise, "BACKOFF", Backoff(first=0.01, cap=5.0))
+    scheduler.start()
+    _wait(lambda: len(calls) >= 3, what="ticks after the error")
+    scheduler.stop()
 
 
 def test_completions_are_logged_at_info_and_an_unknown_job_at_warning(

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from ultimat3.jobs import DriverUnavailableError
+from ultimat3.jobs.clock import Backoff
 from ultimat3.jobs.supervise import Loop
 
 
@@ -51,18 +52,17 @@ def test_a_jobs_error_is_retried_for_ever_and_never_fatal() -> None:
             raise DriverUnavailableError("the database is away")
         return 1.0
 
-    loop = Loop("test", step, on_fatal=lambda name, exc: fatal.append(name), fatal_after=2)
+    loop = Loop(
+        "test",
+        step,
+        on_fatal=lambda name, exc: fatal.append(name),
+        fatal_after=2,
+        backoff=Backoff(first=0.001, cap=0.005),
+    )
     loop.step = step
-    import ultimat3.jobs.supervise as supervise
-
-    first, cap = supervise._BACKOFF_FIRST, supervise._BACKOFF_MAX
-    supervise._BACKOFF_FIRST, supervise._BACKOFF_MAX = 0.001, 0.005
-    try:
-        loop.start()
-        _wait(lambda: len(calls) >= 6)
-        loop.stop()
-    finally:
-        supervise._BACKOFF_FIRST, supervise._BACKOFF_MAX = first, cap
+    loop.start()
+    _wait(lambda: len(calls) >= 6)
+    loop.stop()
     assert fatal == []
     assert loop.failures == 0
 
@@ -78,16 +78,9 @@ def test_a_critical_loop_that_keeps_crashing_calls_on_fatal_and_ends() -> None:
         seen.append(exc)
         fatal.set()
 
-    import ultimat3.jobs.supervise as supervise
-
-    first = supervise._BACKOFF_FIRST
-    supervise._BACKOFF_FIRST = 0.001
-    try:
-        loop = Loop("claim", step, on_fatal=on_fatal, fatal_after=3)
-        loop.start()
-        assert fatal.wait(5)
-        loop.join(5)
-    finally:
-        supervise._BACKOFF_FIRST = first
+    loop = Loop("claim", step, on_fatal=on_fatal, fatal_after=3, backoff=Backoff(0.001, 5.0))
+    loop.start()
+    assert fatal.wait(5)
+    loop.join(5)
     assert not loop.alive
     assert isinstance(seen[0], KeyError)

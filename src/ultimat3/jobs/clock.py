@@ -38,6 +38,7 @@ lease costs little. A process started after a step sees none here (``stepped_at`
 from __future__ import annotations
 
 import os
+import random
 import threading
 import time
 import uuid
@@ -77,6 +78,28 @@ class Clock(Protocol):
         """When (on ``monotonic()``) this clock's wall time last stepped: moved apart from
         monotonic time by more than ``STEP``; ``-inf`` if it never did. Reading it checks."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """How long to wait before trying again after a failure: ``first``, then twice the last
+    wait, never more than ``cap``. With ``jitter`` each wait actually paused is drawn between
+    half and all of it (equal jitter), so processes that failed together do not retry
+    together. The one back-off of the library's loops (supervised loops, the pool's
+    restarts, SQLite's busy wait, reconnects); ``Retry`` is the policy of a job's attempts."""
+
+    first: float
+    cap: float
+    jitter: bool = False
+
+    def after(self, last: float) -> float:
+        """The wait that follows one of ``last`` seconds (``0``: the first failure)."""
+        return min(self.cap, last * 2 or self.first)
+
+    def pause(self, wait: float) -> float:
+        """What to actually pause for ``wait``: itself, or drawn in its upper half with
+        ``jitter``."""
+        return random.uniform(wait / 2, wait) if self.jitter else wait
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from types import FrameType
 from typing import Any
 
 from ultimat3.jobs import events
+from ultimat3.jobs.clock import Backoff
 
 __all__ = ["ProcessPool", "watch_parent"]
 
@@ -126,7 +127,7 @@ class ProcessPool:
                 self._backoff = (
                     0.0
                     if lived >= self.healthy_after
-                    else min(self.backoff_max, self._backoff * 2 or self.backoff_first)
+                    else Backoff(self.backoff_first, self.backoff_max).after(self._backoff)
                 )
                 events.warning(
                     "jobs.pool.exited",

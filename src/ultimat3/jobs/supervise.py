@@ -22,12 +22,13 @@ import threading
 from collections.abc import Callable
 
 from ultimat3.jobs import events
+from ultimat3.jobs.clock import Backoff
 from ultimat3.jobs.errors import JobsError
 
 __all__ = ["Loop"]
 
-_BACKOFF_FIRST = 0.1
-_BACKOFF_MAX = 5.0
+#: After a failed step: 0.1 s, doubling up to 5 s.
+BACKOFF = Backoff(first=0.1, cap=5.0)
 
 
 class Loop:
@@ -41,6 +42,7 @@ class Loop:
         on_fatal: Callable[[str, BaseException], None] | None = None,
         fatal_after: int = 3,
         stop: threading.Event | None = None,
+        backoff: Backoff | None = None,
     ) -> None:
         self.name = name
         self.step = step
@@ -48,6 +50,7 @@ class Loop:
         self.fatal_after = fatal_after
         self.failures = 0  # consecutive
         self._unexpected = 0  # consecutive, of the unexpected kind
+        self.backoff = backoff or BACKOFF
         self._backoff = 0.0
         self.stopping = stop or threading.Event()
         self._thread: threading.Thread | None = None
@@ -86,7 +89,7 @@ class Loop:
         try:
             pause = max(0.0, self.step())
         except JobsError as exc:
-            self._backoff = min(_BACKOFF_MAX, self._backoff * 2 or _BACKOFF_FIRST)
+            self._backoff = self.backoff.after(self._backoff)
             self.failures += 1
             self._unexpected = 0
             events.warning(
@@ -100,7 +103,7 @@ class Loop:
         except BaseException as exc:  # the point of a supervisor: nothing kills the loop
             if isinstance(exc, KeyboardInterrupt | SystemExit):
                 raise
-            self._backoff = min(_BACKOFF_MAX, self._backoff * 2 or _BACKOFF_FIRST)
+            self._backoff = self.backoff.after(self._backoff)
             self.failures += 1
             self._unexpected += 1
             events.error(

@@ -41,7 +41,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -51,6 +51,7 @@ from typing import Any, Protocol
 from ultimat3.jobs import events
 from ultimat3.jobs.clock import Clock
 from ultimat3.jobs.records import (
+    FINAL_STATES,
     ClaimParams,
     Cycle,
     CycleResult,
@@ -551,6 +552,27 @@ class Driver(Protocol):
         """Block up to ``timeout`` seconds; return early when jobs may have been inserted or
         changed by any process, or when ``wake`` is set. A hint only: callers still poll."""
         ...
+
+
+def wait_until_final(
+    read: Callable[[], Job | None],
+    wait: Callable[[float], object],
+    *,
+    timeout: float,
+    clock: Clock,
+    closed: Callable[[], bool] = lambda: False,
+) -> Job | None:
+    """The one result-wait loop of every driver's ``job_wait``: read the job, and while it is
+    not final (nor gone, nor the driver closed) wait for a change for at most the time left
+    of ``timeout``, then read it again. ``wait`` is the driver's own way to sleep until a
+    change may have happened (a NOTIFY, a file watch, a condition variable)."""
+    deadline = clock.monotonic() + max(0.0, timeout)
+    while True:
+        job = read()
+        remaining = deadline - clock.monotonic()
+        if job is None or job.state in FINAL_STATES or remaining <= 0 or closed():
+            return job
+        wait(remaining)
 
 
 def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:

@@ -62,7 +62,14 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ultimat3.jobs.clock import SystemClock, utcnow
-from ultimat3.jobs.driver import DatabaseId, Driver, Executor, Joined, StallTracker
+from ultimat3.jobs.driver import (
+    DatabaseId,
+    Driver,
+    Executor,
+    Joined,
+    StallTracker,
+    wait_until_final,
+)
 from ultimat3.jobs.errors import ConfigurationError
 from ultimat3.jobs.ids import token
 from ultimat3.jobs.limits import STATE_BITS, keys_to_look
@@ -759,16 +766,15 @@ class MemoryDriver:
 
     def job_wait(self, job_id: str, *, timeout: float, tenant_id: str | None = None) -> Job | None:
         """Woken by the change that finishes the job (``_put`` notifies every final state)."""
-        deadline = self._monotonic() + max(0.0, timeout)
         with self._changed:
             self._finish_waiters += 1
             try:
-                while True:
-                    job = self._scoped(job_id, tenant_id)
-                    remaining = deadline - self._monotonic()
-                    if job is None or job.state in FINAL_STATES or remaining <= 0:
-                        return job
-                    self._changed.wait(remaining)
+                return wait_until_final(
+                    lambda: self._scoped(job_id, tenant_id),
+                    self._changed.wait,
+                    timeout=timeout,
+                    clock=SystemClock(),
+                )
             finally:
                 self._finish_waiters -= 1
 

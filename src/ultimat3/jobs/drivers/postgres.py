@@ -165,6 +165,7 @@ from ultimat3.jobs.driver import (
     StallTracker,
     close_at_exit,
     renew_after_fork,
+    wait_until_final,
 )
 from ultimat3.jobs.drivers import pool_log
 from ultimat3.jobs.errors import (
@@ -197,6 +198,8 @@ from ultimat3.jobs.records import (
     job_from_row,
 )
 from ultimat3.jobs.wake import Wake
+
+_SYSTEM = SystemClock()
 
 try:
     import psycopg
@@ -1195,7 +1198,6 @@ class PostgresDriver:
         """With LISTEN: marks the job awaited, then is woken by the NOTIFY of its completion,
         dead end or cancel (``pg_finished``; only awaited jobs notify). Without (``?pooler=transaction``, ``listen=False``, or a pooler
         found in between): one read every ``poll`` seconds (``?poll=``, default 0.5 s)."""
-        deadline = time.monotonic() + max(0.0, timeout)
         if self._probe_pooler and not self._probed:
             self._check_pooler()
         listening = self._listen and not (self._probe_pooler and not self._probed)
@@ -1204,15 +1206,21 @@ class PostgresDriver:
             self._fetch(
                 "job_await", {"id": job_id, "tenant_id": tenant_id, "channel": self._channel}
             )
-        while True:
-            job = self.job_get(job_id, tenant_id=tenant_id)
-            remaining = deadline - time.monotonic()
-            if job is None or job.state in FINAL_STATES or remaining <= 0 or self._closed:
-                return job
+
+        def wait(remaining: float) -> None:
+            nonlocal mark
             if listening:
                 mark = self._finished.wait((job_id,), remaining, mark)
             else:
-                time.sleep(min(remaining, self._poll))
+                _SYSTEM.sleep(min(remaining, self._poll))
+
+        return wait_until_final(
+            lambda: self.job_get(job_id, tenant_id=tenant_id),
+            wait,
+            timeout=timeout,
+            clock=_SYSTEM,
+            closed=lambda: self._closed,
+        )
 
     def job_list(
         self, where: JobFilter, *, limit: int = 100, before_id: str | None = None

@@ -92,7 +92,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from ultimat3.jobs import ids
-from ultimat3.jobs.clock import STEP, Clock, frame_reader
+from ultimat3.jobs.clock import STEP, Clock, SystemClock, frame_reader
 from ultimat3.jobs.dialects.sqlite import (
     BUSY_SNAPSHOT,
     CANTOPEN,
@@ -131,6 +131,7 @@ from ultimat3.jobs.driver import (
     close_at_exit,
     current_tx,
     renew_after_fork,
+    wait_until_final,
 )
 from ultimat3.jobs.errors import (
     ConfigurationError,
@@ -139,7 +140,6 @@ from ultimat3.jobs.errors import (
 )
 from ultimat3.jobs.limits import keys_to_look
 from ultimat3.jobs.records import (
-    FINAL_STATES,
     AttemptError,
     ClaimParams,
     Cycle,
@@ -1135,15 +1135,14 @@ class SqliteDriver:
         job. The
         first wait, with no timeout, marks where the file stands before the read, so a
         completion between the read and the wait still wakes it."""
-        deadline = time.monotonic() + max(0.0, timeout)
         never = Wake()  # never set: a Wake lets the wait sleep on the file watch
         self.wait_for_jobs(0.0, never)
-        while True:
-            job = self.job_get(job_id, tenant_id=tenant_id)
-            remaining = deadline - time.monotonic()
-            if job is None or job.state in FINAL_STATES or remaining <= 0:
-                return job
-            self.wait_for_jobs(remaining, never)
+        return wait_until_final(
+            lambda: self.job_get(job_id, tenant_id=tenant_id),
+            lambda remaining: self.wait_for_jobs(remaining, never),
+            timeout=timeout,
+            clock=SystemClock(),
+        )
 
     def job_list(
         self, where: JobFilter, *, limit: int = 100, before_id: str | None = None

@@ -26,7 +26,7 @@ import threading
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal, NoReturn, TypeVar
@@ -1159,14 +1159,15 @@ def worker_dict(w: WorkerInfo) -> dict[str, Any]:
 def workers(ctx: Context, as_json: bool) -> None:
     """Live worker processes (one row each, refreshed with its heartbeat)."""
     with explained(as_json):
-        found = ctx.existing_app.workers()
+        app = ctx.existing_app
+        found = app.workers()
         if as_json:
             emit([worker_dict(w) for w in found])
             return
         if not found:
             click.echo("no live workers")
             return
-        now = datetime.now(UTC)
+        now = app.clock.now()
         rows = [
             [
                 w.id,

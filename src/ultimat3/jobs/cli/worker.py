@@ -178,7 +178,7 @@ def worker(
             else:
                 app.close()
         try:
-            code = ProcessPool(_without_processes(sys.argv[1:]), processes).run()
+            code = ProcessPool(_without_processes(sys.argv[1:]), processes, clock=app.clock).run()
         finally:
             if metrics_dir is not None:
                 shutil.rmtree(metrics_dir, ignore_errors=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -185,59 +186,49 @@ def jobs_show(ctx: Context, job_id: str, tenant: str | None, as_json: bool) -> N
                 click.echo(e["traceback"].rstrip())
 
 
-def _act(
-    ctx: Context, ids: tuple[str, ...], tenant: str | None, as_json: bool, action: str
+def _action(
+    action: str, about: str, change: Callable[[App, tuple[str, ...], str | None], Any]
 ) -> None:
-    with explained(as_json):
-        app = ctx.existing_app
-        if action == "retry":
-            changed = app.retry_jobs(ids, tenant_id=tenant)
-        elif action == "discard":
-            changed = app.discard_jobs(ids, tenant_id=tenant)
-        else:
-            changed = [i for i in ids if app.cancel_job(i, tenant_id=tenant)]
-        missed = [i for i in ids if i not in changed]
-        if as_json:
-            emit({action: changed, "unchanged": missed})
-        else:
-            for i in changed:
-                click.echo(f"{action}: {i}")
-            for i in missed:
-                click.echo(
-                    f"unchanged (not found, or its state does not allow {action}): {i}", err=True
-                )
-        if missed:
-            sys.exit(1)
+    """``jobs <action> IDS...``: says what ``change`` changed, and exits 1 when an id was not."""
+
+    @jobs.command(action, help=about)
+    @click.argument("ids", nargs=-1, required=True)
+    @click.option("--tenant", help=_TENANT_HELP)
+    @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+    @pass_ctx
+    def act(ctx: Context, ids: tuple[str, ...], tenant: str | None, as_json: bool) -> None:
+        with explained(as_json):
+            changed = list(change(ctx.existing_app, ids, tenant))
+            missed = [i for i in ids if i not in changed]
+            if as_json:
+                emit({action: changed, "unchanged": missed})
+            else:
+                for i in changed:
+                    click.echo(f"{action}: {i}")
+                for i in missed:
+                    click.echo(
+                        f"unchanged (not found, or its state does not allow {action}): {i}",
+                        err=True,
+                    )
+            if missed:
+                sys.exit(1)
 
 
-@jobs.command("retry")
-@click.argument("ids", nargs=-1, required=True)
-@click.option("--tenant", help=_TENANT_HELP)
-@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
-@pass_ctx
-def jobs_retry(ctx: Context, ids: tuple[str, ...], tenant: str | None, as_json: bool) -> None:
-    """Give dead or cancelled jobs one more attempt, now."""
-    _act(ctx, ids, tenant, as_json, "retry")
-
-
-@jobs.command("discard")
-@click.argument("ids", nargs=-1, required=True)
-@click.option("--tenant", help=_TENANT_HELP)
-@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
-@pass_ctx
-def jobs_discard(ctx: Context, ids: tuple[str, ...], tenant: str | None, as_json: bool) -> None:
-    """Delete dead or cancelled jobs."""
-    _act(ctx, ids, tenant, as_json, "discard")
-
-
-@jobs.command("cancel")
-@click.argument("ids", nargs=-1, required=True)
-@click.option("--tenant", help=_TENANT_HELP)
-@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
-@pass_ctx
-def jobs_cancel(ctx: Context, ids: tuple[str, ...], tenant: str | None, as_json: bool) -> None:
-    """Cancel scheduled, available or running jobs."""
-    _act(ctx, ids, tenant, as_json, "cancel")
+_action(
+    "retry",
+    "Give dead or cancelled jobs one more attempt, now.",
+    lambda app, ids, tenant: app.retry_jobs(ids, tenant_id=tenant),
+)
+_action(
+    "discard",
+    "Delete dead or cancelled jobs.",
+    lambda app, ids, tenant: app.discard_jobs(ids, tenant_id=tenant),
+)
+_action(
+    "cancel",
+    "Cancel scheduled, available or running jobs.",
+    lambda app, ids, tenant: [i for i in ids if app.cancel_job(i, tenant_id=tenant)],
+)
 
 
 def worker_dict(w: WorkerInfo) -> dict[str, Any]:

@@ -93,15 +93,9 @@ def main() -> None:
     cli(prog_name="ultimat3-jobs")
 
 
-cli.add_command(worker.worker)
-cli.add_command(worker.scheduler)
-cli.add_command(worker.relay)
-cli.add_command(worker.run_all)
-cli.add_command(schedule.schedule)
-cli.add_command(jobs.jobs)
-cli.add_command(jobs.workers)
-cli.add_command(jobs.queues)
-cli.add_command(admin.healthcheck)
-cli.add_command(admin.migrate)
-cli.add_command(admin.dashboard)
-cli.add_command(admin.demo)
+for _command in (
+    *(worker.worker, worker.scheduler, worker.relay, worker.run_all, schedule.schedule),
+    *(jobs.jobs, jobs.workers, jobs.queues),
+    *(admin.healthcheck, admin.migrate, admin.dashboard, admin.demo),
+):
+    cli.add_command(_command)

@@ -124,7 +124,7 @@ class _Passing(FakeClock):
 
 def test_restarts_back_off_on_the_pools_clock() -> None:
     """A child that keeps dying young is restarted after 1 s, 2 s, 4 s, 4 s (capped) of the
-    pool's clock: a fake one here, so the 11 s of back-off pass in no real time."""
+    pool's clock: a fake one here, so the 7 s waited pass in no real time."""
     false = shutil.which("false")
     assert false is not None
     clock = _Passing()

@@ -123,8 +123,8 @@ class _Passing(FakeClock):
 
 
 def test_restarts_back_off_on_the_pools_clock() -> None:
-    """A child that keeps dying young is restarted after 1 s, 2 s, 4 s, 4 s (capped) of the
-    pool's clock: a fake one here, so the 7 s waited pass in no real time."""
+    """A child that keeps dying young waits 1 s, 2 s, 4 s, then 4 s (the cap) of the pool's
+    clock before each restart: a fake clock here, so the waits take no real time."""
     false = shutil.which("false")
     assert false is not None
     clock = _Passing()

@@ -9,13 +9,16 @@ import socket
 import subprocess
 import sys
 import tempfile
+import types
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ultimat3.jobs import App
+from ultimat3.jobs import App, job
+from ultimat3.jobs.testing import FakeClock
 
 from .processes import HERE, wait_until
 
@@ -185,3 +188,28 @@ def test_a_port_in_use_is_an_explained_error(env: dict[str, str]) -> None:
     assert done.returncode == 1
     assert f"error: --metrics-port {port}: cannot listen on 127.0.0.1:{port}" in done.stderr
     assert "fix: choose a free port" in done.stderr
+
+
+def test_the_gauges_read_the_apps_clock(
+    sqlite_url: str, clock: FakeClock, make_module: Callable[..., types.ModuleType]
+) -> None:
+    """The oldest ready job's age is measured on the app's clock, as its due time was."""
+    from ultimat3.jobs.prometheus import DatabaseCollector
+
+    @job
+    def waits(input: int) -> None:
+        return None
+
+    app = App(sqlite_url, modules=[make_module(waits=waits)], clock=clock)
+    try:
+        app.enqueue(waits, 1)
+        clock.advance(90)
+        gauges = {
+            (s.name, s.labels.get("queue")): s.value
+            for family in DatabaseCollector(app).collect()
+            for s in family.samples
+        }
+    finally:
+        app.close()
+    assert gauges[("ultimat3_jobs_oldest_ready_age_seconds", "default")] == 90
+    assert gauges[("ultimat3_jobs_database_up", None)] == 1

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from ultimat3.jobs import App
+from ultimat3.jobs import App, events
+from ultimat3.jobs.pool import ProcessPool
+from ultimat3.jobs.testing import FakeClock
 
 from .processes import HERE, ledger, wait_until
 
@@ -108,3 +112,37 @@ def test_children_stop_when_their_pool_is_killed(fault_app: App, pool: Spawn) ->
     proc.kill()
     proc.wait()
     wait_until(lambda: not any(_alive(c) for c in children), 20, "the orphans to stop")
+
+
+class _Passing(FakeClock):
+    """A fake clock on which every pause passes at once: the pool's waits cost no real time."""
+
+    def sleep(self, seconds: float, wake: threading.Event | None = None) -> bool:
+        self.advance(seconds)
+        return wake.is_set() if wake is not None else False
+
+
+def test_restarts_back_off_on_the_pools_clock() -> None:
+    """A child that keeps dying young waits 1 s, 2 s, 4 s, then 4 s (the cap) of the pool's
+    clock before each restart: a fake clock here, so the waits take no real time."""
+    false = shutil.which("false")
+    assert false is not None
+    clock = _Passing()
+    pool = ProcessPool(
+        [], 1, backoff=1.0, backoff_max=4.0, healthy_after=3600.0, executable=false, clock=clock
+    )
+    waits: list[float] = []
+
+    def exited(event: events.Event) -> None:
+        waits.append(float(event.fields["restart_in"]))
+        if len(waits) == 4:
+            pool.stop()
+
+    sub = events.subscribe(exited, names=["jobs.pool.exited"])
+    try:
+        assert pool.run(install_signals=False) == 0
+    finally:
+        sub.close()
+    assert waits == [1.0, 2.0, 4.0, 4.0]
+    assert pool.restarts == 3
+    assert clock.monotonic() >= 1.0 + 2.0 + 4.0

@@ -68,7 +68,7 @@ class Background(subprocess.Popen[str]):
         self._first.set()  # ended without a line
 
     def banner(self) -> str:
-        """The first line, printed once the command's signal handlers are in place (cli.py),
+        """The first line, printed once the command's signal handlers are in place (cli/worker.py),
         so a SIGTERM from then on stops it gracefully."""
         if not self._first.wait(60):
             raise AssertionError(f"no banner within 60 s from {self.args}")

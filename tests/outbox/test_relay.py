@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-import time
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from ultimat3.jobs import App
+from ultimat3.jobs import App, events
+from ultimat3.jobs.clock import Backoff
 from ultimat3.jobs.errors import ConfigurationError
 from ultimat3.jobs.records import NewJob
-from ultimat3.jobs.testing import drain
+from ultimat3.jobs.relay import Relay
+from ultimat3.jobs.testing import FakeClock, drain
 
 from .conftest import JOBS, RUNS, StoreSpec, job_a, job_b, keyed
 
@@ -93,13 +98,22 @@ def test_a_failed_publish_holds_back_its_queue_only(
     assert app.get_job("taken").input == "1"
 
 
+@contextmanager
+def published() -> Iterator[threading.Event]:
+    """Set once a relay has published a row (``jobs.outbox.published``)."""
+    done = threading.Event()
+    sub = events.subscribe(lambda _: done.set(), names=["jobs.outbox.published"])
+    try:
+        yield done
+    finally:
+        sub.close()
+
+
 def test_the_relay_thread_publishes_within_its_interval(app: App, spec: StoreSpec) -> None:
-    with app.relay(interval="20ms") as relay:
+    with published() as done, app.relay(interval="20ms") as relay:
         with spec.begin() as conn, app.using(conn):
             app.enqueue(job_a, 1)
-        deadline = time.monotonic() + 5
-        while app.count_jobs() == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert done.wait(5), "the relay thread published nothing within 5 s"
     assert app.count_jobs() == 1
     assert relay.pending() == 0
 
@@ -137,10 +151,6 @@ def test_an_outbox_on_the_job_database_is_refused(tmp_path: Path) -> None:
 
 
 def test_published_rows_are_pruned_after_the_retention(app: App, spec: StoreSpec) -> None:
-    from datetime import UTC, datetime, timedelta
-
-    from ultimat3.jobs.testing import FakeClock
-
     with spec.begin() as conn, app.using(conn):
         app.enqueue(job_a, 1)
         app.enqueue(job_a, 2)
@@ -153,8 +163,43 @@ def test_published_rows_are_pruned_after_the_retention(app: App, spec: StoreSpec
     assert app.count_jobs() == 2, "pruning the outbox never touches the jobs"
 
 
+def test_the_relay_prunes_every_prune_every_of_its_clock(app: App, spec: StoreSpec) -> None:
+    clock = FakeClock(datetime.now(UTC))
+    relay = Relay(
+        store=spec.store,
+        driver=app.driver,
+        clock=clock,
+        retention=timedelta(minutes=1),
+        prune_every=timedelta(minutes=5),
+    )
+    pruned: list[object] = []
+    sub = events.subscribe(lambda e: pruned.append(e.fields["rows"]), names=["jobs.outbox.pruned"])
+    try:
+        with spec.begin() as conn, app.using(conn):
+            app.enqueue(job_a, 1)
+        relay._step()
+        assert spec.store.pending_count() == 0
+        clock.advance(timedelta(minutes=4))
+        relay._step()
+        assert pruned == [], "past its retention, but the relay's 5 minutes have not passed"
+        clock.advance(timedelta(minutes=1))
+        relay._step()
+        assert pruned == [1]
+        relay._step()
+        assert pruned == [1], "the next prune is 5 minutes on"
+    finally:
+        sub.close()
+    assert app.count_jobs() == 1
+
+
 def test_the_relay_thread_survives_an_unexpected_error(app: App, spec: StoreSpec) -> None:
-    relay = app.relay(interval="20ms")
+    relay = Relay(
+        store=spec.store,
+        driver=app.driver,
+        clock=app.clock,
+        interval=timedelta(milliseconds=20),
+        backoff=Backoff(first=0.01, cap=0.01),
+    )
     real = relay.tick
     calls: list[int] = []
 
@@ -165,17 +210,8 @@ def test_the_relay_thread_survives_an_unexpected_error(app: App, spec: StoreSpec
         return real()
 
     relay.tick = flaky  # type: ignore[method-assign]
-    import ultimat3.jobs.supervise as supervise
-
-    first = supervise._BACKOFF_FIRST
-    supervise._BACKOFF_FIRST = 0.01
-    try:
-        with relay:
-            with spec.begin() as conn, app.using(conn):
-                app.enqueue(job_a, 1)
-            deadline = time.monotonic() + 5
-            while app.count_jobs() == 0 and time.monotonic() < deadline:
-                time.sleep(0.01)
-    finally:
-        supervise._BACKOFF_FIRST = first
+    with published() as done, relay:
+        with spec.begin() as conn, app.using(conn):
+            app.enqueue(job_a, 1)
+        assert done.wait(5), "the relay thread published nothing within 5 s of its failure"
     assert len(calls) > 1 and app.count_jobs() == 1

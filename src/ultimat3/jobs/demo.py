@@ -15,7 +15,6 @@ import queue
 import sys
 import tempfile
 import threading
-import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -46,14 +45,15 @@ def send_receipt(order: dict[str, Any]) -> None:
     """Email the receipt: recorded in the same database, once per order."""
     with _app().transaction() as conn:
         conn.execute(
-            "insert into receipts(order_id, sent_at) values (?, ?)", (order["order"], time.time())
+            "insert into receipts(order_id, sent_at) values (?, ?)",
+            (order["order"], _app().clock.now().timestamp()),
         )
 
 
 @job(retry=Retry(attempts=4, backoff="exponential", delay="400ms", jitter=False))
 def sync_inventory(order: dict[str, Any]) -> None:
     """Talks to a warehouse API that times out twice, then answers."""
-    _flaky_calls.append(time.monotonic())
+    _flaky_calls.append(_app().clock.monotonic())
     if len(_flaky_calls) <= 2:
         raise TimeoutError("warehouse API did not answer within 2s")
 
@@ -81,7 +81,7 @@ class _Watcher(threading.Thread):
     """Prints each job's state changes as they happen (the live part of the tour), from the
     worker's events: every attempt of every job gets its ``running`` line and its outcome's,
     in the order they happened. The events are queued by the worker's threads and printed by
-    this one, which reads the error's message from the database."""
+    this one, which reads the error's message from the database. Times are the app's clock's."""
 
     _WATCHED = ("jobs.job.started", "jobs.job.completed", "jobs.job.retried", "jobs.job.dead")
 
@@ -89,24 +89,20 @@ class _Watcher(threading.Thread):
         super().__init__(name="demo-watcher", daemon=True)
         self.app = app
         self.started = started
-        self.stop = threading.Event()
-        self.queued: queue.Queue[events.Event] = queue.Queue()
+        #: Events to print; None (put by ``close``) ends the thread once the rest are printed.
+        self.queued: queue.Queue[events.Event | None] = queue.Queue()
         #: Per job id, the state its last printed line showed.
         self.printed: dict[str, JobState] = {}
         self.changed = threading.Condition()
         self.subscription = events.subscribe(self.queued.put, names=self._WATCHED)
 
     def run(self) -> None:
-        while not (self.stop.is_set() and self.queued.empty()):
-            try:
-                event = self.queued.get(timeout=0.05)
-            except queue.Empty:
-                continue
+        while (event := self.queued.get()) is not None:
             self._print(event)
 
     def close(self) -> None:
         self.subscription.close()
-        self.stop.set()
+        self.queued.put(None)
         self.join()
 
     def wait_for(self, job_id: str, states: set[JobState], timeout: float = 10.0) -> Job:
@@ -142,7 +138,7 @@ class _Watcher(threading.Thread):
         }.get(state, "white")
         attempts = _attempts(self.app, name, int(fields["attempt"]), int(fields["max_attempts"]))
         click.echo(
-            f"      {time.monotonic() - self.started:5.2f}s  {name:<22} "
+            f"      {self.app.clock.monotonic() - self.started:5.2f}s  {name:<22} "
             + click.style(f"{state.value:<9}", fg=colour)
             + f" attempt {attempts}{note}"
         )
@@ -190,7 +186,7 @@ def _tour(folder: Path) -> int:
         leftover.unlink()
     app = App(f"sqlite:///{path}", modules=[sys.modules[__name__]])
     failures: list[str] = []
-    started = time.monotonic()
+    started = app.clock.monotonic()
     watcher = _Watcher(app, started)
     # The tour tells its own story; the library's warnings (a dead job) would interleave.
     logging.getLogger("ultimat3.jobs").setLevel(logging.ERROR)
@@ -241,7 +237,7 @@ def _tour(folder: Path) -> int:
                 raise RuntimeError("card declined")
         except RuntimeError:
             pass
-        time.sleep(0.3)
+        app.clock.sleep(0.3)
         with app.transaction() as conn:
             orders = conn.execute("select count(*) from orders where id = 1002").fetchone()[0]
         ghost = app.driver.job_get(rolled_back_id)
@@ -325,5 +321,6 @@ def _tour(folder: Path) -> int:
     if failures:
         click.secho(f"{len(failures)} guarantee(s) did not hold", fg="red", bold=True)
         return 1
-    click.secho(f"all guarantees held in {time.monotonic() - started:.1f}s", fg="green", bold=True)
+    took = app.clock.monotonic() - started
+    click.secho(f"all guarantees held in {took:.1f}s", fg="green", bold=True)
     return 0

@@ -22,14 +22,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
 from ultimat3.jobs import events
-from ultimat3.jobs.clock import Backoff
+from ultimat3.jobs.clock import Backoff, Clock, SystemClock
 
 __all__ = ["ProcessPool", "watch_parent"]
 
@@ -41,7 +40,8 @@ POOL_PID = "ULTIMAT3_JOBS_POOL_PID"
 class _Child:
     slot: int
     process: subprocess.Popen[bytes]
-    started: float = field(default_factory=time.monotonic)
+    #: On the pool's clock's monotonic time.
+    started: float
 
 
 class ProcessPool:
@@ -57,6 +57,8 @@ class ProcessPool:
         backoff_max: float = 30.0,
         healthy_after: float = 60.0,
         executable: str = sys.executable,
+        check_every: float = 0.1,
+        clock: Clock | None = None,
     ) -> None:
         self.argv = list(argv)
         self.processes = processes
@@ -64,6 +66,8 @@ class ProcessPool:
         self.backoff_max = backoff_max
         self.healthy_after = healthy_after
         self.executable = executable
+        self.check_every = check_every
+        self.clock: Clock = clock or SystemClock()
         self.restarts = 0
         self._children: dict[int, _Child] = {}
         self._signals = 0
@@ -96,7 +100,7 @@ class ProcessPool:
     def _spawn(self, slot: int) -> None:
         env = {**os.environ, POOL_PID: str(os.getpid())}
         process = subprocess.Popen([self.executable, "-m", "ultimat3.jobs", *self.argv], env=env)
-        self._children[slot] = _Child(slot, process)
+        self._children[slot] = _Child(slot, process, self.clock.monotonic())
         events.info("jobs.pool.started", slot=slot, pid=process.pid)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -116,7 +120,7 @@ class ProcessPool:
     def _supervise(self) -> int:
         restart_at: dict[int, float] = {}
         while True:
-            now = time.monotonic()
+            now = self.clock.monotonic()
             for slot, child in list(self._children.items()):
                 code = child.process.poll()
                 if code is None:
@@ -146,7 +150,7 @@ class ProcessPool:
                     del restart_at[slot]
                     self.restarts += 1
                     self._spawn(slot)
-            self._stop.wait(0.1)
+            self.clock.sleep(self.check_every, self._stop)
 
     def _collect(self) -> int:
         """Wait for every child to stop; the first non-zero exit code, else 0. A child that
@@ -163,17 +167,18 @@ class ProcessPool:
         return result
 
 
-def watch_parent(*, every: float = 1.0) -> None:
+def watch_parent(*, every: float = 1.0, clock: Clock | None = None) -> None:
     """In a child of a ``ProcessPool``: a daemon thread sends this process SIGTERM (a graceful
     stop) once its pool is gone, so a killed pool leaves no orphans. Does nothing outside a
     pool."""
     parent = int(os.environ.get(POOL_PID, "0") or 0)
     if not parent:
         return
+    clock = clock or SystemClock()
 
     def watch() -> None:
         while os.getppid() == parent:
-            time.sleep(every)
+            clock.sleep(every)
         events.warning("jobs.pool.orphaned", pool_pid=parent)
         os.kill(os.getpid(), signal.SIGTERM)
 

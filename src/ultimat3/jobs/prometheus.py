@@ -28,7 +28,6 @@ the pool exits.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ultimat3.jobs import events
@@ -180,7 +179,7 @@ class DatabaseCollector(Collector):
             up.add_metric([], 0)
             yield up
             return
-        now = datetime.now(UTC)
+        now = self.app.clock.now()
         for queue in queues:
             for state, n in sorted(queue.counts.items()):
                 depth.add_metric([queue.name, state.value], n)

@@ -22,20 +22,21 @@ or fix the row). Order across queues, and across relays running at once, is not 
 
 Defaults follow the seed: batches of 100, a pass every 200 ms (at once again after a full
 batch). ``tick()`` runs one pass, for tests; ``start()``/``stop()`` run passes on a thread,
-which also deletes rows published more than ``retention`` ago (default 1 day), once a minute.
+which also deletes rows published more than ``retention`` ago (default 1 day), every
+``prune_every`` (default a minute) of its clock's monotonic time. A failed pass is retried
+after ``backoff`` (``supervise.Loop``'s default unless given).
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Sequence
 from datetime import timedelta
 from types import TracebackType
 
 from ultimat3.jobs import events
-from ultimat3.jobs.clock import Clock, SystemClock
+from ultimat3.jobs.clock import Backoff, Clock, SystemClock
 from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.errors import ConfigurationError
 from ultimat3.jobs.outbox_store import OutboxRecord, OutboxStore
@@ -47,7 +48,6 @@ __all__ = ["FAULT_ENV", "Relay"]
 #: after a batch is published and before it is marked, as a crash there would.
 FAULT_ENV = "ULTIMAT3_JOBS_RELAY_FAULT"
 _FAULT_EXIT = 70
-_PRUNE_EVERY = 60.0
 
 
 class Relay:
@@ -62,6 +62,8 @@ class Relay:
         batch_size: int = 100,
         interval: timedelta = timedelta(milliseconds=200),
         retention: timedelta = timedelta(days=1),
+        prune_every: timedelta = timedelta(minutes=1),
+        backoff: Backoff | None = None,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigurationError(
@@ -77,9 +79,11 @@ class Relay:
         self.batch_size = batch_size
         self.interval = interval
         self.retention = retention
+        self.prune_every = prune_every
+        self.backoff = backoff
         self._fault = os.environ.get(FAULT_ENV, "")
         self._loop: Loop | None = None
-        self._next_prune = time.monotonic() + _PRUNE_EVERY
+        self._next_prune = self.clock.monotonic() + prune_every.total_seconds()
 
     def tick(self) -> int:
         """One pass: claim a batch, publish it queue by queue, mark what was published.
@@ -137,7 +141,7 @@ class Relay:
         Idempotent."""
         if self._loop is not None:
             return
-        self._loop = Loop("relay", self._step)
+        self._loop = Loop("relay", self._step, backoff=self.backoff)
         self._loop.start()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -148,12 +152,13 @@ class Relay:
 
     def run(self, stop: threading.Event) -> None:
         """Run passes in this thread until ``stop`` is set."""
-        Loop("relay", self._step, stop=stop).run()
+        Loop("relay", self._step, stop=stop, backoff=self.backoff).run()
 
     def _step(self) -> float:
         full = self.tick() >= self.batch_size
-        if time.monotonic() >= self._next_prune:
-            self._next_prune = time.monotonic() + _PRUNE_EVERY
+        now = self.clock.monotonic()
+        if now >= self._next_prune:
+            self._next_prune = now + self.prune_every.total_seconds()
             pruned = self.prune()
             if pruned:
                 events.info("jobs.outbox.pruned", rows=pruned)

@@ -21,7 +21,7 @@ from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.errors import DriverUnavailableError, JobsError
 from ultimat3.jobs.records import ClaimParams, Lease
 
-from .helpers import T0, new_job
+from .helpers import T0, claim_with, complete, new_job
 
 
 class _Faulty:
@@ -115,11 +115,11 @@ def _inject(driver: Driver, error: Callable[[], BaseException]) -> Iterator[None
 CALLS: list[tuple[str, Callable[[Driver], Any]]] = [
     (
         "claim",
-        lambda d: d.job_claim(ClaimParams(("default",), 5, timedelta(seconds=30), "w", T0)),
+        lambda d: claim_with(d, ClaimParams(("default",), 5, timedelta(seconds=30), "w", T0)),
     ),
     ("insert", lambda d: d.job_insert_many([new_job()], now=T0)),
     ("heartbeat", lambda d: d.lease_extend([Lease("x", "y")], timedelta(seconds=30), now=T0)),
-    ("complete", lambda d: d.job_complete_many([Lease("x", "y")], now=T0)),
+    ("complete", lambda d: complete(d, [Lease("x", "y")], now=T0)),
     ("rescue", lambda d: d.job_list_expired(limit=5, now=T0)),
     ("leader", lambda d: d.leader_elect("maintenance", "w", timedelta(seconds=15), now=T0)),
 ]

@@ -15,7 +15,7 @@ from ultimat3.jobs.drivers.memory import MemoryDriver
 from ultimat3.jobs.errors import ConfigurationError
 from ultimat3.jobs.records import ClaimParams, Failure, InsertResult, Job, JobFilter, JobState
 
-from .helpers import T0, at, claim_one, error, fail, get, insert, new_job
+from .helpers import T0, at, claim_one, claim_with, complete, error, fail, get, insert, new_job
 
 
 @pytest.fixture
@@ -126,14 +126,14 @@ def test_the_claim_index_agrees_with_a_scan_of_every_waiting_job() -> None:
                 params = ClaimParams(names, rng.randint(1, 4), timedelta(seconds=60), "w", now)
                 with memory._lock:
                     expected = [job.id for job in _scanned(memory, params)]
-                claimed = memory.job_claim(params)
+                claimed = claim_with(memory, params)
                 assert [job.id for job in claimed] == expected
                 held.extend(claimed)
             elif op < 0.85 and held:
                 job = held.pop(rng.randrange(len(held)))
                 kind = rng.random()
                 if kind < 0.4:
-                    memory.job_complete_many([job.lease], now=now)
+                    complete(memory, [job.lease], now=now)
                 elif kind < 0.8:
                     retry = timedelta(seconds=rng.choice((0, 1, 10)))
                     failure = Failure(

@@ -20,8 +20,8 @@ Semantics this driver pins down (the SQL drivers follow them):
   ``cancel_reason``, and raises ``max_attempts`` to ``attempt + 1`` only when exhausted.
 - **Fencing** is by token, not by time: an expired lease still works until someone else changes
   the row (the rescuer fails it through that same lease; a new claim issues a new token).
-- **Transactions.** ``transaction()`` yields a ``MemoryTransaction``: inserts and completions
-  passed ``executor=tx`` are staged on it and applied together, under the lock, at commit, or
+- **Transactions.** ``transaction()`` yields a ``MemoryTransaction``: inserts passed
+  ``executor=tx`` are staged on it and applied together, under the lock, at commit, or
   dropped when the ``with`` block raises. Dedupe inside the transaction sees committed rows and
   the rows this transaction staged.
 - **Limits** (``ultimat3.jobs.limits``). A claim with ``limited`` takes a job with a
@@ -42,8 +42,7 @@ Limits (where it differs from a database, knowingly):
 - Staged rows are invisible to other transactions, and nothing blocks on them. If another
   writer commits the same (tenant, key) between staging and commit, the committed row wins and
   the staged insert is dropped at commit (PostgreSQL would instead make that writer wait and
-  then dedupe onto the staged row). A staged completion whose lease was lost before commit is
-  likewise dropped, although staging reported it.
+  then dedupe onto the staged row).
 - A claim scans the scheduled and available jobs (linear in the backlog): fine for tests and
   demos, not for a backlog of millions.
 - ``wait_for_jobs`` notices a set ``wake`` event within about 50 ms (an ``Event`` cannot
@@ -128,8 +127,6 @@ class MemoryTransaction:
     driver: MemoryDriver
     inserts: list[Job] = field(default_factory=list)
     keys: dict[_Key, str] = field(default_factory=dict)
-    completions: list[tuple[Lease, datetime]] = field(default_factory=list)
-    completed_ids: set[str] = field(default_factory=set)
     limits: dict[str, _Flow] = field(default_factory=dict)
     uniques: dict[str, tuple[str, int]] = field(default_factory=dict)
     #: Debounces of committed jobs, applied at commit if the job still waits then.
@@ -166,7 +163,6 @@ class MemoryDriver:
         self._monotonic = SystemClock().monotonic
         self._identity = DatabaseId("memory", (id(self),), "memory://")
         self._isolated: set[str] = set()  # ids of jobs rescued after their worker died
-        self._started: set[str] = set()  # running jobs whose worker recorded their start
         self._limits: dict[str, _Flow] = {}  # the jobs with a limit
         self._uniques: dict[str, tuple[str, int]] = {}  # id -> (unique_key, unique_states)
         self._unique_ids: dict[str, set[str]] = {}  # unique_key -> ids
@@ -243,8 +239,6 @@ class MemoryDriver:
             inserted = True
         for holder, new in tx.replaces:
             inserted = self._debounce(holder, new) or inserted
-        for lease, now in tx.completions:
-            self._complete(lease, now)
         if inserted:
             self._notify()
 
@@ -338,16 +332,7 @@ class MemoryDriver:
         self._put(_debounced(job, new))
         return True
 
-    def job_claim(self, params: ClaimParams) -> list[Job]:
-        with self._lock:
-            return self._claim(params, started=False)
-
-    def _claim(self, params: ClaimParams, *, started: bool) -> list[Job]:
-        return self._claim_until(params, started=started)[0]
-
-    def _claim_until(
-        self, params: ClaimParams, *, started: bool
-    ) -> tuple[list[Job], timedelta | None]:
+    def _claim_until(self, params: ClaimParams) -> tuple[list[Job], timedelta | None]:
         """The claimed jobs, and how long after ``now`` a job held back by a rate limit may be
         claimed."""
         at = _now(params.now)
@@ -384,8 +369,6 @@ class MemoryDriver:
                 worker_id=params.worker_id,
             )
             self._put(running)
-            if started:
-                self._started.add(running.id)
             claimed.append(running)
         return claimed, (wake_at - at if wake_at is not None else None)
 
@@ -536,27 +519,6 @@ class MemoryDriver:
                     held.add(job.id)
         return held
 
-    def job_complete_many(
-        self,
-        leases: Sequence[Lease],
-        *,
-        executor: Executor | None = None,
-        now: datetime | None = None,
-    ) -> set[str]:
-        at = _now(now)
-        tx = self._tx(executor) if executor is not None else None
-        changed: set[str] = set()
-        with self._lock:
-            for lease in leases:
-                if tx is None:
-                    if self._complete(lease, at):
-                        changed.add(lease.id)
-                elif self._held(lease) is not None and lease.id not in tx.completed_ids:
-                    tx.completions.append((lease, at))
-                    tx.completed_ids.add(lease.id)
-                    changed.add(lease.id)
-        return changed
-
     def job_fail_many(
         self, failures: Sequence[Failure], *, now: datetime | None = None
     ) -> set[str]:
@@ -600,19 +562,8 @@ class MemoryDriver:
             claimed: list[Job] = []
             wake_in = None
             if cycle.claims is not None:
-                claimed, wake_in = self._claim_until(cycle.claims, started=True)
+                claimed, wake_in = self._claim_until(cycle.claims)
         return CycleResult(completed, failed, claimed, wake_in)
-
-    def job_release_unstarted(self, *, now: datetime | None = None) -> list[str]:
-        at = _now(now)
-        return self._release(
-            lambda job: (
-                job.id not in self._started
-                and job.lease_expires_at is not None
-                and job.lease_expires_at < at
-            ),
-            at,
-        )
 
     def job_release_claim(self, token: str, *, now: datetime | None = None) -> list[str]:
         prefix = f"{token}."
@@ -752,7 +703,6 @@ class MemoryDriver:
                 job
                 for job in self._jobs.values()
                 if job.state is JobState.RUNNING
-                and job.id in self._started
                 and job.lease_expires_at is not None
                 and job.lease_expires_at < at
                 and (isolated is None or (job.id in self._isolated) is isolated)
@@ -1035,16 +985,13 @@ class MemoryDriver:
                 self._index(job)
         else:
             self._waiting.discard(job.id)
-        if job.state is not JobState.RUNNING:
-            self._started.discard(job.id)
-            if self._finish_waiters and job.state in FINAL_STATES:
-                self._changed.notify_all()  # for job_wait (wait_for_jobs reads _generation)
+        if self._finish_waiters and job.state in FINAL_STATES:
+            self._changed.notify_all()  # for job_wait (wait_for_jobs reads _generation)
 
     def _delete(self, job: Job) -> None:
         del self._jobs[job.id]
         self._waiting.discard(job.id)
         self._isolated.discard(job.id)
-        self._started.discard(job.id)
         self._limits.pop(job.id, None)
         unique = self._uniques.pop(job.id, None)
         if unique is not None:

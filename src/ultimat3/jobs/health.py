@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ultimat3.jobs.driver import Driver
+from ultimat3.jobs.driver import Driver, Inspection, inspection
 from ultimat3.jobs.duration import format_duration
 from ultimat3.jobs.errors import JobsError
 
@@ -87,15 +87,16 @@ def run_checks(
         )
         return checks
     checks.append(Check("migrations", True, "the schema is current"))
+    reads = inspection(driver)
     try:
-        checks.append(_workers(driver, min_workers, worker_stale, at))
-        checks.append(_ready_age(driver, max_ready_age, queues, at))
+        checks.append(_workers(reads, min_workers, worker_stale, at))
+        checks.append(_ready_age(reads, max_ready_age, queues, at))
     except JobsError as exc:
         checks.append(Check("database", False, f"a read failed: {exc.cause}", exc.fix or "retry"))
     return checks
 
 
-def _workers(driver: Driver, least: int, stale: timedelta, at: datetime) -> Check:
+def _workers(driver: Inspection, least: int, stale: timedelta, at: datetime) -> Check:
     live = [w for w in driver.worker_list() if at - w.heartbeat_at <= stale]
     detail = f"{len(live)} live worker(s) (heartbeat within {format_duration(stale)})"
     if len(live) >= least:
@@ -110,7 +111,7 @@ def _workers(driver: Driver, least: int, stale: timedelta, at: datetime) -> Chec
 
 
 def _ready_age(
-    driver: Driver, limit: timedelta | None, queues: tuple[str, ...], at: datetime
+    driver: Inspection, limit: timedelta | None, queues: tuple[str, ...], at: datetime
 ) -> Check:
     waited: dict[str, float] = {}
     for queue in driver.queue_list(now=None):

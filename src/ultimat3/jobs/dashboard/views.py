@@ -18,6 +18,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from ultimat3.jobs.app import App
+from ultimat3.jobs.driver import inspection
 from ultimat3.jobs.errors import ConfigurationError, JobsError
 from ultimat3.jobs.records import Job, JobFilter, JobState, WorkerInfo
 from ultimat3.jobs.retry import Retry, backoff_delay
@@ -157,7 +158,7 @@ def _scan(
     window by window down the id order (``WINDOW`` ids each, so a filter that matches little
     never makes the database walk the whole table in one statement) until ``SCAN_SECONDS`` is
     spent."""
-    driver = app.driver
+    driver = inspection(app.driver)
     deadline = time.monotonic() + SCAN_SECONDS
     hits: list[Job] = []
     read = 0
@@ -241,7 +242,7 @@ class Overview:
 def queue_rows(app: App, tenant: str | None) -> dict[str, QueueRow]:
     """Each queue's counts by state, pause flag and oldest ready job (a tenant's view: that
     tenant's counts only, the shared flags left out)."""
-    driver = app.driver
+    driver = inspection(app.driver)
     now = app.clock.now()
     per_queue: dict[str, QueueRow] = {}
 
@@ -272,7 +273,7 @@ def overview(app: App, tenant: str | None) -> Overview:
     starts = [since + i * MINUTE for i in range(60)]
     per_queue = queue_rows(app, tenant)
     completed, dead = [0] * 60, [0] * 60
-    for c in app.driver.job_finished_counts(since, MINUTE, tenant_id=tenant):
+    for c in inspection(app.driver).job_finished_counts(since, MINUTE, tenant_id=tenant):
         k = int((c.start - since) / MINUTE)
         if not 0 <= k < 60:
             continue
@@ -311,8 +312,9 @@ RUNNING_LIMIT = 2_000
 
 def workers(app: App) -> list[WorkerRow]:
     """Live workers with the jobs each runs."""
-    infos = app.driver.worker_list()
-    running = app.driver.job_list_running(limit=RUNNING_LIMIT)
+    reads = inspection(app.driver)
+    infos = reads.worker_list()
+    running = reads.job_list_running(limit=RUNNING_LIMIT)
     by_worker: dict[str, list[Job]] = {}
     for job in running:
         if job.worker_id is not None:
@@ -364,7 +366,9 @@ def job_detail(app: App, job: Job) -> JobDetail:
             plan.append(PlannedAttempt(attempt + 1, wait, at))
     worker = None
     if job.worker_id is not None and job.state is JobState.RUNNING:
-        worker = next((w for w in app.driver.worker_list() if w.id == job.worker_id), None)
+        worker = next(
+            (w for w in inspection(app.driver).worker_list() if w.id == job.worker_id), None
+        )
     return JobDetail(
         job, input_text, input_error, handle is not None, policy, next_run, plan, worker
     )
@@ -387,7 +391,7 @@ class CronRow:
 
 def cron_rows(app: App, count: int = 5) -> list[CronRow]:
     tasks = app.registry.tasks
-    state = app.driver.schedule_read(sorted(tasks))
+    state = inspection(app.driver).schedule_read(sorted(tasks))
     now = app.clock.now()
     rows = []
     for name, t in sorted(tasks.items()):

@@ -65,6 +65,7 @@ from ultimat3.jobs.driver import (
     DatabaseId,
     Driver,
     Executor,
+    Inspection,
     Joined,
     StallTracker,
     wait_until_final,
@@ -1064,3 +1065,4 @@ def _matches(job: Job, where: JobFilter) -> bool:
 if TYPE_CHECKING:
     # mypy proves here that the class satisfies the protocol, signature by signature.
     _conforms: Driver = MemoryDriver()
+    _inspects: Inspection = MemoryDriver()

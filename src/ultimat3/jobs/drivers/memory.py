@@ -43,15 +43,14 @@ Limits (where it differs from a database, knowingly):
   writer commits the same (tenant, key) between staging and commit, the committed row wins and
   the staged insert is dropped at commit (PostgreSQL would instead make that writer wait and
   then dedupe onto the staged row).
-- A claim scans the scheduled and available jobs (linear in the backlog): fine for tests and
-  demos, not for a backlog of millions.
+- A claim scans every stored job and sorts the due ones (linear in the table): fine for tests
+  and demos, not for a backlog of millions.
 - ``wait_for_jobs`` notices a set ``wake`` event within about 50 ms (an ``Event`` cannot
   notify a ``Condition``), and a change at once.
 """
 
 from __future__ import annotations
 
-import heapq
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -150,14 +149,6 @@ class MemoryDriver:
         self._jobs: dict[str, Job] = {}
         self._keys: dict[_Key, str] = {}
         self._paused: dict[str, bool] = {}
-        self._waiting: set[str] = set()  # ids of scheduled and available jobs, for claims
-        #: The usual claim's index (``_first_due``): each waiting job without a limit has an
-        #: entry, its claim order, in ``_future`` (a heap by run_at) until a claim finds it due,
-        #: then in its queue's heap of ``_due``. An entry whose job has since changed is stale:
-        #: whoever pops it drops it, and ``_reindex`` rebuilds both when they grow too stale.
-        self._future: list[tuple[datetime, _Order]] = []
-        self._due: dict[str, list[_Order]] = {}
-        self._entries = 0
         self._schedules: dict[str, ScheduleState] = {}
         self._leaders: dict[str, tuple[str, datetime]] = {}  # name -> (holder, expires_at)
         self._workers: dict[str, WorkerInfo] = {}
@@ -166,9 +157,7 @@ class MemoryDriver:
         self._isolated: set[str] = set()  # ids of jobs rescued after their worker died
         self._limits: dict[str, _Flow] = {}  # the jobs with a limit
         self._uniques: dict[str, tuple[str, int]] = {}  # id -> (unique_key, unique_states)
-        self._unique_ids: dict[str, set[str]] = {}  # unique_key -> ids
         self._after = ""  # limited claims: the last key taken (keys take turns after it)
-        self._finish_waiters = 0  # threads in job_wait
         self.stalls = StallTracker()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -232,7 +221,7 @@ class MemoryDriver:
             if unique is not None and self._unique_holder(unique[0], None) is not None:
                 continue  # likewise a committed holder of its unique key
             if job.id in tx.limits:
-                self._limits[job.id] = tx.limits[job.id]  # before _put: it indexes the rest
+                self._limits[job.id] = tx.limits[job.id]
             self._put(job)
             self._keys[key] = job.id
             if unique is not None:
@@ -296,8 +285,8 @@ class MemoryDriver:
     def _unique_holder(self, key: str, tx: MemoryTransaction | None) -> str | None:
         """The job holding ``key`` (its state is among its unique states): committed, or
         staged in ``tx``."""
-        for id_ in self._unique_ids.get(key, ()):
-            if self._uniques[id_][1] & STATE_BITS[self._jobs[id_].state.value]:
+        for id_, (held, states) in self._uniques.items():
+            if held == key and states & STATE_BITS[self._jobs[id_].state.value]:
                 return id_
         if tx is not None:
             for job in tx.inserts:
@@ -312,7 +301,6 @@ class MemoryDriver:
 
     def _hold(self, job_id: str, unique: tuple[str, int]) -> None:
         self._uniques[job_id] = unique
-        self._unique_ids.setdefault(unique[0], set()).add(job_id)
 
     def _replace_holder(self, holder: str, new: Job, tx: MemoryTransaction | None) -> None:
         """Debounce: the holder, if still waiting, takes ``new``'s input, run_at and priority."""
@@ -340,23 +328,21 @@ class MemoryDriver:
         queues = set(params.queues)
         wake_at = None
         skip = set(params.skip)
-        if params.limited or params.isolated or skip:  # a scan of every waiting job: rarer
-            due = (
-                job
-                for job in map(self._jobs.__getitem__, self._waiting)
-                if job.run_at <= at
-                and job.queue in queues
-                and not self._paused.get(job.queue, False)
-                and (job.id in self._isolated) is params.isolated
-                and (params.limited or job.id not in self._limits)
-                and job.name not in skip
-            )
-            if params.limited:
-                best, wake_at = self._within_limits(due, max(0, params.limit), at)
-            else:
-                best = heapq.nsmallest(max(0, params.limit), due, key=_order)
+        due = [
+            job
+            for job in self._jobs.values()
+            if job.state in _WAITING
+            and job.run_at <= at
+            and job.queue in queues
+            and not self._paused.get(job.queue, False)
+            and (job.id in self._isolated) is params.isolated
+            and (params.limited or job.id not in self._limits)
+            and job.name not in skip
+        ]
+        if params.limited:
+            best, wake_at = self._within_limits(due, max(0, params.limit), at)
         else:
-            best = self._first_due(queues, at, max(0, params.limit))
+            best = sorted(due, key=_order)[: max(0, params.limit)]
         claimed: list[Job] = []
         claim = params.token or token()
         for job in best:
@@ -372,73 +358,6 @@ class MemoryDriver:
             self._put(running)
             claimed.append(running)
         return claimed, (wake_at - at if wake_at is not None else None)
-
-    def _first_due(self, queues: set[str], at: datetime, limit: int) -> list[Job]:
-        """The first ``limit`` due jobs, in claim order, of the unpaused ``queues``, neither
-        isolated nor limited: the claim ``_claim_until`` makes most, from the index, at a cost
-        of the jobs it returns rather than of every waiting job."""
-        future = self._future
-        while future and future[0][0] <= at:
-            order = heapq.heappop(future)[1]
-            job = self._indexed(order)
-            if job is None:
-                self._entries -= 1
-            else:
-                heapq.heappush(self._due.setdefault(job.queue, []), order)
-        found: list[_Order] = []
-        for queue in queues:
-            heap = self._due.get(queue)
-            if not heap or self._paused.get(queue, False):
-                continue
-            taken: list[_Order] = []
-            aside: list[_Order] = []  # not due after all (a clock set back), or isolated
-            seen: set[str] = set()
-            while heap and len(taken) < limit:
-                order = heapq.heappop(heap)
-                job = self._indexed(order)
-                if job is None or order[2] in seen or job.queue != queue:
-                    self._entries -= 1
-                    continue
-                seen.add(order[2])
-                if job.run_at > at or order[2] in self._isolated:
-                    aside.append(order)
-                else:
-                    taken.append(order)
-            for order in aside:
-                heapq.heappush(heap, order)
-            found.extend(taken)
-        best = heapq.nsmallest(limit, found)
-        if len(best) < len(found):  # more queues than one: the rest stay indexed
-            chosen = set(best)
-            for order in found:
-                if order not in chosen:
-                    heapq.heappush(self._due[self._jobs[order[2]].queue], order)
-        self._entries -= len(best)
-        return [self._jobs[order[2]] for order in best]
-
-    def _indexed(self, order: _Order) -> Job | None:
-        """The job of an index entry, or None when the entry is stale."""
-        job = self._jobs.get(order[2])
-        if job is None or job.state not in _WAITING or job.id in self._limits:
-            return None
-        return job if _order(job) == order else None
-
-    def _index(self, job: Job) -> None:
-        heapq.heappush(self._future, (job.run_at, _order(job)))
-        self._entries += 1
-        if self._entries > 2 * len(self._waiting) + 1024:
-            self._reindex()
-
-    def _reindex(self) -> None:
-        """Both heaps again from the waiting jobs, without stale entries."""
-        self._future = [
-            (job.run_at, _order(job))
-            for job in map(self._jobs.__getitem__, self._waiting)
-            if job.id not in self._limits
-        ]
-        heapq.heapify(self._future)
-        self._due = {}
-        self._entries = len(self._future)
 
     def _within_limits(
         self, due: Iterable[Job], limit: int, at: datetime
@@ -718,16 +637,12 @@ class MemoryDriver:
     def job_wait(self, job_id: str, *, timeout: float, tenant_id: str | None = None) -> Job | None:
         """Woken by the change that finishes the job (``_put`` notifies every final state)."""
         with self._changed:
-            self._finish_waiters += 1
-            try:
-                return wait_until_final(
-                    lambda: self._scoped(job_id, tenant_id),
-                    self._changed.wait,
-                    timeout=timeout,
-                    clock=SystemClock(),
-                )
-            finally:
-                self._finish_waiters -= 1
+            return wait_until_final(
+                lambda: self._scoped(job_id, tenant_id),
+                self._changed.wait,
+                timeout=timeout,
+                clock=SystemClock(),
+            )
 
     def job_list(
         self, where: JobFilter, *, limit: int = 100, before_id: str | None = None
@@ -972,31 +887,15 @@ class MemoryDriver:
         return True
 
     def _put(self, job: Job) -> None:
-        # The one place rows change, so the index of waiting jobs cannot drift from the rows.
-        old = self._jobs.get(job.id)
         self._jobs[job.id] = job
-        if job.state in _WAITING:
-            self._waiting.add(job.id)
-            if job.id not in self._limits and (
-                old is None
-                or old.state not in _WAITING
-                or _order(old) != _order(job)
-                or old.queue != job.queue
-            ):
-                self._index(job)
-        else:
-            self._waiting.discard(job.id)
-        if self._finish_waiters and job.state in FINAL_STATES:
+        if job.state in FINAL_STATES:
             self._changed.notify_all()  # for job_wait (wait_for_jobs reads _generation)
 
     def _delete(self, job: Job) -> None:
         del self._jobs[job.id]
-        self._waiting.discard(job.id)
         self._isolated.discard(job.id)
         self._limits.pop(job.id, None)
-        unique = self._uniques.pop(job.id, None)
-        if unique is not None:
-            self._unique_ids[unique[0]].discard(job.id)
+        self._uniques.pop(job.id, None)
         self._keys.pop((job.tenant_id, job.idempotency_key), None)
 
 
@@ -1014,11 +913,8 @@ def _debounced(job: Job, new: Job) -> Job:
     return replace(job, input=new.input, run_at=new.run_at, state=new.state, priority=new.priority)
 
 
-#: The order claims take waiting jobs in: priority first, then run_at, then id.
-_Order = tuple[int, datetime, str]
-
-
-def _order(job: Job) -> _Order:
+def _order(job: Job) -> tuple[int, datetime, str]:
+    """The order claims take waiting jobs in: priority first, then run_at, then id."""
     return (-job.priority, job.run_at, job.id)
 
 

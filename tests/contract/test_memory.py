@@ -10,9 +10,10 @@ from datetime import datetime, timedelta
 
 import pytest
 
+from ultimat3.jobs.clock import FakeClock
 from ultimat3.jobs.drivers.memory import MemoryDriver
 from ultimat3.jobs.errors import ConfigurationError
-from ultimat3.jobs.records import InsertResult, JobFilter, JobState
+from ultimat3.jobs.records import ClaimParams, Cycle, InsertResult, JobFilter, JobState
 
 from .helpers import T0, at, claim_one, fail, get, insert, new_job
 
@@ -91,3 +92,18 @@ def test_a_committed_transaction_wakes(memory: MemoryDriver) -> None:
             memory.job_insert_many([new_job()], executor=tx, now=T0)
 
     assert _wakes(memory, commit)
+
+
+def test_its_clock_is_the_one_it_is_given() -> None:
+    """``now=None`` reads the driver's clock, as a database reads its own: a fake one here."""
+    clock = FakeClock(T0)
+    memory = MemoryDriver(clock=clock)
+    later = new_job(run_at=at(10))
+    assert memory.job_insert_many([later]) == [InsertResult(later.id, False)]
+    assert get(memory, later.id).created_at == T0
+    assert memory.database_now() == T0
+    params = ClaimParams(("default",), 1, timedelta(seconds=30), "w")  # now: the driver's
+    assert memory.job_cycle(Cycle(claim=params)).claimed == []
+    clock.advance(10)
+    [claimed] = memory.job_cycle(Cycle(claim=params)).claimed
+    assert (claimed.id, claimed.attempted_at) == (later.id, at(10))

@@ -52,14 +52,13 @@ Limits (where it differs from a database, knowingly):
 from __future__ import annotations
 
 import threading
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
-from ultimat3.jobs.clock import SystemClock, utcnow
+from ultimat3.jobs.clock import Clock
 from ultimat3.jobs.driver import (
     DatabaseId,
     Driver,
@@ -69,9 +68,20 @@ from ultimat3.jobs.driver import (
     StallTracker,
     wait_until_final,
 )
+from ultimat3.jobs.drivers.memory.reads import Key, Store
+from ultimat3.jobs.drivers.memory.rows import (
+    Flow,
+    debounced,
+    new_job,
+    order,
+    unleased,
+    utc,
+    waiting_state,
+    within_limits,
+)
 from ultimat3.jobs.errors import ConfigurationError
 from ultimat3.jobs.ids import token
-from ultimat3.jobs.limits import STATE_BITS, keys_to_look
+from ultimat3.jobs.limits import STATE_BITS
 from ultimat3.jobs.records import (
     ACTIVE_STATES,
     FINAL_STATES,
@@ -79,22 +89,17 @@ from ultimat3.jobs.records import (
     Cycle,
     CycleResult,
     Failure,
-    FinishedCount,
-    FlowState,
     InsertResult,
     Job,
-    JobFilter,
     JobState,
     Lease,
     NewJob,
-    QueueInfo,
     ScheduleState,
     WorkerInfo,
 )
 
 __all__ = ["MemoryDriver", "MemoryTransaction"]
 
-_Key = tuple[str | None, str]
 #: How often a waiter re-checks its ``wake`` event, in seconds.
 _WAKE_POLL = 0.05
 #: Only dead and cancelled jobs can be retried or discarded by hand.
@@ -107,16 +112,6 @@ _ADOPT_FIX = (
 )
 
 
-class _Flow(NamedTuple):
-    """A job's limits: its partition, how many may run at once, and how many may start per
-    ``rate_period`` (0: no rate limit)."""
-
-    key: str
-    most: int
-    rate_max: int
-    rate_period: timedelta
-
-
 @dataclass(eq=False)
 class MemoryTransaction:
     """A staging buffer for one memory transaction: the executor ``transaction()`` yields.
@@ -126,15 +121,15 @@ class MemoryTransaction:
 
     driver: MemoryDriver
     inserts: list[Job] = field(default_factory=list)
-    keys: dict[_Key, str] = field(default_factory=dict)
-    limits: dict[str, _Flow] = field(default_factory=dict)
+    keys: dict[Key, str] = field(default_factory=dict)
+    limits: dict[str, Flow] = field(default_factory=dict)
     uniques: dict[str, tuple[str, int]] = field(default_factory=dict)
     #: Debounces of committed jobs, applied at commit if the job still waits then.
     replaces: list[tuple[str, Job]] = field(default_factory=list)
     open: bool = True
 
 
-class MemoryDriver:
+class MemoryDriver(Store):
     """Jobs in dicts behind one lock; see the module docstring for the semantics it pins."""
 
     name = "memory"
@@ -142,22 +137,9 @@ class MemoryDriver:
     # Writers never wait for an open transaction here: staged rows take no lock.
     single_writer = False
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
-        self._generation = 0  # bumped on every change a waiter cares about
-        self._jobs: dict[str, Job] = {}
-        self._keys: dict[_Key, str] = {}
-        self._paused: dict[str, bool] = {}
-        self._schedules: dict[str, ScheduleState] = {}
-        self._leaders: dict[str, tuple[str, datetime]] = {}  # name -> (holder, expires_at)
-        self._workers: dict[str, WorkerInfo] = {}
-        self._monotonic = SystemClock().monotonic
+    def __init__(self, clock: Clock | None = None) -> None:
+        super().__init__(clock)
         self._identity = DatabaseId("memory", (id(self),), "memory://")
-        self._isolated: set[str] = set()  # ids of jobs rescued after their worker died
-        self._limits: dict[str, _Flow] = {}  # the jobs with a limit
-        self._uniques: dict[str, tuple[str, int]] = {}  # id -> (unique_key, unique_states)
-        self._after = ""  # limited claims: the last key taken (keys take turns after it)
         self.stalls = StallTracker()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -241,7 +223,7 @@ class MemoryDriver:
         executor: Executor | None = None,
         now: datetime | None = None,
     ) -> list[InsertResult]:
-        at = _now(now)
+        at = self._at(now)
         tx = self._tx(executor) if executor is not None else None
         with self._lock:
             results: list[InsertResult] = []
@@ -253,7 +235,7 @@ class MemoryDriver:
                     continue
                 if new.id in self._jobs or (tx is not None and new.id in tx.keys.values()):
                     raise ValueError(f"job id {new.id} is already stored under another key")
-                job = _new_job(new, at)
+                job = new_job(new, at)
                 if new.unique_key is not None:
                     holder = self._unique_holder(new.unique_key, tx)
                     if holder is not None:
@@ -268,7 +250,7 @@ class MemoryDriver:
                         tx.uniques[job.id] = unique
                 limits = self._limits if tx is None else tx.limits
                 if new.limit_key is not None:
-                    limits[job.id] = _Flow(
+                    limits[job.id] = Flow(
                         new.limit_key, new.limit_max, new.rate_max, new.rate_period
                     )
                 if tx is None:
@@ -310,7 +292,7 @@ class MemoryDriver:
             return
         for i, job in enumerate(tx.inserts):
             if job.id == holder:
-                tx.inserts[i] = _debounced(job, new)
+                tx.inserts[i] = debounced(job, new)
                 return
         tx.replaces.append((holder, new))
 
@@ -318,13 +300,13 @@ class MemoryDriver:
         job = self._jobs.get(holder)
         if job is None or job.state not in _WAITING:
             return False
-        self._put(_debounced(job, new))
+        self._put(debounced(job, new))
         return True
 
     def _claim_until(self, params: ClaimParams) -> tuple[list[Job], timedelta | None]:
         """The claimed jobs, and how long after ``now`` a job held back by a rate limit may be
         claimed."""
-        at = _now(params.now)
+        at = self._at(params.now)
         queues = set(params.queues)
         wake_at = None
         skip = set(params.skip)
@@ -340,9 +322,16 @@ class MemoryDriver:
             and job.name not in skip
         ]
         if params.limited:
-            best, wake_at = self._within_limits(due, max(0, params.limit), at)
+            best, wake_at, self._after = within_limits(
+                due,
+                max(0, params.limit),
+                at,
+                flows=self._limits,
+                jobs=self._jobs.values(),
+                after=self._after,
+            )
         else:
-            best = sorted(due, key=_order)[: max(0, params.limit)]
+            best = sorted(due, key=order)[: max(0, params.limit)]
         claimed: list[Job] = []
         claim = params.token or token()
         for job in best:
@@ -359,77 +348,10 @@ class MemoryDriver:
             claimed.append(running)
         return claimed, (wake_at - at if wake_at is not None else None)
 
-    def _within_limits(
-        self, due: Iterable[Job], limit: int, at: datetime
-    ) -> tuple[list[Job], datetime | None]:
-        """The jobs a claim with limits takes (``limits``): the unlimited due jobs, and key by
-        key from the one after the cursor, each key's first due jobs up to its free slots until
-        the claim is full; of those, the first ``limit`` with keys taking turns within a
-        priority (every key's first job, the unlimited jobs first as one key, then every key's
-        second...). A slot is held by a running job of the key whose lease has not expired,
-        and, under a rate limit, by each start within the window. Also returns when the first
-        full window looked at reopens (its oldest start leaves it)."""
-        ordered = sorted(due, key=_order)
-        plain: list[Job] = []
-        by_key: dict[str, list[Job]] = {}
-        for job in ordered:
-            flow = self._limits.get(job.id)
-            if flow is None:
-                if len(plain) < limit:
-                    plain.append(job)
-            else:
-                by_key.setdefault(flow.key, []).append(job)
-        running: Counter[str] = Counter()
-        starts: dict[str, list[datetime]] = {}
-        for job in self._jobs.values():
-            flow = self._limits.get(job.id)
-            if flow is None or flow.key not in by_key:
-                continue
-            if (
-                job.state is JobState.RUNNING
-                and job.lease_expires_at is not None
-                and job.lease_expires_at > at
-            ):
-                running[flow.key] += 1
-            if job.attempted_at is not None:
-                starts.setdefault(flow.key, []).append(job.attempted_at)
-        keys = sorted(by_key)
-        rotated = [k for k in keys if k > self._after] + [k for k in keys if k <= self._after]
-        places: list[tuple[int, int, int, datetime, str, Job]] = [
-            (-job.priority, rank, -1, job.run_at, job.id, job) for rank, job in enumerate(plain)
-        ]
-        need, taken, wake_at = limit, 0, None
-        looked = rotated[: keys_to_look(limit)]
-        for key in looked:
-            if need <= 0:
-                break
-            head = self._limits[by_key[key][0].id]
-            free = head.most - running[key]
-            if head.rate_max:
-                recent = [t for t in starts.get(key, ()) if t > at - head.rate_period]
-                if len(recent) >= head.rate_max and running[key] < head.most:
-                    opens = min(recent) + head.rate_period
-                    wake_at = opens if wake_at is None else min(wake_at, opens)
-                free = min(free, head.rate_max - len(recent))
-            if free <= 0:
-                continue
-            take = by_key[key][: min(free, need)]
-            places += [
-                (-job.priority, rank, taken, job.run_at, job.id, job)
-                for rank, job in enumerate(take)
-            ]
-            taken += 1
-            need -= len(take)
-            self._after = key  # round-robin: the next claim starts after the last key taken
-        if not taken and looked and len(looked) == keys_to_look(limit):
-            self._after = looked[-1]  # past the full keys looked at
-        places.sort(key=lambda place: place[:5])
-        return [place[-1] for place in places[:limit]], wake_at
-
     def lease_extend(
         self, leases: Sequence[Lease], lease_for: timedelta, *, now: datetime | None = None
     ) -> set[str]:
-        at = _now(now)
+        at = self._at(now)
         held: set[str] = set()
         with self._lock:
             for lease in leases:
@@ -443,7 +365,7 @@ class MemoryDriver:
         self, failures: Sequence[Failure], *, now: datetime | None = None
     ) -> set[str]:
         with self._lock:
-            return self._fail(failures, _now(now))
+            return self._fail(failures, self._at(now))
 
     def _fail(self, failures: Sequence[Failure], at: datetime) -> set[str]:
         changed: set[str] = set()
@@ -458,8 +380,10 @@ class MemoryDriver:
                 job = replace(job, state=JobState.DEAD, finished_at=at, errors=errors)
             else:
                 retry_at = at + failure.retry_in
-                job = replace(job, state=_waiting(retry_at, at), run_at=retry_at, errors=errors)
-            self._put(_unleased(job))
+                job = replace(
+                    job, state=waiting_state(retry_at, at), run_at=retry_at, errors=errors
+                )
+            self._put(unleased(job))
             if failure.isolate:
                 self._isolated.add(job.id)
             else:
@@ -470,7 +394,7 @@ class MemoryDriver:
         return changed
 
     def job_cycle(self, cycle: Cycle, *, now: datetime | None = None) -> CycleResult:
-        at = _now(now)
+        at = self._at(now)
         with self._lock:  # one lock: no reader can tell the parts apart from one transaction
             results = cycle.results
             completed = {
@@ -487,7 +411,7 @@ class MemoryDriver:
 
     def job_release_claim(self, token: str, *, now: datetime | None = None) -> list[str]:
         prefix = f"{token}."
-        return self._release(lambda job: (job.lease_token or "").startswith(prefix), _now(now))
+        return self._release(lambda job: (job.lease_token or "").startswith(prefix), self._at(now))
 
     def _release(self, which: Callable[[Job], bool], at: datetime) -> list[str]:
         """Put the running jobs ``which`` picks back, available at ``at``, attempt refunded."""
@@ -496,7 +420,7 @@ class MemoryDriver:
             for job in list(self._jobs.values()):
                 if job.state is JobState.RUNNING and which(job):
                     self._put(
-                        _unleased(
+                        unleased(
                             replace(
                                 job,
                                 state=JobState.AVAILABLE,
@@ -510,42 +434,8 @@ class MemoryDriver:
                 self._notify()
         return sorted(released)
 
-    def job_flow(self, job_id: str, *, now: datetime | None = None) -> FlowState | None:
-        at = _now(now)
-        with self._lock:
-            flow = self._limits.get(job_id)
-            if flow is None or job_id not in self._jobs:
-                return None
-            running = 0
-            starts: list[datetime] = []
-            for job in self._jobs.values():
-                other = self._limits.get(job.id)
-                if other is None or other.key != flow.key:
-                    continue
-                if (
-                    job.state is JobState.RUNNING
-                    and job.lease_expires_at is not None
-                    and job.lease_expires_at > at
-                ):
-                    running += 1
-                if (
-                    flow.rate_max
-                    and job.attempted_at is not None
-                    and job.attempted_at > at - flow.rate_period
-                ):
-                    starts.append(job.attempted_at)
-        return FlowState(
-            flow.key,
-            flow.most,
-            running,
-            flow.rate_max,
-            flow.rate_period,
-            len(starts),
-            min(starts, default=None),
-        )
-
     def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:
-        at = _now(now)
+        at = self._at(now)
         wanted = set(queues)
         with self._lock:
             return any(
@@ -560,17 +450,17 @@ class MemoryDriver:
     def job_snooze(
         self, lease: Lease, delay: timedelta | None, *, now: datetime | None = None
     ) -> bool:
-        at = _now(now)
+        at = self._at(now)
         with self._lock:
             job = self._held(lease)
             if job is None:
                 return False
             until = job.run_at if delay is None else at + delay
             self._put(
-                _unleased(
+                unleased(
                     replace(
                         job,
-                        state=_waiting(until, at),
+                        state=waiting_state(until, at),
                         run_at=until,
                         attempt=max(0, job.attempt - 1),
                     )
@@ -588,7 +478,7 @@ class MemoryDriver:
         tenant_id: str | None = None,
         now: datetime | None = None,
     ) -> bool:
-        at = _now(now)
+        at = self._at(now)
         with self._lock:
             job = self._scoped(job_id, tenant_id)
             if job is None:
@@ -599,25 +489,16 @@ class MemoryDriver:
             elif job.state not in ACTIVE_STATES:
                 return False
             self._put(
-                _unleased(
+                unleased(
                     replace(job, state=JobState.CANCELLED, finished_at=at, cancel_reason=reason)
                 )
             )
             return True
 
-    def job_list_running(self, *, limit: int) -> list[Job]:
-        with self._lock:
-            running = [job for job in self._jobs.values() if job.state is JobState.RUNNING]
-        # A running job always holds a lease (the records' invariant).
-        running.sort(
-            key=lambda job: (job.lease_expires_at or datetime.min.replace(tzinfo=UTC), job.id)
-        )
-        return running[: max(0, limit)]
-
     def job_list_expired(
         self, *, limit: int, now: datetime | None = None, isolated: bool | None = None
     ) -> list[Job]:
-        at = _now(now)
+        at = self._at(now)
         with self._lock:
             expired = [
                 job
@@ -641,57 +522,13 @@ class MemoryDriver:
                 lambda: self._scoped(job_id, tenant_id),
                 self._changed.wait,
                 timeout=timeout,
-                clock=SystemClock(),
+                clock=self._clock,
             )
-
-    def job_list(
-        self, where: JobFilter, *, limit: int = 100, before_id: str | None = None
-    ) -> list[Job]:
-        with self._lock:
-            found = [
-                job
-                for job in self._jobs.values()
-                if _matches(job, where) and (before_id is None or job.id < before_id)
-            ]
-        found.sort(key=lambda job: job.id, reverse=True)
-        return found[: max(0, limit)]
-
-    def job_id_below(self, before_id: str | None, offset: int) -> str | None:
-        with self._lock:
-            ids = sorted(
-                (i for i in self._jobs if before_id is None or i < before_id), reverse=True
-            )
-        return ids[offset] if 0 <= offset < len(ids) else None
-
-    def job_count(self, where: JobFilter) -> dict[tuple[str, JobState], int]:
-        with self._lock:
-            counts = Counter(
-                (job.queue, job.state) for job in self._jobs.values() if _matches(job, where)
-            )
-        return dict(counts)
-
-    def job_finished_counts(
-        self, since: datetime, bucket: timedelta, *, tenant_id: str | None = None
-    ) -> list[FinishedCount]:
-        since = _utc(since)
-        with self._lock:
-            counts = Counter(
-                (job.queue, job.state, (job.finished_at - since) // bucket)
-                for job in self._jobs.values()
-                if job.finished_at is not None
-                and job.finished_at >= since
-                and job.state in FINAL_STATES
-                and (tenant_id is None or job.tenant_id == tenant_id)
-            )
-        return [
-            FinishedCount(queue, state, since + k * bucket, n)
-            for (queue, state, k), n in sorted(counts.items())
-        ]
 
     def job_retry(
         self, ids: Sequence[str], *, tenant_id: str | None = None, now: datetime | None = None
     ) -> list[str]:
-        at = _now(now)
+        at = self._at(now)
         changed: list[str] = []
         with self._lock:
             for job_id in dict.fromkeys(ids):
@@ -726,7 +563,7 @@ class MemoryDriver:
     def job_prune(
         self, *, states: frozenset[JobState], finished_before: datetime, limit: int
     ) -> int:
-        cutoff = _utc(finished_before)
+        cutoff = utc(finished_before)
         with self._lock:
             old = [
                 job
@@ -749,33 +586,14 @@ class MemoryDriver:
             if not paused:
                 self._notify()
 
-    def queue_list(self, *, now: datetime | None = None) -> list[QueueInfo]:
-        at = _now(now)
-        with self._lock:
-            counts: dict[str, Counter[JobState]] = {name: Counter() for name in self._paused}
-            oldest: dict[str, datetime] = {}
-            for job in self._jobs.values():
-                counts.setdefault(job.queue, Counter())[job.state] += 1
-                due = job.state in (JobState.SCHEDULED, JobState.AVAILABLE) and job.run_at <= at
-                if due and (job.queue not in oldest or job.run_at < oldest[job.queue]):
-                    oldest[job.queue] = job.run_at
-            return [
-                QueueInfo(name, self._paused.get(name, False), dict(counts[name]), oldest.get(name))
-                for name in sorted(counts)
-            ]
-
     # -- wake-ups ----------------------------------------------------------------------------
 
     # -- cron schedules and leadership -----------------------------------------------------
 
-    def schedule_read(self, tasks: Sequence[str]) -> dict[str, ScheduleState]:
-        with self._lock:
-            return {task: self._schedules[task] for task in tasks if task in self._schedules}
-
     def schedule_state(
         self, tasks: Sequence[str], *, now: datetime | None = None
     ) -> dict[str, ScheduleState]:
-        at = _now(now)
+        at = self._at(now)
         with self._lock:
             for task in tasks:
                 self._schedules.setdefault(task, ScheduleState(task, at, None))
@@ -789,8 +607,8 @@ class MemoryDriver:
         *,
         now: datetime | None = None,
     ) -> list[InsertResult] | None:
-        at = _now(now)
-        occurrence = _utc(occurrence)
+        at = self._at(now)
+        occurrence = utc(occurrence)
         with self._lock:
             state = self._schedules.get(task) or ScheduleState(task, at, None)
             if state.last_fired_at is not None and state.last_fired_at >= occurrence:
@@ -801,18 +619,18 @@ class MemoryDriver:
     def schedule_rewind(self, task: str, was: datetime, to: datetime) -> bool:
         with self._lock:
             state = self._schedules.get(task)
-            if state is None or state.last_fired_at != _utc(was):
+            if state is None or state.last_fired_at != utc(was):
                 return False
-            self._schedules[task] = replace(state, last_fired_at=_utc(to))
+            self._schedules[task] = replace(state, last_fired_at=utc(to))
             return True
 
     def database_now(self, *, now: datetime | None = None) -> datetime:
-        return _now(now)
+        return self._at(now)
 
     def leader_elect(
         self, name: str, holder: str, ttl: timedelta, *, now: datetime | None = None
     ) -> bool:
-        at = _now(now)
+        at = self._at(now)
         with self._lock:
             current = self._leaders.get(name)
             if current is not None and current[0] != holder and current[1] > at:
@@ -829,7 +647,7 @@ class MemoryDriver:
     # -- live workers ------------------------------------------------------------------------
 
     def worker_beat(self, worker: WorkerInfo, *, now: datetime | None = None) -> None:
-        at = _now(now)
+        at = self._at(now)
         with self._lock:
             self._workers[worker.id] = replace(worker, heartbeat_at=at)
 
@@ -838,23 +656,19 @@ class MemoryDriver:
             self._workers.pop(worker_id, None)
 
     def worker_prune(self, stale_after: timedelta, *, now: datetime | None = None) -> list[str]:
-        cutoff = _now(now) - stale_after
+        cutoff = self._at(now) - stale_after
         with self._lock:
             stale = sorted(w.id for w in self._workers.values() if w.heartbeat_at < cutoff)
             for worker_id in stale:
                 del self._workers[worker_id]
         return stale
 
-    def worker_list(self) -> list[WorkerInfo]:
-        with self._lock:
-            return [self._workers[worker_id] for worker_id in sorted(self._workers)]
-
     def wait_for_jobs(self, timeout: float, wake: threading.Event) -> None:
-        deadline = self._monotonic() + timeout
+        deadline = self._clock.monotonic() + timeout
         with self._changed:
             seen = self._generation
             while self._generation == seen and not wake.is_set():
-                remaining = deadline - self._monotonic()
+                remaining = deadline - self._clock.monotonic()
                 if remaining <= 0:
                     return
                 self._changed.wait(min(remaining, _WAKE_POLL))
@@ -881,7 +695,7 @@ class MemoryDriver:
         job = self._held(lease)
         if job is None:
             return False
-        self._put(_unleased(replace(job, state=JobState.COMPLETED, finished_at=at, result=result)))
+        self._put(unleased(replace(job, state=JobState.COMPLETED, finished_at=at, result=result)))
         if job.id in self._limits:
             self._notify()  # a slot is free: a worker waiting on a full limit may claim
         return True
@@ -897,65 +711,6 @@ class MemoryDriver:
         self._limits.pop(job.id, None)
         self._uniques.pop(job.id, None)
         self._keys.pop((job.tenant_id, job.idempotency_key), None)
-
-
-def _now(now: datetime | None) -> datetime:
-    return utcnow() if now is None else _utc(now)
-
-
-def _utc(moment: datetime) -> datetime:
-    if moment.tzinfo is None:
-        raise ValueError(f"{moment!r} is naive; drivers take timezone-aware UTC datetimes")
-    return moment.astimezone(UTC)
-
-
-def _debounced(job: Job, new: Job) -> Job:
-    return replace(job, input=new.input, run_at=new.run_at, state=new.state, priority=new.priority)
-
-
-def _order(job: Job) -> tuple[int, datetime, str]:
-    """The order claims take waiting jobs in: priority first, then run_at, then id."""
-    return (-job.priority, job.run_at, job.id)
-
-
-def _waiting(run_at: datetime, now: datetime) -> JobState:
-    return JobState.SCHEDULED if run_at > now else JobState.AVAILABLE
-
-
-def _unleased(job: Job) -> Job:
-    return replace(job, lease_token=None, lease_expires_at=None)
-
-
-def _new_job(new: NewJob, now: datetime) -> Job:
-    run_at = now if new.run_at is None else _utc(new.run_at)
-    if new.run_at is None and new.delay is not None:
-        run_at = now + new.delay
-    return Job(
-        id=new.id,
-        name=new.name,
-        queue=new.queue,
-        input=new.input,
-        tenant_id=new.tenant_id,
-        idempotency_key=new.idempotency_key,
-        priority=new.priority,
-        state=_waiting(run_at, now),
-        attempt=0,
-        max_attempts=new.max_attempts,
-        run_at=run_at,
-        created_at=now,
-        trace_context=new.trace_context,
-    )
-
-
-def _matches(job: Job, where: JobFilter) -> bool:
-    return (
-        (where.states is None or job.state in where.states)
-        and (where.queue is None or job.queue == where.queue)
-        and (where.name is None or job.name == where.name)
-        and (where.tenant_id is None or job.tenant_id == where.tenant_id)
-        and (where.ids is None or job.id in where.ids)
-        and (where.min_id is None or job.id >= where.min_id)
-    )
 
 
 if TYPE_CHECKING:

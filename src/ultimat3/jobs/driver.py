@@ -39,7 +39,6 @@ import asyncio
 import atexit
 import os
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -49,7 +48,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol, cast
 
 from ultimat3.jobs import events
-from ultimat3.jobs.clock import Clock
+from ultimat3.jobs.clock import Clock, SystemClock
 from ultimat3.jobs.errors import ConfigurationError
 from ultimat3.jobs.records import (
     FINAL_STATES,
@@ -204,22 +203,24 @@ class StallTracker:
     that expired while writes stalled may have been renewed by a heartbeat stuck behind the same
     stall, so it is not rescued until writes have flowed again for a while."""
 
-    __slots__ = ("_stalled_at", "threshold")
+    __slots__ = ("_clock", "_stalled_at", "threshold")
 
-    def __init__(self, threshold: float = 1.0) -> None:
+    def __init__(self, threshold: float = 1.0, *, clock: Clock | None = None) -> None:
         self.threshold = threshold
+        self._clock = clock or SystemClock()
         self._stalled_at = -float("inf")
 
     def note_wait(self, waited: float) -> None:
         if waited > self.threshold:
-            self._stalled_at = time.monotonic()
+            self._stalled_at = self._clock.monotonic()
 
     def note_failure(self) -> None:
-        self._stalled_at = time.monotonic()
+        self._stalled_at = self._clock.monotonic()
 
     def healthy_for(self) -> float:
-        """Seconds since the last stall this process saw (infinite if none)."""
-        return time.monotonic() - self._stalled_at
+        """Seconds since the last stall this process saw (infinite if none), on the
+        ``clock``'s monotonic time."""
+        return self._clock.monotonic() - self._stalled_at
 
 
 #: A host clock further than this from the database's is reported once at a service's start.

@@ -21,9 +21,10 @@ Reads only: it never migrates, and on SQLite takes no write lock.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
+from ultimat3.jobs.clock import Clock, SystemClock
 from ultimat3.jobs.driver import Driver, Inspection, inspection
 from ultimat3.jobs.duration import format_duration
 from ultimat3.jobs.errors import JobsError
@@ -61,9 +62,11 @@ def run_checks(
     max_ready_age: timedelta | None = timedelta(minutes=5),
     queues: tuple[str, ...] = (),
     now: datetime | None = None,
+    clock: Clock | None = None,
 ) -> list[Check]:
-    """Every check, in order; the ones after an unreachable database are not run."""
-    at = now or datetime.now(UTC)
+    """Every check, in order; the ones after an unreachable database are not run. Ages are
+    measured at ``now``, else on ``clock`` (the host's by default)."""
+    at = now or (clock or SystemClock()).now()
     try:
         current = driver.schema_current()
     except JobsError as exc:

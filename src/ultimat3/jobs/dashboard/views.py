@@ -1,7 +1,7 @@
 """What each page shows, read from an App: plain data for the templates, no HTTP.
 
 Every read is bounded at any table size: the jobs list pages by keyset (``before``: the last id
-shown) and a text search reads newer-to-older for at most ``SCAN_SECONDS`` per page, then
+shown) and a text search reads newer-to-older for at most ``Budget.scan_seconds`` per page, then
 offers to go on from where it stopped; the overview reads the queues (kept counts, the oldest
 ready job by index seeks) and the last hour's ends (a range of the finished index); the
 workers page the workers table and the running jobs (the lease index).
@@ -10,7 +10,6 @@ workers page the workers table and the running jobs (the lease index).
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -24,9 +23,8 @@ from ultimat3.jobs.records import Job, JobFilter, JobState, WorkerInfo
 from ultimat3.jobs.retry import Retry, backoff_delay
 
 __all__ = [
-    "BULK_LIMIT",
     "PAGE_SIZE",
-    "SCAN_SECONDS",
+    "Budget",
     "Filters",
     "JobsPage",
     "cron_rows",
@@ -38,16 +36,26 @@ __all__ = [
 ]
 
 PAGE_SIZE = 50
-#: How long one page reads jobs before it offers to continue from where it stopped.
-SCAN_SECONDS = 0.04
-#: How many ids of the id order one step reads (a filter's window).
-WINDOW = 10_000
 _SCAN_BATCH = 250
-#: The most jobs one confirmed "all that match" action changes.
-BULK_LIMIT = 1_000
 HOUR = timedelta(hours=1)
 MINUTE = timedelta(minutes=1)
 _STATES = {s.value: s for s in JobState}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much one request of the dashboard reads or changes: its settings, with defaults."""
+
+    #: How long one page reads jobs (on the app's monotonic clock) before it offers to
+    #: continue from where it stopped.
+    scan_seconds: float = 0.04
+    #: How many ids of the id order one step reads (a filter's window).
+    window: int = 10_000
+    #: The most jobs one confirmed "all that match" action changes.
+    bulk_limit: int = 1_000
+
+
+DEFAULT_BUDGET = Budget()
 
 
 @dataclass(frozen=True)
@@ -122,7 +130,9 @@ def matches_text(job: Job, text: str) -> bool:
     )
 
 
-def jobs_page(app: App, filters: Filters, before: str | None) -> JobsPage:
+def jobs_page(
+    app: App, filters: Filters, before: str | None, budget: Budget = DEFAULT_BUDGET
+) -> JobsPage:
     text = filters.text
     scan = _scan(
         app,
@@ -130,6 +140,7 @@ def jobs_page(app: App, filters: Filters, before: str | None) -> JobsPage:
         before,
         want=PAGE_SIZE + 1,
         accept=(lambda job: matches_text(job, text)) if text else None,
+        budget=budget,
     )
     if scan.stopped is not None:
         return JobsPage(scan.jobs[:PAGE_SIZE], scan.stopped, scan.read, budget_spent=True)
@@ -153,18 +164,20 @@ def _scan(
     *,
     want: int,
     accept: Callable[[Job], bool] | None,
+    budget: Budget,
 ) -> _Scan:
     """Up to ``want`` jobs of ``where`` (and ``accept``), newest first below ``before``, read
-    window by window down the id order (``WINDOW`` ids each, so a filter that matches little
-    never makes the database walk the whole table in one statement) until ``SCAN_SECONDS`` is
-    spent."""
+    window by window down the id order (``budget.window`` ids each, so a filter that matches
+    little never makes the database walk the whole table in one statement) until
+    ``budget.scan_seconds`` is spent on the app's clock."""
     driver = inspection(app.driver)
-    deadline = time.monotonic() + SCAN_SECONDS
+    clock = app.clock
+    deadline = clock.monotonic() + budget.scan_seconds
     hits: list[Job] = []
     read = 0
     cursor = before
     while True:
-        floor = driver.job_id_below(cursor, WINDOW - 1)  # the window's oldest id
+        floor = driver.job_id_below(cursor, budget.window - 1)  # the window's oldest id
         window = replace(where, min_id=floor)
         inner = cursor
         while True:
@@ -180,18 +193,21 @@ def _scan(
                         return _Scan(hits, read, None)
             if accept is None or len(batch) < _SCAN_BATCH:
                 break
-            if time.monotonic() > deadline:
+            if clock.monotonic() >= deadline:
                 return _Scan(hits, read, inner)
         if floor is None:
             return _Scan(hits, read, None)
         cursor = floor
-        if time.monotonic() > deadline:
+        if clock.monotonic() >= deadline:
             return _Scan(hits, read, cursor)
 
 
-def bulk_ids(app: App, filters: Filters, action: str) -> tuple[list[str], bool]:
+def bulk_ids(
+    app: App, filters: Filters, action: str, budget: Budget = DEFAULT_BUDGET
+) -> tuple[list[str], bool]:
     """The ids "all that match" covers: dead or cancelled jobs of the filter, newest first, at
-    most ``BULK_LIMIT`` or what ``SCAN_SECONDS`` finds; and whether more may match."""
+    most ``budget.bulk_limit`` or what ``budget.scan_seconds`` finds; and whether more may
+    match."""
     if filters.text:
         raise ConfigurationError(
             "an action on all that match cannot use a text search (it reads a bounded window)",
@@ -210,8 +226,9 @@ def bulk_ids(app: App, filters: Filters, action: str) -> tuple[list[str], bool]:
         name=filters.name or None,
         tenant_id=filters.tenant or None,
     )
-    scan = _scan(app, where, None, want=BULK_LIMIT, accept=None)
-    return [j.id for j in scan.jobs], scan.stopped is not None or len(scan.jobs) == BULK_LIMIT
+    most = budget.bulk_limit
+    scan = _scan(app, where, None, want=most, accept=None, budget=budget)
+    return [j.id for j in scan.jobs], scan.stopped is not None or len(scan.jobs) == most
 
 
 # -- overview ----------------------------------------------------------------------------------

@@ -140,7 +140,7 @@ class MemoryDriver(Store):
     def __init__(self, clock: Clock | None = None) -> None:
         super().__init__(clock)
         self._identity = DatabaseId("memory", (id(self),), "memory://")
-        self.stalls = StallTracker()
+        self.stalls = StallTracker(clock=self._clock)
 
     # -- lifecycle ---------------------------------------------------------------------------
 

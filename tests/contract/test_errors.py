@@ -36,6 +36,9 @@ class _Faulty:
         raise self._error
 
     executemany = execute
+    # A transaction's BEGIN fails too: the pipelined statements of a PostgreSQL cycle run on a
+    # cursor made straight from the connection, past ``cursor()``.
+    transaction = execute
 
     def cursor(self, *args: Any, **kwargs: Any) -> Any:
         return self

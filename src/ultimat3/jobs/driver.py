@@ -40,7 +40,7 @@ import atexit
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -581,8 +581,3 @@ def wait_until_final(
         if job is None or job.state in FINAL_STATES or remaining <= 0 or closed():
             return job
         wait(remaining)
-
-
-def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]

@@ -3,7 +3,10 @@
 A driver stores jobs and moves them between states. It never decides policy: whether a failed
 job retries, and when, is decided above it (``retry.next_retry``) and handed down as a
 ``Failure.retry_in``, a delay the driver adds to its ``now``. Methods are noun-first and speak
-the records of ``records.py``; no SQL, cursor or row crosses the seam.
+the records of ``records.py``; no SQL, cursor or row crosses the seam. ``Driver`` is what
+processing needs (enqueue, the worker's cycle, the scheduler, maintenance); the operator's
+reads and hand actions are a second, optional protocol, ``Inspection``, reached through
+``inspection(driver)``.
 
 Rules every driver keeps (the contract suite in ``tests/contract`` checks each one):
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ultimat3.jobs.records import ClaimParams
+from ultimat3.jobs.records import ClaimParams, Cycle
 
 from .cliapp import app_module, run
 
@@ -59,7 +59,7 @@ def test_jobs_show_says_why_a_job_waits(app_ref: str) -> None:
     first = app.enqueue(module.charge, {"account": 7}).id
     second = app.enqueue(module.charge, {"account": 7}).id
     params = ClaimParams(("default",), 5, timedelta(seconds=30), "w", limited=True)
-    assert [job.id for job in app.driver.job_claim(params)] == [first]
+    assert [job.id for job in app.driver.job_cycle(Cycle(claim=params)).claimed] == [first]
     code, out, _ = run("--app", app_ref, "jobs", "show", second)
     assert code == 0
     assert "waiting_on: concurrency 1/1 on job:charge=7" in out

@@ -204,21 +204,22 @@ def test_an_unexpected_claim_error_is_survived(
     app = make_app(make_module("exec_claim", noop=noop))
     ids = [noop.enqueue({}).id for _ in range(3)]
     worker = app.worker(poll_interval="50ms")
-    real = worker.driver.job_claim
+    real = worker.driver.job_cycle
     failures = [RuntimeError("a surprise"), OSError("another")]
 
-    def flaky(params: Any) -> Any:
-        if failures:
+    def flaky(cycle: Any, **options: Any) -> Any:
+        if failures and cycle.claims is not None:
             raise failures.pop(0)
-        return real(params)
+        return real(cycle, **options)
 
     worker.driver = types.SimpleNamespace(  # type: ignore[assignment]
         **{n: getattr(real.__self__, n) for n in dir(real.__self__) if not n.startswith("__")}
     )
-    worker.driver.job_claim = flaky  # type: ignore[method-assign]
+    worker.driver.job_cycle = flaky  # type: ignore[method-assign]
     with worker:
         _wait(lambda: all(app.get_job(i).state is JobState.COMPLETED for i in ids))
     assert worker.exit_code == 0
+    assert failures == [], "both claims failed before the jobs ran"
 
 
 def test_a_critical_loop_that_keeps_crashing_stops_the_worker_non_zero(

@@ -112,3 +112,18 @@ def test_a_bad_threshold_names_its_option(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "Invalid value for '--max-ready-age': '5 minutes'" in result.stderr
     assert 'write "5m"' in result.stderr
+
+
+def test_ages_are_measured_on_the_clock_it_is_given() -> None:
+    """A worker's heartbeat counts as live while the given clock says it is recent."""
+    from ultimat3.jobs.clock import FakeClock
+    from ultimat3.jobs.drivers.memory import MemoryDriver
+    from ultimat3.jobs.health import run_checks
+
+    start = datetime(2031, 3, 14, 9, 0, tzinfo=UTC)
+    clock, driver = FakeClock(start), MemoryDriver()
+    driver.worker_beat(WorkerInfo("w", "h", 1, ("default",), 2, start, start, "0"), now=start)
+    fresh = {c.name: c.ok for c in run_checks(driver, clock=clock)}
+    clock.advance(timedelta(minutes=2))
+    stale = {c.name: c.ok for c in run_checks(driver, clock=clock)}
+    assert (fresh["workers"], stale["workers"]) == (True, False)

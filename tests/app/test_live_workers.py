@@ -127,12 +127,12 @@ def test_jobs_show_says_when_a_running_jobs_worker_has_no_row(
 ) -> None:
     import faultjobs
 
-    from ultimat3.jobs.records import ClaimParams
+    from ultimat3.jobs.records import ClaimParams, Cycle
 
     job_id = faultjobs.ledger.enqueue({}).id
-    (claimed,) = fault_app.driver.job_claim(
-        ClaimParams(("default",), 1, timedelta(minutes=5), "ghost:1:aaaaaa")
-    )
+    (claimed,) = fault_app.driver.job_cycle(
+        Cycle(claim=ClaimParams(("default",), 1, timedelta(minutes=5), "ghost:1:aaaaaa"))
+    ).claimed
     assert claimed.id == job_id
     shown = _cli(env, "jobs", "show", job_id)
     assert "worker_id: ghost:1:aaaaaa (no live worker has this id: it exited or was killed" in (

@@ -209,7 +209,8 @@ def test_retention_counts_on_the_databases_clock(shifted: App, finished_ago: tim
     made = fails.enqueue({}, run_at=finished_at)
     params = ClaimParams(("default",), 1, timedelta(seconds=30), "w", now=finished_at)
     [claimed] = db.job_cycle(Cycle(claim=params), now=finished_at).claimed
-    assert db.job_complete_many([claimed.lease], now=finished_at) == {made.id}
+    done = db.job_cycle(Cycle(completes=[claimed.lease]), now=finished_at)
+    assert done.completed == {made.id}
     config = MaintenanceConfig(retention=timedelta(hours=1))
     pruner = Maintenance(db, shifted.registry.job_named, shifted.clock, config)
     assert pruner.prune() == (1 if finished_ago > config.retention else 0)

@@ -127,18 +127,26 @@ def claim(
     limit: int = 10,
     lease_for: timedelta = LEASE,
     worker_id: str = "worker-1",
-    started: bool = True,
 ) -> list[Job]:
-    """Claim due jobs: with ``started``, as a worker does (in a cycle, for free handlers, which
-    marks them started); without, by ``job_claim`` (held unstarted)."""
+    """Claim due jobs as a worker does: in a cycle, for free handlers."""
     params = ClaimParams(
         queues=tuple(queues), limit=limit, lease_for=lease_for, worker_id=worker_id, now=now
     )
-    if not started:
-        return driver.job_claim(params)
-    result = driver.job_cycle(Cycle(claim=params), now=now)
+    return claim_with(driver, params)
+
+
+def claim_with(driver: Driver, params: ClaimParams) -> list[Job]:
+    """Claim with ``params`` in a cycle that only claims."""
+    result = driver.job_cycle(Cycle(claim=params), now=params.now)
     assert (result.completed, result.failed) == (set(), set())
     return result.claimed
+
+
+def complete(driver: Driver, leases: Sequence[Lease], *, now: datetime) -> set[str]:
+    """Complete held jobs, with no result, in a cycle that only completes; the ids changed."""
+    result = driver.job_cycle(Cycle(completes=list(leases)), now=now)
+    assert (result.failed, result.claimed) == (set(), [])
+    return result.completed
 
 
 def claim_one(driver: Driver, now: datetime, **options: Any) -> Job:
@@ -304,7 +312,7 @@ def proc_claim_all(index: int, results: Any, spec: DriverSpec, now: datetime, ba
                 if not jobs:
                     return mine
                 mine.extend(job.id for job in jobs)
-                done = driver.job_complete_many([job.lease for job in jobs], now=now)
+                done = complete(driver, [job.lease for job in jobs], now=now)
                 assert done == {job.id for job in jobs}, "a fresh lease was not held"
         finally:
             driver.close()

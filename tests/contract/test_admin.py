@@ -11,7 +11,7 @@ from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.ids import uuid7
 from ultimat3.jobs.records import InsertResult, Job, JobState
 
-from .helpers import T0, at, claim, claim_one, fail, get, insert, new_job
+from .helpers import T0, at, claim, claim_one, complete, fail, get, insert, new_job
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ def parked(driver: Driver) -> dict[str, Job]:
     dead = claim_one(driver, at(3))
     fail(driver, dead, at(4), retry_in=None)
     completed = claim_one(driver, at(5))
-    driver.job_complete_many([completed.lease], now=at(6))
+    complete(driver, [completed.lease], now=at(6))
     claim_one(driver, at(7))
     driver.job_cancel(jobs["cancelled"].id, reason="mistake", now=at(8))
     stored = {name: get(driver, job.id) for name, job in jobs.items()}
@@ -104,7 +104,7 @@ def _finish(driver: Driver, how: str, when: float) -> str:
         return job_id
     [job] = claim(driver, T0, queues=[f"prune-{how}"])
     if how == "completed":
-        assert driver.job_complete_many([job.lease], now=at(when))
+        assert complete(driver, [job.lease], now=at(when))
     else:
         assert fail(driver, job, at(when), retry_in=None)
     return job_id

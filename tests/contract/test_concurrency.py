@@ -19,6 +19,7 @@ from .helpers import (
     DriverSpec,
     at,
     claim,
+    complete,
     new_job,
     proc_claim_all,
     proc_enqueue_keys,
@@ -73,7 +74,7 @@ def test_four_threads_claim_each_job_once(driver: Driver) -> None:
         mine: list[str] = []
         while jobs := claim(driver, at(1), limit=7, worker_id=f"thread-{worker}"):
             mine.extend(job.id for job in jobs)
-            assert driver.job_complete_many([job.lease for job in jobs], now=at(1)) == {
+            assert complete(driver, [job.lease for job in jobs], now=at(1)) == {
                 job.id for job in jobs
             }
         return mine

@@ -9,7 +9,7 @@ from datetime import timedelta
 from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.records import FinishedCount, JobState
 
-from .helpers import T0, at, claim, fail, insert, new_job
+from .helpers import T0, at, claim, complete, fail, insert, new_job
 
 MINUTE = timedelta(minutes=1)
 
@@ -23,10 +23,10 @@ def test_finished_counts_bucket_each_end_by_queue_state_and_minute(driver: Drive
     ordered = [running[j.id] for j in jobs]
     # a: two completed in minute 0, one completed in minute 2, one dead in minute 2; b: two
     # completed in minute 1.
-    assert driver.job_complete_many([ordered[0].lease, ordered[1].lease], now=at(10))
-    assert driver.job_complete_many([ordered[2].lease], now=at(130))
+    assert complete(driver, [ordered[0].lease, ordered[1].lease], now=at(10))
+    assert complete(driver, [ordered[2].lease], now=at(130))
     assert fail(driver, ordered[3], at(150), retry_in=None)
-    assert driver.job_complete_many([ordered[4].lease, ordered[5].lease], now=at(70))
+    assert complete(driver, [ordered[4].lease, ordered[5].lease], now=at(70))
     found = driver.job_finished_counts(T0, MINUTE)
     assert sorted(found, key=lambda c: (c.queue, c.start, c.state)) == [
         FinishedCount("a", JobState.COMPLETED, T0, 2),
@@ -85,10 +85,10 @@ def test_id_below_counts_along_the_id_order(driver: Driver) -> None:
 def test_running_lists_every_running_job_by_lease_expiry(driver: Driver) -> None:
     ids = insert(driver, *(new_job() for _ in range(4)), now=T0)
     first = claim(driver, at(1), limit=2, lease_for=timedelta(seconds=60))
-    second = claim(driver, at(2), limit=1, lease_for=timedelta(seconds=10), started=False)
-    assert driver.job_complete_many([first[1].lease], now=at(3)) == {first[1].id}
+    second = claim(driver, at(2), limit=1, lease_for=timedelta(seconds=10))
+    assert complete(driver, [first[1].lease], now=at(3)) == {first[1].id}
     running = driver.job_list_running(limit=10)
-    # The unstarted claim expires first (at 12 s), then the started one (at 61 s).
+    # The later claim expires first (at 12 s), then the earlier one (at 61 s).
     assert [j.id for j in running] == [second[0].id, first[0].id]
     assert all(j.state is JobState.RUNNING and j.worker_id == "worker-1" for j in running)
     assert [j.id for j in driver.job_list_running(limit=1)] == [second[0].id]

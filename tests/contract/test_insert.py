@@ -23,7 +23,19 @@ from ultimat3.jobs.records import (
     NewJobs,
 )
 
-from .helpers import LEASE, T0, assert_utc, at, claim, claim_one, get, insert, new_job
+from .helpers import (
+    LEASE,
+    T0,
+    assert_utc,
+    at,
+    claim,
+    claim_one,
+    claim_with,
+    complete,
+    get,
+    insert,
+    new_job,
+)
 
 
 def test_insert_one_stores_every_field(driver: Driver) -> None:
@@ -98,8 +110,8 @@ def test_without_now_the_driver_clock_is_used(driver: Driver) -> None:
     assert before - slack <= stored.created_at <= datetime.now(UTC) + slack
     assert stored.run_at == stored.created_at
     # Claiming on the driver's clock (now=None) finds it due.
-    claimed = driver.job_claim(
-        ClaimParams(queues=("default",), limit=1, lease_for=LEASE, worker_id="w")
+    claimed = claim_with(
+        driver, ClaimParams(queues=("default",), limit=1, lease_for=LEASE, worker_id="w")
     )
     assert [job.id for job in claimed] == [stored.id]
 
@@ -168,7 +180,7 @@ def test_dedupe_holds_while_the_row_is_retained(driver: Driver) -> None:
     first = new_job(key="k")
     insert(driver, first)
     job = claim_one(driver, at(1))
-    assert driver.job_complete_many([job.lease], now=at(2)) == {first.id}
+    assert complete(driver, [job.lease], now=at(2)) == {first.id}
     assert driver.job_insert_many([new_job(key="k")], now=at(3)) == [
         InsertResult(first.id, deduped=True)
     ]
@@ -200,7 +212,7 @@ def test_prune_frees_the_key(driver: Driver) -> None:
     first = new_job(key="k")
     insert(driver, first)
     job = claim_one(driver, at(1))
-    driver.job_complete_many([job.lease], now=at(2))
+    complete(driver, [job.lease], now=at(2))
     pruned = driver.job_prune(
         states=frozenset({JobState.COMPLETED}), finished_before=at(3), limit=10
     )

@@ -15,7 +15,7 @@ from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.limits import KEYS_PER_CLAIM, NO_LIMIT
 from ultimat3.jobs.records import ClaimParams, Cycle, CycleResult, Job, JobState, NewJob
 
-from .helpers import LEASE, at, fail, get, insert, max_overlap, new_job
+from .helpers import LEASE, at, claim_with, complete, fail, get, insert, max_overlap, new_job
 
 
 def limited(key: str, most: int, **options: object) -> NewJob:
@@ -57,7 +57,7 @@ def test_at_most_max_running_per_key(driver: Driver) -> None:
     assert keys_of(first, stored) == Counter({"acct=a": 2, "acct=b": 1, "": 2})
     assert claim_limited(driver, 2) == [], "every key is full, nothing else is due"
     done = next(job for job in first if stored[job.id] == "acct=a")
-    assert driver.job_complete_many([done.lease], now=at(3)) == {done.id}
+    assert complete(driver, [done.lease], now=at(3)) == {done.id}
     again = claim_limited(driver, 4)
     assert keys_of(again, stored) == Counter({"acct=a": 1}), "one slot freed, one job claimed"
 
@@ -136,7 +136,7 @@ def test_eight_threads_never_exceed_the_limit(driver: Driver) -> None:
                 started = time.monotonic()
                 time.sleep(0.001)
                 ended = time.monotonic()  # before the completion commits: the slot is held
-                driver.job_complete_many([job.lease for job in got], now=at(1))
+                complete(driver, [job.lease for job in got], now=at(1))
                 with lock:
                     ledger.extend((stored[job.id], started, ended) for job in got)
         except BaseException as exc:  # reported below
@@ -169,8 +169,8 @@ def test_a_lease_for_longer_than_the_claim_is_still_counted(driver: Driver) -> N
         now=at(1),
         limited=True,
     )
-    assert len(driver.job_claim(params)) == 1
-    assert driver.job_claim(replace(params, now=at(600))) == []
+    assert len(claim_with(driver, params)) == 1
+    assert claim_with(driver, replace(params, now=at(600))) == []
 
 
 def rated(key: str, most: int, per_seconds: float, **options: object) -> NewJob:
@@ -202,7 +202,7 @@ def test_a_rate_limit_counts_starts_in_a_sliding_window(driver: Driver) -> None:
     assert len(first.claimed) == 3
     assert first.wake_in is None or first.wake_in == timedelta(seconds=10)
     for job in first.claimed:
-        driver.job_complete_many([job.lease], now=at(2))
+        complete(driver, [job.lease], now=at(2))
     held = cycle_limited(driver, 5)
     assert held.claimed == [], "completed jobs still count: they started in the window"
     assert held.wake_in == timedelta(seconds=6), (
@@ -220,9 +220,9 @@ def test_a_rate_and_a_concurrency_limit_together(driver: Driver) -> None:
     [job] = cycle_limited(driver, 1).claimed
     blocked = cycle_limited(driver, 2)
     assert blocked.claimed == [] and blocked.wake_in is None, "held by concurrency, not rate"
-    driver.job_complete_many([job.lease], now=at(3))
+    complete(driver, [job.lease], now=at(3))
     [second] = cycle_limited(driver, 4).claimed
-    driver.job_complete_many([second.lease], now=at(5))
+    complete(driver, [second.lease], now=at(5))
     held = cycle_limited(driver, 6)
     assert held.claimed == [] and held.wake_in == timedelta(seconds=55)
 
@@ -245,7 +245,7 @@ def test_keys_take_turns_so_a_backlog_cannot_starve_a_small_tenant(
         assert got, "jobs are due"
         positions += [claimed + 1 for job in got if job.id in small_ids]
         claimed += len(got)
-        driver.job_complete_many([job.lease for job in got], now=at(2))
+        complete(driver, [job.lease for job in got], now=at(2))
     assert len(positions) == 10, positions
     # Two keys take turns, a claim (of `batch`) at a time: the small tenant's j-th job is
     # claimed by the time 2j + batch jobs are (D keys: D*j + (D-1)*batch).

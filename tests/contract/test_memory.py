@@ -3,7 +3,6 @@ its docstring admits, and the wake-ups it sends."""
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -11,11 +10,12 @@ from datetime import datetime, timedelta
 
 import pytest
 
+from ultimat3.jobs.clock import FakeClock
 from ultimat3.jobs.drivers.memory import MemoryDriver
 from ultimat3.jobs.errors import ConfigurationError
-from ultimat3.jobs.records import ClaimParams, Failure, InsertResult, Job, JobFilter, JobState
+from ultimat3.jobs.records import ClaimParams, Cycle, InsertResult, JobFilter, JobState
 
-from .helpers import T0, at, claim_one, error, fail, get, insert, new_job
+from .helpers import T0, at, claim_one, fail, get, insert, new_job
 
 
 @pytest.fixture
@@ -94,75 +94,16 @@ def test_a_committed_transaction_wakes(memory: MemoryDriver) -> None:
     assert _wakes(memory, commit)
 
 
-def test_the_claim_index_agrees_with_a_scan_of_every_waiting_job() -> None:
-    """The usual claim reads an index of the waiting jobs rather than sorting them all. Random
-    histories (priorities, run_at in the past and future, retries, isolation, snoozes, cancels,
-    paused queues, a clock that goes back): each claim takes exactly the jobs, in the order, that
-    a scan of every waiting job picks."""
-    rng = random.Random(20261201)
-    queues = ("q1", "q2", "q3")
-    for _history in range(30):
-        memory = MemoryDriver()
-        held: list[Job] = []
-        clock = 0.0
-        for _step in range(300):
-            clock += rng.choice((0.0, 0.5, 2.0, -3.0))  # sometimes set back
-            now = at(clock)
-            op = rng.random()
-            if op < 0.35:
-                memory.job_insert_many(
-                    [
-                        new_job(
-                            queue=rng.choice(queues),
-                            priority=rng.randint(-1, 2),
-                            run_at=at(clock + rng.choice((-5, 0, 0, 1, 4, 30))),
-                        )
-                        for _ in range(rng.randint(1, 4))
-                    ],
-                    now=now,
-                )
-            elif op < 0.65:
-                names = tuple(rng.sample(queues, rng.randint(1, 3)))
-                params = ClaimParams(names, rng.randint(1, 4), timedelta(seconds=60), "w", now)
-                with memory._lock:
-                    expected = [job.id for job in _scanned(memory, params)]
-                claimed = memory.job_claim(params)
-                assert [job.id for job in claimed] == expected
-                held.extend(claimed)
-            elif op < 0.85 and held:
-                job = held.pop(rng.randrange(len(held)))
-                kind = rng.random()
-                if kind < 0.4:
-                    memory.job_complete_many([job.lease], now=now)
-                elif kind < 0.8:
-                    retry = timedelta(seconds=rng.choice((0, 1, 10)))
-                    failure = Failure(
-                        job.lease, error(job.attempt, now, "x"), retry, rng.random() < 0.3
-                    )
-                    memory.job_fail_many([failure], now=now)
-                else:
-                    memory.job_snooze(
-                        job.lease, rng.choice((None, timedelta(0), timedelta(seconds=3))), now=now
-                    )
-            elif op < 0.93:
-                memory.queue_set_paused(rng.choice(queues), rng.random() < 0.5)
-            else:
-                waiting = sorted(memory._waiting)
-                if waiting:
-                    memory.job_cancel(rng.choice(waiting), reason="test", now=now)
-
-
-def _scanned(memory: MemoryDriver, params: ClaimParams) -> list[Job]:
-    """The reference: every waiting job looked at, the due ones sorted (the claim before the
-    index)."""
-    assert params.now is not None
-    due = [
-        job
-        for job in map(memory._jobs.__getitem__, memory._waiting)
-        if job.run_at <= params.now
-        and job.queue in params.queues
-        and not memory._paused.get(job.queue, False)
-        and job.id not in memory._isolated
-        and job.id not in memory._limits
-    ]
-    return sorted(due, key=lambda job: (-job.priority, job.run_at, job.id))[: params.limit]
+def test_its_clock_is_the_one_it_is_given() -> None:
+    """``now=None`` reads the driver's clock, as a database reads its own: a fake one here."""
+    clock = FakeClock(T0)
+    memory = MemoryDriver(clock=clock)
+    later = new_job(run_at=at(10))
+    assert memory.job_insert_many([later]) == [InsertResult(later.id, False)]
+    assert get(memory, later.id).created_at == T0
+    assert memory.database_now() == T0
+    params = ClaimParams(("default",), 1, timedelta(seconds=30), "w")  # now: the driver's
+    assert memory.job_cycle(Cycle(claim=params)).claimed == []
+    clock.advance(10)
+    [claimed] = memory.job_cycle(Cycle(claim=params)).claimed
+    assert (claimed.id, claimed.attempted_at) == (later.id, at(10))

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.records import ClaimParams, JobFilter, JobState
 
-from .helpers import new_job
+from .helpers import claim_with, complete, new_job
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -39,9 +39,9 @@ def test_kept_counts_follow_claims_completions_and_prunes(driver: Driver) -> Non
         ("q1", JobState.AVAILABLE): 5,
         ("q2", JobState.AVAILABLE): 2,
     }
-    claimed = driver.job_claim(ClaimParams(("q1",), 3, timedelta(minutes=1), "w", now=T0))
+    claimed = claim_with(driver, ClaimParams(("q1",), 3, timedelta(minutes=1), "w", now=T0))
     assert len(claimed) == 3
-    driver.job_complete_many([j.lease for j in claimed[:2]], now=T0)
+    complete(driver, [j.lease for j in claimed[:2]], now=T0)
     counts = driver.job_count(JobFilter(queue="q1"))
     assert {k: n for k, n in counts.items() if n} == {
         ("q1", JobState.AVAILABLE): 2,

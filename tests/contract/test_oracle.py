@@ -31,7 +31,7 @@ from ultimat3.jobs.records import (
     QueueInfo,
 )
 
-from .helpers import T0, DriverSpec, error, new_job
+from .helpers import T0, DriverSpec, claim_with, complete, error, new_job
 
 QUEUES = ["q1", "q2", "q3"]
 TENANTS = [None, "a", ""]
@@ -112,14 +112,14 @@ def _step(pair: Pair, op: str) -> None:
             worker_id=rng.choice(["w1", "w2"]),
             now=now,
         )
-        expected, actual = pair.both(lambda d, _: d.job_claim(params))
+        expected, actual = pair.both(lambda d, _: claim_with(d, params))
         assert _norm_all(actual) == _norm_all(expected)
         for ref_job, sut_job in zip(expected, actual, strict=True):
             pair.leases.setdefault(ref_job.id, []).append((ref_job.lease, sut_job.lease))
     elif op == "complete":
         chosen = pair.some_leases(2)
         expected, actual = pair.both(
-            lambda d, side: d.job_complete_many([lease[side] for lease in chosen], now=now)
+            lambda d, side: complete(d, [lease[side] for lease in chosen], now=now)
         )
         assert actual == expected
     elif op == "extend":

@@ -18,6 +18,7 @@ from .helpers import (
     at,
     claim,
     claim_one,
+    complete,
     error,
     expire_and_reclaim,
     fail,
@@ -32,7 +33,7 @@ from .helpers import (
 def test_complete_finishes_and_clears_the_lease(driver: Driver) -> None:
     insert(driver, new_job(), new_job())
     a, b = claim(driver, at(1), limit=2)
-    assert driver.job_complete_many([a.lease, b.lease], now=at(2)) == {a.id, b.id}
+    assert complete(driver, [a.lease, b.lease], now=at(2)) == {a.id, b.id}
     for job_id in (a.id, b.id):
         done = get(driver, job_id)
         assert done.state is JobState.COMPLETED
@@ -41,14 +42,14 @@ def test_complete_finishes_and_clears_the_lease(driver: Driver) -> None:
         assert done.lease_expires_at is None
         assert done.attempt == 1
         assert_utc(done)
-    assert driver.job_complete_many([a.lease], now=at(3)) == set(), "completing twice"
+    assert complete(driver, [a.lease], now=at(3)) == set(), "completing twice"
     assert get(driver, a.id).finished_at == at(2)
 
 
 def test_complete_nothing_and_unknown_leases(driver: Driver) -> None:
-    assert driver.job_complete_many([], now=T0) == set()
+    assert complete(driver, [], now=T0) == set()
     [job_id] = insert(driver, new_job())
-    assert driver.job_complete_many([Lease(job_id, token())], now=T0) == set()
+    assert complete(driver, [Lease(job_id, token())], now=T0) == set()
     assert get(driver, job_id).state is JobState.AVAILABLE
 
 
@@ -58,7 +59,7 @@ def test_an_expired_lease_still_completes_until_someone_else_takes_the_job(
     # Fencing is by token, not by time: the rescuer and a late worker race fairly.
     insert(driver, new_job())
     job = claim_one(driver, at(0), lease_for=timedelta(seconds=10))
-    assert driver.job_complete_many([job.lease], now=at(60)) == {job.id}
+    assert complete(driver, [job.lease], now=at(60)) == {job.id}
     assert get(driver, job.id).state is JobState.COMPLETED
 
 
@@ -79,7 +80,7 @@ def _unchanged(driver: Driver, current: Job) -> None:
 
 def test_stale_lease_cannot_complete(driver: Driver, stale: tuple[Lease, Job]) -> None:
     lease, current = stale
-    assert driver.job_complete_many([lease], now=at(21)) == set()
+    assert complete(driver, [lease], now=at(21)) == set()
     _unchanged(driver, current)
 
 
@@ -113,7 +114,7 @@ def test_stale_lease_cannot_extend(driver: Driver, stale: tuple[Lease, Job]) -> 
 def test_the_new_lease_is_held(driver: Driver, stale: tuple[Lease, Job]) -> None:
     _, current = stale
     assert current.attempt == 2
-    assert driver.job_complete_many([current.lease], now=at(21)) == {current.id}
+    assert complete(driver, [current.lease], now=at(21)) == {current.id}
 
 
 # -- lease_extend and list_expired -------------------------------------------------------------
@@ -122,7 +123,7 @@ def test_the_new_lease_is_held(driver: Driver, stale: tuple[Lease, Job]) -> None
 def test_lease_extend_pushes_the_expiry_of_held_leases(driver: Driver) -> None:
     insert(driver, new_job(), new_job())
     a, b = claim(driver, at(0), limit=2, lease_for=timedelta(seconds=10))
-    assert driver.job_complete_many([b.lease], now=at(1)) == {b.id}
+    assert complete(driver, [b.lease], now=at(1)) == {b.id}
     bogus = Lease(a.id, token())
     held = driver.lease_extend([a.lease, b.lease, bogus], timedelta(seconds=30), now=at(5))
     assert held == {a.id}
@@ -139,7 +140,7 @@ def test_list_expired_only_running_rows_past_expiry_in_order(driver: Driver) -> 
     exact = claim_one(driver, at(0), lease_for=timedelta(seconds=40))  # expires at 40
     fresh = claim_one(driver, at(0), lease_for=timedelta(seconds=90))  # expires at 90
     finished = claim_one(driver, at(0), lease_for=timedelta(seconds=5))
-    driver.job_complete_many([finished.lease], now=at(1))
+    complete(driver, [finished.lease], now=at(1))
 
     expired = driver.job_list_expired(limit=10, now=at(40))
     assert [job.id for job in expired] == [early.id, late.id], "expiry equal to now is not past"
@@ -291,7 +292,7 @@ def test_cancel_a_running_job_without_lease_fences_its_worker(driver: Driver) ->
     job = claim_one(driver, at(0))
     assert driver.job_cancel(job.id, reason="operator", now=at(1)) is True
     _cancelled(driver, job.id, 1, "operator")
-    assert driver.job_complete_many([job.lease], now=at(2)) == set()
+    assert complete(driver, [job.lease], now=at(2)) == set()
     assert driver.lease_extend([job.lease], timedelta(seconds=30), now=at(2)) == set()
     _cancelled(driver, job.id, 1, "operator")
 
@@ -316,7 +317,7 @@ def test_cancel_with_a_lease_needs_a_running_job(driver: Driver) -> None:
 def test_final_states_cannot_be_cancelled(driver: Driver) -> None:
     insert(driver, new_job(), new_job(), new_job())
     done, dead, cancelled = claim(driver, at(0), limit=3)
-    driver.job_complete_many([done.lease], now=at(1))
+    complete(driver, [done.lease], now=at(1))
     fail(driver, dead, at(1), retry_in=None)
     driver.job_cancel(cancelled.id, reason="first", now=at(1))
     before = [get(driver, job.id) for job in (done, dead, cancelled)]
@@ -336,25 +337,6 @@ def test_cancel_is_tenant_scoped(driver: Driver) -> None:
 
 def test_cancel_an_unknown_job(driver: Driver) -> None:
     assert driver.job_cancel(uuid7(), reason="x", now=at(1)) is False
-
-
-def test_an_unstarted_expired_claim_is_released_with_its_attempt_back(driver: Driver) -> None:
-    insert(driver, new_job(), new_job())
-    [unstarted] = claim(driver, at(0), limit=1, lease_for=timedelta(seconds=10), started=False)
-    started = claim_one(driver, at(0), lease_for=timedelta(seconds=10))
-    assert driver.job_release_unstarted(now=at(5)) == [], "not expired yet"
-    assert driver.job_release_unstarted(now=at(11)) == [unstarted.id]
-    released = get(driver, unstarted.id)
-    assert (released.state, released.attempt, released.lease_token) == (
-        JobState.AVAILABLE,
-        0,
-        None,
-    )
-    assert [job.id for job in driver.job_list_expired(limit=10, now=at(11))] == [started.id]
-    late = driver.job_cycle(Cycle(completes=[unstarted.lease]), now=at(12))
-    assert late.completed == set(), "the lease is gone"
-    again = claim_one(driver, at(12))
-    assert (again.id, again.attempt) == (unstarted.id, 1)
 
 
 def test_a_claim_whose_reply_was_lost_is_released_at_once_with_its_attempt_back(

@@ -11,7 +11,7 @@ from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.ids import uuid7
 from ultimat3.jobs.records import Job, JobFilter, JobState
 
-from .helpers import at, claim, fail, get, insert, new_job
+from .helpers import at, claim, complete, fail, get, insert, new_job
 
 _TARGETS = [
     JobState.AVAILABLE,
@@ -46,7 +46,7 @@ def jobs(driver: Driver) -> list[Job]:
     assert {job.id for job in running} == {j for j, t in targets.items() if t in _CLAIMED}
     for job in running:
         if targets[job.id] is JobState.COMPLETED:
-            assert driver.job_complete_many([job.lease], now=at(2)) == {job.id}
+            assert complete(driver, [job.lease], now=at(2)) == {job.id}
         elif targets[job.id] is JobState.DEAD:
             assert fail(driver, job, at(2), retry_in=None) == {job.id}
     for job_id, target in targets.items():

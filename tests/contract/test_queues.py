@@ -5,7 +5,7 @@ from __future__ import annotations
 from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.records import JobState, QueueInfo
 
-from .helpers import at, claim, claim_one, insert, new_job
+from .helpers import at, claim, claim_one, complete, insert, new_job
 
 
 def _listed(driver: Driver) -> dict[str, tuple[bool, dict[JobState, int]]]:
@@ -26,7 +26,7 @@ def test_queue_list_counts_jobs_per_state(driver: Driver) -> None:
         new_job(queue="reports"),
     )
     a, b = claim(driver, at(1), queues=["mail"], limit=2)
-    driver.job_complete_many([a.lease], now=at(2))
+    complete(driver, [a.lease], now=at(2))
     assert _listed(driver) == {
         "mail": (
             False,
@@ -53,7 +53,7 @@ def test_pause_and_resume(driver: Driver) -> None:
     assert listed["empty"] == (True, {})
 
     assert claim(driver, at(2), queues=["mail", "empty"]) == []
-    assert driver.job_complete_many([running.lease], now=at(3)) == {running.id}, (
+    assert complete(driver, [running.lease], now=at(3)) == {running.id}, (
         "running jobs of a paused queue finish"
     )
     insert(driver, new_job(queue="empty"), now=at(3))

@@ -11,10 +11,10 @@ from typing import TypeVar
 
 import pytest
 
-from ultimat3.jobs.driver import Driver, Executor
-from ultimat3.jobs.records import InsertResult, Job, JobFilter, JobState
+from ultimat3.jobs.driver import Driver
+from ultimat3.jobs.records import InsertResult, JobFilter, JobState
 
-from .helpers import T0, Undo, at, claim, claim_one, get, insert, new_job, roll_back
+from .helpers import T0, Undo, at, claim, get, insert, new_job, roll_back
 
 T = TypeVar("T")
 
@@ -81,54 +81,3 @@ def test_the_usual_enqueue_inside_a_transaction(driver: Driver) -> None:
     assert get(driver, fresh.id).state is JobState.AVAILABLE
     assert driver.job_get(dup.id) is None
     assert len(driver.job_list(JobFilter())) == 2
-
-
-def test_complete_is_visible_only_after_commit(driver: Driver) -> None:
-    insert(driver, new_job())
-    job = claim_one(driver, at(1))
-    with driver.transaction() as tx:
-        assert driver.job_complete_many([job.lease], executor=tx, now=at(2)) == {job.id}
-        assert elsewhere(lambda: get(driver, job.id)) == job
-    done = get(driver, job.id)
-    assert (done.state, done.finished_at, done.lease_token) == (JobState.COMPLETED, at(2), None)
-
-
-def test_complete_rolled_back_keeps_the_job_running(driver: Driver) -> None:
-    insert(driver, new_job())
-    job = claim_one(driver, at(1))
-    with pytest.raises(Undo):
-        roll_back(driver, lambda tx: driver.job_complete_many([job.lease], executor=tx, now=at(2)))
-    assert get(driver, job.id) == job
-    assert driver.job_complete_many([job.lease], now=at(3)) == {job.id}
-
-
-def test_complete_in_a_transaction_is_fenced(driver: Driver) -> None:
-    insert(driver, new_job(), new_job())
-    a, b = claim(driver, at(1), limit=2)
-    assert driver.job_complete_many([a.lease], now=at(2)) == {a.id}
-    with driver.transaction() as tx:
-        assert driver.job_complete_many([a.lease, b.lease], executor=tx, now=at(3)) == {b.id}
-    assert get(driver, a.id).finished_at == at(2)
-    assert get(driver, b.id).state is JobState.COMPLETED
-
-
-def test_insert_and_complete_in_one_transaction(driver: Driver) -> None:
-    # The handler's follow-up job and its own completion commit together, or not at all.
-    insert(driver, new_job())
-    job = claim_one(driver, at(1))
-    follow_up = new_job(queue="next")
-
-    def both(tx: Executor) -> None:
-        driver.job_complete_many([job.lease], executor=tx, now=at(2))
-        driver.job_insert_many([follow_up], executor=tx, now=at(2))
-
-    with pytest.raises(Undo):
-        roll_back(driver, both)
-    assert driver.job_get(follow_up.id) is None
-    assert get(driver, job.id).state is JobState.RUNNING
-    with driver.transaction() as tx:
-        driver.job_complete_many([job.lease], executor=tx, now=at(3))
-        driver.job_insert_many([follow_up], executor=tx, now=at(3))
-    finished: Job = get(driver, job.id)
-    assert finished.state is JobState.COMPLETED
-    assert get(driver, follow_up.id).queue == "next"

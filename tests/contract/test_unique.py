@@ -12,7 +12,7 @@ from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.limits import STATE_BITS
 from ultimat3.jobs.records import InsertResult, JobFilter, JobState, NewJob
 
-from .helpers import T0, at, claim_one, get, new_job
+from .helpers import T0, at, claim_one, complete, get, new_job
 
 WAITING_OR_RUNNING = STATE_BITS["scheduled"] | STATE_BITS["available"] | STATE_BITS["running"]
 
@@ -52,7 +52,7 @@ def test_a_job_that_leaves_the_states_frees_the_key(driver: Driver) -> None:
     driver.job_insert_many([first], now=T0)
     job = claim_one(driver, at(1))
     assert driver.job_insert_many([unique("u")], now=at(2))[0].id == first.id, "running holds"
-    assert driver.job_complete_many([job.lease], now=at(3)) == {job.id}
+    assert complete(driver, [job.lease], now=at(3)) == {job.id}
     again = unique("u")
     assert driver.job_insert_many([again], now=at(4)) == [InsertResult(again.id, False)]
 
@@ -69,7 +69,7 @@ def test_states_decide_what_holds_the_key(driver: Driver) -> None:
     held_after = unique("done", STATE_BITS["completed"] | waiting_only)
     driver.job_insert_many([held_after], now=at(3))
     job = claim_one(driver, at(4))
-    driver.job_complete_many([job.lease], now=at(5))
+    complete(driver, [job.lease], now=at(5))
     assert get(driver, job.id).state is JobState.COMPLETED
     assert driver.job_insert_many(
         [unique("done", STATE_BITS["completed"] | waiting_only)], now=at(6)

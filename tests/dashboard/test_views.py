@@ -23,9 +23,7 @@ def app() -> Iterator[App]:
     made.close()
 
 
-def test_a_text_search_stops_at_its_time_budget_and_goes_on_from_there(
-    app: App, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_text_search_stops_at_its_time_budget_and_goes_on_from_there(app: App) -> None:
     ids = [
         r.id for r in app.enqueue_many(dashjobs.send_mail, [{"to": f"u{i}"} for i in range(600)])
     ]
@@ -35,12 +33,12 @@ def test_a_text_search_stops_at_its_time_budget_and_goes_on_from_there(
     assert [j.id for j in page.jobs] == [needle] and page.next_before is None
     assert page.scanned == 601 and not page.budget_spent
     # With no time at all, one batch is read, and the page says where to go on from.
-    monkeypatch.setattr(views, "SCAN_SECONDS", 0.0)
-    first = views.jobs_page(app, views.Filters(text="u0"), None)
+    no_time = views.Budget(scan_seconds=0.0)
+    first = views.jobs_page(app, views.Filters(text="u0"), None, no_time)
     assert first.budget_spent and first.scanned == 250 and first.next_before is not None
     found, pages, before = [j.id for j in first.jobs], 1, first.next_before
     while before is not None:
-        more = views.jobs_page(app, views.Filters(text="u0"), before)
+        more = views.jobs_page(app, views.Filters(text="u0"), before, no_time)
         found += [j.id for j in more.jobs]
         pages, before = pages + 1, more.next_before
     assert pages == 3  # 601 jobs, 250 a window
@@ -82,9 +80,7 @@ def test_the_job_page_plans_the_rest_of_the_retry_schedule(app: App) -> None:
     assert '"day": "monday"' in detail.input_text
 
 
-def test_bulk_actions_are_bounded_and_refuse_what_they_cannot_do(
-    app: App, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_bulk_actions_are_bounded_and_refuse_what_they_cannot_do(app: App) -> None:
     with pytest.raises(ConfigurationError, match="cannot use a text search"):
         views.bulk_ids(app, views.Filters(state="dead", text="x"), "retry")
     with pytest.raises(
@@ -98,8 +94,7 @@ def test_bulk_actions_are_bounded_and_refuse_what_they_cannot_do(
     assert len(ids) == 3 and not more
     ids, more = views.bulk_ids(app, views.Filters(), "discard")  # dead or cancelled
     assert len(ids) == 3 and not more
-    monkeypatch.setattr(views, "BULK_LIMIT", 2)
-    ids, more = views.bulk_ids(app, views.Filters(), "discard")
+    ids, more = views.bulk_ids(app, views.Filters(), "discard", views.Budget(bulk_limit=2))
     assert len(ids) == 2 and more
 
 
@@ -114,22 +109,20 @@ def test_an_unknown_state_in_the_filter_is_explained() -> None:
     )
 
 
-def test_a_selective_filter_reads_window_by_window(
-    app: App, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_selective_filter_reads_window_by_window(app: App) -> None:
     rare = app.enqueue(dashjobs.send_mail, {"to": "rare"}, tenant_id="rare").id  # the oldest
     app.enqueue_many(dashjobs.send_mail, [{"to": f"u{i}"} for i in range(450)])
-    monkeypatch.setattr(views, "WINDOW", 100)
-    found = views.jobs_page(app, views.Filters(tenant="rare"), None)
+    small = views.Budget(window=100)
+    found = views.jobs_page(app, views.Filters(tenant="rare"), None, small)
     assert [j.id for j in found.jobs] == [rare] and found.next_before is None
     # Out of time after the first window: the page says where it stopped, and going on from
     # there reaches the job.
-    monkeypatch.setattr(views, "SCAN_SECONDS", 0.0)
-    first = views.jobs_page(app, views.Filters(tenant="rare"), None)
+    no_time = views.Budget(window=100, scan_seconds=0.0)
+    first = views.jobs_page(app, views.Filters(tenant="rare"), None, no_time)
     assert first.jobs == [] and first.budget_spent and first.next_before is not None
     pages, page = 1, first
     while page.next_before is not None and not page.jobs:
-        page = views.jobs_page(app, views.Filters(tenant="rare"), page.next_before)
+        page = views.jobs_page(app, views.Filters(tenant="rare"), page.next_before, no_time)
         pages += 1
     assert [j.id for j in page.jobs] == [rare]
     assert pages == 5  # 451 jobs, 100 a window

@@ -28,7 +28,7 @@ from typing import Any, Literal, Protocol, TypeVar, Unpack
 
 from ultimat3.jobs import events
 from ultimat3.jobs.clock import Clock, SystemClock
-from ultimat3.jobs.driver import Driver, Joined, current_tx
+from ultimat3.jobs.driver import Driver, Joined, current_tx, inspection
 from ultimat3.jobs.drivers import canonical_url, default_url, open_driver, url_from_env
 from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError, JobNotFoundError, RegistrationError
@@ -612,7 +612,7 @@ class App(Enqueuer):
     def job_flow(self, job_id: str) -> FlowState | None:
         """Where the partition of a job's limits stands now (``FlowState.why_waiting()`` says
         what holds it back), or None for a job without limits."""
-        return self.driver.job_flow(job_id, now=self.clock.pinned())
+        return inspection(self.driver).job_flow(job_id, now=self.clock.pinned())
 
     def list_jobs(
         self,
@@ -626,7 +626,7 @@ class App(Enqueuer):
     ) -> list[Job]:
         """Jobs, newest id first, filtered by state (one or several), queue, job name and tenant:
         at most ``limit``, older than ``before_id`` (the last id of the previous page)."""
-        return self.driver.job_list(
+        return inspection(self.driver).job_list(
             _filter(state, queue, name, tenant_id), limit=limit, before_id=before_id
         )
 
@@ -639,7 +639,7 @@ class App(Enqueuer):
         tenant_id: str | None = None,
     ) -> int:
         """How many jobs match the filters (as ``list_jobs``'s, without paging)."""
-        counts = self.driver.job_count(_filter(state, queue, name, tenant_id))
+        counts = inspection(self.driver).job_count(_filter(state, queue, name, tenant_id))
         return sum(counts.values())
 
     def result(
@@ -668,7 +668,9 @@ class App(Enqueuer):
 
     def retry_jobs(self, ids: Sequence[str], *, tenant_id: str | None = None) -> list[str]:
         """Give dead or cancelled jobs one more attempt, now."""
-        return self.driver.job_retry(list(ids), tenant_id=tenant_id, now=self.clock.pinned())
+        return inspection(self.driver).job_retry(
+            list(ids), tenant_id=tenant_id, now=self.clock.pinned()
+        )
 
     def discard_jobs(self, ids: Sequence[str], *, tenant_id: str | None = None) -> list[str]:
         """Delete dead or cancelled jobs."""
@@ -685,19 +687,19 @@ class App(Enqueuer):
     def pause_queue(self, queue: str) -> None:
         """Stop workers from claiming the queue's jobs (running ones finish; enqueues go on)
         until ``resume_queue``."""
-        self.driver.queue_set_paused(queue, True)
+        inspection(self.driver).queue_set_paused(queue, True)
 
     def resume_queue(self, queue: str) -> None:
         """Let workers claim a paused queue's jobs again."""
-        self.driver.queue_set_paused(queue, False)
+        inspection(self.driver).queue_set_paused(queue, False)
 
     def queues(self) -> list[QueueInfo]:
         """Every queue that has jobs or a pause setting, with its jobs counted by state."""
-        return self.driver.queue_list()
+        return inspection(self.driver).queue_list()
 
     def workers(self) -> list[WorkerInfo]:
         """The live worker processes (their rows in the workers table), by id."""
-        return self.driver.worker_list()
+        return inspection(self.driver).worker_list()
 
 
 def _filter(

@@ -3,7 +3,10 @@
 A driver stores jobs and moves them between states. It never decides policy: whether a failed
 job retries, and when, is decided above it (``retry.next_retry``) and handed down as a
 ``Failure.retry_in``, a delay the driver adds to its ``now``. Methods are noun-first and speak
-the records of ``records.py``; no SQL, cursor or row crosses the seam.
+the records of ``records.py``; no SQL, cursor or row crosses the seam. ``Driver`` is what
+processing needs (enqueue, the worker's cycle, the scheduler, maintenance); the operator's
+reads and hand actions are a second, optional protocol, ``Inspection``, reached through
+``inspection(driver)``.
 
 Rules every driver keeps (the contract suite in ``tests/contract`` checks each one):
 
@@ -39,20 +42,19 @@ import asyncio
 import atexit
 import os
 import threading
-import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from ultimat3.jobs import events
-from ultimat3.jobs.clock import Clock
+from ultimat3.jobs.clock import Clock, SystemClock
+from ultimat3.jobs.errors import ConfigurationError
 from ultimat3.jobs.records import (
     FINAL_STATES,
-    ClaimParams,
     Cycle,
     CycleResult,
     Failure,
@@ -74,10 +76,12 @@ __all__ = [
     "DatabaseId",
     "Driver",
     "Executor",
+    "Inspection",
     "Joined",
     "StallTracker",
     "check_clock_skew",
     "current_tx",
+    "inspection",
 ]
 
 
@@ -202,22 +206,24 @@ class StallTracker:
     that expired while writes stalled may have been renewed by a heartbeat stuck behind the same
     stall, so it is not rescued until writes have flowed again for a while."""
 
-    __slots__ = ("_stalled_at", "threshold")
+    __slots__ = ("_clock", "_stalled_at", "threshold")
 
-    def __init__(self, threshold: float = 1.0) -> None:
+    def __init__(self, threshold: float = 1.0, *, clock: Clock | None = None) -> None:
         self.threshold = threshold
+        self._clock = clock or SystemClock()
         self._stalled_at = -float("inf")
 
     def note_wait(self, waited: float) -> None:
         if waited > self.threshold:
-            self._stalled_at = time.monotonic()
+            self._stalled_at = self._clock.monotonic()
 
     def note_failure(self) -> None:
-        self._stalled_at = time.monotonic()
+        self._stalled_at = self._clock.monotonic()
 
     def healthy_for(self) -> float:
-        """Seconds since the last stall this process saw (infinite if none)."""
-        return time.monotonic() - self._stalled_at
+        """Seconds since the last stall this process saw (infinite if none), on the
+        ``clock``'s monotonic time."""
+        return self._clock.monotonic() - self._stalled_at
 
 
 #: A host clock further than this from the database's is reported once at a service's start.
@@ -253,6 +259,9 @@ def check_clock_skew(driver: Driver, clock: Clock, *, service: str) -> datetime:
 
 
 class Driver(Protocol):
+    """The job-processing seam: what the enqueue path, the worker, the scheduler and the
+    maintenance service need of a storage backend. The operator's reads are ``Inspection``."""
+
     #: "memory", "sqlite" or "postgres".
     name: str
     #: Where the jobs live, with any password masked; for messages and the CLI.
@@ -311,22 +320,12 @@ class Driver(Protocol):
         Without ``executor`` the batch commits in its own transaction before returning."""
         ...
 
-    def job_claim(self, params: ClaimParams) -> list[Job]:
-        """Claim up to ``params.limit`` due jobs from ``params.queues`` (see the module rules)."""
-        ...
-
     def job_cycle(self, cycle: Cycle, *, now: datetime | None = None) -> CycleResult:
         """A worker's turn in one transaction (one commit): complete (storing
         ``cycle.results``) and fail what finished (each write fenced by its lease), and claim
-        for the handlers that are free now (``cycle.claim``), marking the claimed jobs started: their handlers are called at once,
-        and a job whose worker dies after this is rescued as lost, not released unstarted. A
-        turn that only claims may commit without waiting for the disk (losing it to a crash
+        for the handlers that are free now (``cycle.claim``): their handlers are called at once,
+        so a job whose worker dies after this is rescued as lost. A turn that only claims may commit without waiting for the disk (losing it to a crash
         only gives the attempt back)."""
-        ...
-
-    def job_release_unstarted(self, *, now: datetime | None = None) -> list[str]:
-        """Put every running job whose lease expired before it was marked started back to
-        ``available``, its attempt refunded; return their ids."""
         ...
 
     def job_release_claim(self, token: str, *, now: datetime | None = None) -> list[str]:
@@ -334,11 +333,6 @@ class Driver(Protocol):
         (``ClaimParams.token``) whose reply was lost: the connection broke after the claim
         committed, so its worker never saw those jobs and never ran them (a claim that did not
         commit leaves nothing to find). Return the ids released."""
-        ...
-
-    def job_flow(self, job_id: str, *, now: datetime | None = None) -> FlowState | None:
-        """Where the partition of the job's limits stands now (``limits``): None for a job
-        without limits, or no such job."""
         ...
 
     def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:
@@ -350,17 +344,6 @@ class Driver(Protocol):
         self, leases: Sequence[Lease], lease_for: timedelta, *, now: datetime | None = None
     ) -> set[str]:
         """Push the expiry of held leases to ``now + lease_for``; return the ids still held."""
-        ...
-
-    def job_complete_many(
-        self,
-        leases: Sequence[Lease],
-        *,
-        executor: Executor | None = None,
-        now: datetime | None = None,
-    ) -> set[str]:
-        """Mark held jobs ``completed`` (clearing the lease), with no result; return the ids
-        changed. A worker completes through ``job_cycle``, which stores results."""
         ...
 
     def job_fail_many(
@@ -405,11 +388,6 @@ class Driver(Protocol):
         ``Failure.isolate``), False those claimed beside others."""
         ...
 
-    def job_list_running(self, *, limit: int) -> list[Job]:
-        """Up to ``limit`` running jobs, earliest lease expiry first (then id), started or not:
-        what the workers page shows each worker running. A read of the lease index."""
-        ...
-
     def job_get(self, job_id: str, *, tenant_id: str | None = None) -> Job | None:
         """One job; with ``tenant_id``, only that tenant's."""
         ...
@@ -418,29 +396,6 @@ class Driver(Protocol):
         """The job once it is in a final state (completed, dead, cancelled), or as it is when
         ``timeout`` seconds have passed; None when there is no such job (or it was pruned).
         Waits on the database's wake-ups, never in a tight loop: each driver says how."""
-        ...
-
-    def job_list(
-        self, where: JobFilter, *, limit: int = 100, before_id: str | None = None
-    ) -> list[Job]:
-        """Jobs matching ``where``, newest id first; ``before_id`` pages (keyset)."""
-        ...
-
-    def job_id_below(self, before_id: str | None, offset: int) -> str | None:
-        """The id ``offset`` places below ``before_id`` (None: the newest) in newest-first id
-        order, or None when there are not that many: the far end of a window for
-        ``JobFilter.min_id``. A walk along the primary key, costing ``offset`` entries."""
-        ...
-
-    def job_count(self, where: JobFilter) -> dict[tuple[str, JobState], int]:
-        """How many jobs match, per (queue, state); absent keys mean zero."""
-        ...
-
-    def job_retry(
-        self, ids: Sequence[str], *, tenant_id: str | None = None, now: datetime | None = None
-    ) -> list[str]:
-        """Make dead or cancelled jobs available now with one more attempt allowed (history
-        kept; ``max_attempts`` rises to ``attempt + 1`` when exhausted). Return the ids changed."""
         ...
 
     def job_discard(self, ids: Sequence[str], *, tenant_id: str | None = None) -> list[str]:
@@ -453,32 +408,7 @@ class Driver(Protocol):
         """Delete up to ``limit`` jobs in final ``states`` that finished before the given time."""
         ...
 
-    def job_finished_counts(
-        self, since: datetime, bucket: timedelta, *, tenant_id: str | None = None
-    ) -> list[FinishedCount]:
-        """How many jobs ended (completed, dead, cancelled) per queue, state and time bucket
-        since ``since``: bucket ``k`` starts at ``since + k * bucket``. A range read of the
-        finished-time index: it costs what ended since then, not the whole table."""
-        ...
-
-    # -- queues ------------------------------------------------------------------------------
-
-    def queue_set_paused(self, queue: str, paused: bool) -> None:
-        """Pause or resume a queue; a paused queue is not claimed from (running jobs finish)."""
-        ...
-
-    def queue_list(self, *, now: datetime | None = None) -> list[QueueInfo]:
-        """Every queue that has jobs or a pause setting, with per-state counts and the
-        ``run_at`` of its oldest job due by ``now`` (the database's clock when None). Reads
-        kept counts, not the jobs: fast at any size."""
-        ...
-
     # -- cron schedules and leadership -----------------------------------------------------
-
-    def schedule_read(self, tasks: Sequence[str]) -> dict[str, ScheduleState]:
-        """The stored state of those ``tasks`` the database knows (absent ones are left out).
-        A read: unlike ``schedule_state`` it creates nothing."""
-        ...
 
     def schedule_state(
         self, tasks: Sequence[str], *, now: datetime | None = None
@@ -542,16 +472,97 @@ class Driver(Protocol):
         clock when ``now`` is None); return their ids."""
         ...
 
-    def worker_list(self) -> list[WorkerInfo]:
-        """Every worker row, by id."""
-        ...
-
     # -- wake-ups ----------------------------------------------------------------------------
 
     def wait_for_jobs(self, timeout: float, wake: threading.Event) -> None:
         """Block up to ``timeout`` seconds; return early when jobs may have been inserted or
         changed by any process, or when ``wake`` is set. A hint only: callers still poll."""
         ...
+
+
+class Inspection(Protocol):
+    """What an operator reads and does by hand, beside the job-processing seam: the reads of
+    the dashboard, the health checks and the ``jobs``/``queues``/``workers`` commands, and the
+    retry and pause they offer. No worker, scheduler or maintenance service calls these.
+    Optional: a driver that leaves them out still runs jobs, and ``inspection(driver)`` refuses
+    it with a clear error. The shipped drivers (memory, SQLite, PostgreSQL) offer it all."""
+
+    def job_list(
+        self, where: JobFilter, *, limit: int = 100, before_id: str | None = None
+    ) -> list[Job]:
+        """Jobs matching ``where``, newest id first; ``before_id`` pages (keyset)."""
+        ...
+
+    def job_id_below(self, before_id: str | None, offset: int) -> str | None:
+        """The id ``offset`` places below ``before_id`` (None: the newest) in newest-first id
+        order, or None when there are not that many: the far end of a window for
+        ``JobFilter.min_id``. A walk along the primary key, costing ``offset`` entries."""
+        ...
+
+    def job_count(self, where: JobFilter) -> dict[tuple[str, JobState], int]:
+        """How many jobs match, per (queue, state); absent keys mean zero."""
+        ...
+
+    def job_finished_counts(
+        self, since: datetime, bucket: timedelta, *, tenant_id: str | None = None
+    ) -> list[FinishedCount]:
+        """How many jobs ended (completed, dead, cancelled) per queue, state and time bucket
+        since ``since``: bucket ``k`` starts at ``since + k * bucket``. A range read of the
+        finished-time index: it costs what ended since then, not the whole table."""
+        ...
+
+    def job_list_running(self, *, limit: int) -> list[Job]:
+        """Up to ``limit`` running jobs, earliest lease expiry first (then id), started or not:
+        what the workers page shows each worker running. A read of the lease index."""
+        ...
+
+    def job_flow(self, job_id: str, *, now: datetime | None = None) -> FlowState | None:
+        """Where the partition of the job's limits stands now (``limits``): None for a job
+        without limits, or no such job."""
+        ...
+
+    def queue_list(self, *, now: datetime | None = None) -> list[QueueInfo]:
+        """Every queue that has jobs or a pause setting, with per-state counts and the
+        ``run_at`` of its oldest job due by ``now`` (the database's clock when None). Reads
+        kept counts, not the jobs: fast at any size."""
+        ...
+
+    def worker_list(self) -> list[WorkerInfo]:
+        """Every worker row, by id."""
+        ...
+
+    def schedule_read(self, tasks: Sequence[str]) -> dict[str, ScheduleState]:
+        """The stored state of those ``tasks`` the database knows (absent ones are left out).
+        A read: unlike ``schedule_state`` it creates nothing."""
+        ...
+
+    def job_retry(
+        self, ids: Sequence[str], *, tenant_id: str | None = None, now: datetime | None = None
+    ) -> list[str]:
+        """Make dead or cancelled jobs available now with one more attempt allowed (history
+        kept; ``max_attempts`` rises to ``attempt + 1`` when exhausted). Return the ids changed."""
+        ...
+
+    def queue_set_paused(self, queue: str, paused: bool) -> None:
+        """Pause or resume a queue; a paused queue is not claimed from (running jobs finish)."""
+        ...
+
+
+def inspection(driver: Driver) -> Inspection:
+    """``driver`` as an ``Inspection``, or ``ConfigurationError`` when it lacks a method of
+    it: the operator's views cannot work without them."""
+    missing = [name for name in _INSPECTION if not callable(getattr(driver, name, None))]
+    if missing:
+        raise ConfigurationError(
+            f"the {driver.name} driver offers no inspection (it lacks {', '.join(missing)}); "
+            "the dashboard and the jobs/queues/workers commands need it",
+            fix="use a driver that implements ultimat3.jobs.driver.Inspection "
+            "(memory, sqlite or postgres)",
+        )
+    return cast(Inspection, driver)
+
+
+_INSPECTION = tuple(name for name in vars(Inspection) if not name.startswith("_"))
 
 
 def wait_until_final(
@@ -573,8 +584,3 @@ def wait_until_final(
         if job is None or job.state in FINAL_STATES or remaining <= 0 or closed():
             return job
         wait(remaining)
-
-
-def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]

@@ -53,7 +53,6 @@ CATALOGUE: dict[str, str] = {
     "jobs.job.snoozed": "a job snoozed itself",
     "jobs.job.cancelled": "a job cancelled itself",
     "jobs.job.rescued": "a worker rescued a job whose worker vanished (`charged`: the attempt counts)",
-    "jobs.job.released-unstarted": "an unstarted claim's lease expired: it went back",
     "jobs.job.unknown": "a job no function of this worker is registered for (`dead`: its grace ended)",
     "jobs.job.timeout": "a job ran past its timeout",
     "jobs.job.isolated": "a rescued job runs alone",

@@ -21,10 +21,11 @@ Reads only: it never migrates, and on SQLite takes no write lock.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from ultimat3.jobs.driver import Driver
+from ultimat3.jobs.clock import Clock, SystemClock
+from ultimat3.jobs.driver import Driver, Inspection, inspection
 from ultimat3.jobs.duration import format_duration
 from ultimat3.jobs.errors import JobsError
 
@@ -61,9 +62,11 @@ def run_checks(
     max_ready_age: timedelta | None = timedelta(minutes=5),
     queues: tuple[str, ...] = (),
     now: datetime | None = None,
+    clock: Clock | None = None,
 ) -> list[Check]:
-    """Every check, in order; the ones after an unreachable database are not run."""
-    at = now or datetime.now(UTC)
+    """Every check, in order; the ones after an unreachable database are not run. Ages are
+    measured at ``now``, else on ``clock`` (the host's by default)."""
+    at = now or (clock or SystemClock()).now()
     try:
         current = driver.schema_current()
     except JobsError as exc:
@@ -87,15 +90,16 @@ def run_checks(
         )
         return checks
     checks.append(Check("migrations", True, "the schema is current"))
+    reads = inspection(driver)
     try:
-        checks.append(_workers(driver, min_workers, worker_stale, at))
-        checks.append(_ready_age(driver, max_ready_age, queues, at))
+        checks.append(_workers(reads, min_workers, worker_stale, at))
+        checks.append(_ready_age(reads, max_ready_age, queues, at))
     except JobsError as exc:
         checks.append(Check("database", False, f"a read failed: {exc.cause}", exc.fix or "retry"))
     return checks
 
 
-def _workers(driver: Driver, least: int, stale: timedelta, at: datetime) -> Check:
+def _workers(driver: Inspection, least: int, stale: timedelta, at: datetime) -> Check:
     live = [w for w in driver.worker_list() if at - w.heartbeat_at <= stale]
     detail = f"{len(live)} live worker(s) (heartbeat within {format_duration(stale)})"
     if len(live) >= least:
@@ -110,7 +114,7 @@ def _workers(driver: Driver, least: int, stale: timedelta, at: datetime) -> Chec
 
 
 def _ready_age(
-    driver: Driver, limit: timedelta | None, queues: tuple[str, ...], at: datetime
+    driver: Inspection, limit: timedelta | None, queues: tuple[str, ...], at: datetime
 ) -> Check:
     waited: dict[str, float] = {}
     for queue in driver.queue_list(now=None):

@@ -21,6 +21,7 @@ from typing import Any
 
 from ultimat3.jobs.app import App
 from ultimat3.jobs.clock import FakeClock as _FakeClock
+from ultimat3.jobs.driver import inspection
 from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.ids import uuid7
 from ultimat3.jobs.job import Cancel, EnqueueResult, JobContext, JobHandle, Snooze, current_app
@@ -115,7 +116,7 @@ def all_enqueued(
 ) -> list[Job]:
     """Waiting jobs that match: ``input`` matches when each of its keys is equal in the job's."""
     name = job.name if isinstance(job, JobHandle) else job
-    found = app.driver.job_list(
+    found = inspection(app.driver).job_list(
         JobFilter(states=states, queue=queue, name=name, tenant_id=tenant_id), limit=10_000
     )
     if input is None:
@@ -135,7 +136,7 @@ def assert_enqueued(
     """Fail unless a waiting job matches (exactly ``count`` of them, when given)."""
     found = all_enqueued(app, job, input=input, queue=queue, tenant_id=tenant_id)
     if (count is None and not found) or (count is not None and len(found) != count):
-        waiting = app.driver.job_list(JobFilter(states=ACTIVE_STATES), limit=20)
+        waiting = inspection(app.driver).job_list(JobFilter(states=ACTIVE_STATES), limit=20)
         listing = "\n".join(f"  {j.name} {app.decode_input(j)!r} queue={j.queue}" for j in waiting)
         wanted = f"{count} job(s)" if count is not None else "a job"
         raise AssertionError(

@@ -1,7 +1,7 @@
 """What each page shows, read from an App: plain data for the templates, no HTTP.
 
 Every read is bounded at any table size: the jobs list pages by keyset (``before``: the last id
-shown) and a text search reads newer-to-older for at most ``SCAN_SECONDS`` per page, then
+shown) and a text search reads newer-to-older for at most ``Budget.scan_seconds`` per page, then
 offers to go on from where it stopped; the overview reads the queues (kept counts, the oldest
 ready job by index seeks) and the last hour's ends (a range of the finished index); the
 workers page the workers table and the running jobs (the lease index).
@@ -10,7 +10,6 @@ workers page the workers table and the running jobs (the lease index).
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -18,14 +17,14 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from ultimat3.jobs.app import App
+from ultimat3.jobs.driver import inspection
 from ultimat3.jobs.errors import ConfigurationError, JobsError
 from ultimat3.jobs.records import Job, JobFilter, JobState, WorkerInfo
 from ultimat3.jobs.retry import Retry, backoff_delay
 
 __all__ = [
-    "BULK_LIMIT",
     "PAGE_SIZE",
-    "SCAN_SECONDS",
+    "Budget",
     "Filters",
     "JobsPage",
     "cron_rows",
@@ -37,16 +36,26 @@ __all__ = [
 ]
 
 PAGE_SIZE = 50
-#: How long one page reads jobs before it offers to continue from where it stopped.
-SCAN_SECONDS = 0.04
-#: How many ids of the id order one step reads (a filter's window).
-WINDOW = 10_000
 _SCAN_BATCH = 250
-#: The most jobs one confirmed "all that match" action changes.
-BULK_LIMIT = 1_000
 HOUR = timedelta(hours=1)
 MINUTE = timedelta(minutes=1)
 _STATES = {s.value: s for s in JobState}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much one request of the dashboard reads or changes: its settings, with defaults."""
+
+    #: How long one page reads jobs (on the app's monotonic clock) before it offers to
+    #: continue from where it stopped.
+    scan_seconds: float = 0.04
+    #: How many ids of the id order one step reads (a filter's window).
+    window: int = 10_000
+    #: The most jobs one confirmed "all that match" action changes.
+    bulk_limit: int = 1_000
+
+
+DEFAULT_BUDGET = Budget()
 
 
 @dataclass(frozen=True)
@@ -121,7 +130,9 @@ def matches_text(job: Job, text: str) -> bool:
     )
 
 
-def jobs_page(app: App, filters: Filters, before: str | None) -> JobsPage:
+def jobs_page(
+    app: App, filters: Filters, before: str | None, budget: Budget = DEFAULT_BUDGET
+) -> JobsPage:
     text = filters.text
     scan = _scan(
         app,
@@ -129,6 +140,7 @@ def jobs_page(app: App, filters: Filters, before: str | None) -> JobsPage:
         before,
         want=PAGE_SIZE + 1,
         accept=(lambda job: matches_text(job, text)) if text else None,
+        budget=budget,
     )
     if scan.stopped is not None:
         return JobsPage(scan.jobs[:PAGE_SIZE], scan.stopped, scan.read, budget_spent=True)
@@ -152,18 +164,20 @@ def _scan(
     *,
     want: int,
     accept: Callable[[Job], bool] | None,
+    budget: Budget,
 ) -> _Scan:
     """Up to ``want`` jobs of ``where`` (and ``accept``), newest first below ``before``, read
-    window by window down the id order (``WINDOW`` ids each, so a filter that matches little
-    never makes the database walk the whole table in one statement) until ``SCAN_SECONDS`` is
-    spent."""
-    driver = app.driver
-    deadline = time.monotonic() + SCAN_SECONDS
+    window by window down the id order (``budget.window`` ids each, so a filter that matches
+    little never makes the database walk the whole table in one statement) until
+    ``budget.scan_seconds`` is spent on the app's clock."""
+    driver = inspection(app.driver)
+    clock = app.clock
+    deadline = clock.monotonic() + budget.scan_seconds
     hits: list[Job] = []
     read = 0
     cursor = before
     while True:
-        floor = driver.job_id_below(cursor, WINDOW - 1)  # the window's oldest id
+        floor = driver.job_id_below(cursor, budget.window - 1)  # the window's oldest id
         window = replace(where, min_id=floor)
         inner = cursor
         while True:
@@ -179,18 +193,21 @@ def _scan(
                         return _Scan(hits, read, None)
             if accept is None or len(batch) < _SCAN_BATCH:
                 break
-            if time.monotonic() > deadline:
+            if clock.monotonic() >= deadline:
                 return _Scan(hits, read, inner)
         if floor is None:
             return _Scan(hits, read, None)
         cursor = floor
-        if time.monotonic() > deadline:
+        if clock.monotonic() >= deadline:
             return _Scan(hits, read, cursor)
 
 
-def bulk_ids(app: App, filters: Filters, action: str) -> tuple[list[str], bool]:
+def bulk_ids(
+    app: App, filters: Filters, action: str, budget: Budget = DEFAULT_BUDGET
+) -> tuple[list[str], bool]:
     """The ids "all that match" covers: dead or cancelled jobs of the filter, newest first, at
-    most ``BULK_LIMIT`` or what ``SCAN_SECONDS`` finds; and whether more may match."""
+    most ``budget.bulk_limit`` or what ``budget.scan_seconds`` finds; and whether more may
+    match."""
     if filters.text:
         raise ConfigurationError(
             "an action on all that match cannot use a text search (it reads a bounded window)",
@@ -209,8 +226,9 @@ def bulk_ids(app: App, filters: Filters, action: str) -> tuple[list[str], bool]:
         name=filters.name or None,
         tenant_id=filters.tenant or None,
     )
-    scan = _scan(app, where, None, want=BULK_LIMIT, accept=None)
-    return [j.id for j in scan.jobs], scan.stopped is not None or len(scan.jobs) == BULK_LIMIT
+    most = budget.bulk_limit
+    scan = _scan(app, where, None, want=most, accept=None, budget=budget)
+    return [j.id for j in scan.jobs], scan.stopped is not None or len(scan.jobs) == most
 
 
 # -- overview ----------------------------------------------------------------------------------
@@ -241,7 +259,7 @@ class Overview:
 def queue_rows(app: App, tenant: str | None) -> dict[str, QueueRow]:
     """Each queue's counts by state, pause flag and oldest ready job (a tenant's view: that
     tenant's counts only, the shared flags left out)."""
-    driver = app.driver
+    driver = inspection(app.driver)
     now = app.clock.now()
     per_queue: dict[str, QueueRow] = {}
 
@@ -272,7 +290,7 @@ def overview(app: App, tenant: str | None) -> Overview:
     starts = [since + i * MINUTE for i in range(60)]
     per_queue = queue_rows(app, tenant)
     completed, dead = [0] * 60, [0] * 60
-    for c in app.driver.job_finished_counts(since, MINUTE, tenant_id=tenant):
+    for c in inspection(app.driver).job_finished_counts(since, MINUTE, tenant_id=tenant):
         k = int((c.start - since) / MINUTE)
         if not 0 <= k < 60:
             continue
@@ -311,8 +329,9 @@ RUNNING_LIMIT = 2_000
 
 def workers(app: App) -> list[WorkerRow]:
     """Live workers with the jobs each runs."""
-    infos = app.driver.worker_list()
-    running = app.driver.job_list_running(limit=RUNNING_LIMIT)
+    reads = inspection(app.driver)
+    infos = reads.worker_list()
+    running = reads.job_list_running(limit=RUNNING_LIMIT)
     by_worker: dict[str, list[Job]] = {}
     for job in running:
         if job.worker_id is not None:
@@ -364,7 +383,9 @@ def job_detail(app: App, job: Job) -> JobDetail:
             plan.append(PlannedAttempt(attempt + 1, wait, at))
     worker = None
     if job.worker_id is not None and job.state is JobState.RUNNING:
-        worker = next((w for w in app.driver.worker_list() if w.id == job.worker_id), None)
+        worker = next(
+            (w for w in inspection(app.driver).worker_list() if w.id == job.worker_id), None
+        )
     return JobDetail(
         job, input_text, input_error, handle is not None, policy, next_run, plan, worker
     )
@@ -387,7 +408,7 @@ class CronRow:
 
 def cron_rows(app: App, count: int = 5) -> list[CronRow]:
     tasks = app.registry.tasks
-    state = app.driver.schedule_read(sorted(tasks))
+    state = inspection(app.driver).schedule_read(sorted(tasks))
     now = app.clock.now()
     rows = []
     for name, t in sorted(tasks.items()):

@@ -192,6 +192,7 @@ class _Site:
         self.read_only = read_only
         self.tenant = tenant
         self.refresh = refresh
+        self.budget = views.DEFAULT_BUDGET
         self.env = Environment(
             loader=PackageLoader("ultimat3.jobs.dashboard", "templates"),
             autoescape=select_autoescape(default=True, default_for_string=True),
@@ -305,7 +306,7 @@ class _Site:
                 filters.queue, "dead", filters.name, filters.tenant, filters.text
             )
         before = request.query_params.get("before") or None
-        page = await run_in_threadpool(views.jobs_page, self.app, filters, before)
+        page = await run_in_threadpool(views.jobs_page, self.app, filters, before, self.budget)
         return self.render(
             request,
             "jobs.html",
@@ -314,8 +315,8 @@ class _Site:
             filters=filters,
             page=page,
             path="/dead" if dead else "/jobs",
-            scan_ms=round(views.SCAN_SECONDS * 1000),
-            bulk_limit=views.BULK_LIMIT,
+            scan_ms=round(self.budget.scan_seconds * 1000),
+            bulk_limit=self.budget.bulk_limit,
         )
 
     async def job(self, request: Request) -> Response:
@@ -363,7 +364,9 @@ class _Site:
         back = _local(str(form.get("next", "")), request)
         partial = False
         if form.get("scope") == "all":
-            ids, partial = await run_in_threadpool(views.bulk_ids, self.app, filters, action)
+            ids, partial = await run_in_threadpool(
+                views.bulk_ids, self.app, filters, action, self.budget
+            )
             scope = "all"
         else:
             ids = [str(v) for v in form.getlist("ids") if str(v)]

@@ -20,8 +20,8 @@ Semantics this driver pins down (the SQL drivers follow them):
   ``cancel_reason``, and raises ``max_attempts`` to ``attempt + 1`` only when exhausted.
 - **Fencing** is by token, not by time: an expired lease still works until someone else changes
   the row (the rescuer fails it through that same lease; a new claim issues a new token).
-- **Transactions.** ``transaction()`` yields a ``MemoryTransaction``: inserts and completions
-  passed ``executor=tx`` are staged on it and applied together, under the lock, at commit, or
+- **Transactions.** ``transaction()`` yields a ``MemoryTransaction``: inserts passed
+  ``executor=tx`` are staged on it and applied together, under the lock, at commit, or
   dropped when the ``with`` block raises. Dedupe inside the transaction sees committed rows and
   the rows this transaction staged.
 - **Limits** (``ultimat3.jobs.limits``). A claim with ``limited`` takes a job with a
@@ -42,37 +42,46 @@ Limits (where it differs from a database, knowingly):
 - Staged rows are invisible to other transactions, and nothing blocks on them. If another
   writer commits the same (tenant, key) between staging and commit, the committed row wins and
   the staged insert is dropped at commit (PostgreSQL would instead make that writer wait and
-  then dedupe onto the staged row). A staged completion whose lease was lost before commit is
-  likewise dropped, although staging reported it.
-- A claim scans the scheduled and available jobs (linear in the backlog): fine for tests and
-  demos, not for a backlog of millions.
+  then dedupe onto the staged row).
+- A claim scans every stored job and sorts the due ones (linear in the table): fine for tests
+  and demos, not for a backlog of millions.
 - ``wait_for_jobs`` notices a set ``wake`` event within about 50 ms (an ``Event`` cannot
   notify a ``Condition``), and a change at once.
 """
 
 from __future__ import annotations
 
-import heapq
 import threading
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
-from ultimat3.jobs.clock import SystemClock, utcnow
+from ultimat3.jobs.clock import Clock
 from ultimat3.jobs.driver import (
     DatabaseId,
     Driver,
     Executor,
+    Inspection,
     Joined,
     StallTracker,
     wait_until_final,
 )
+from ultimat3.jobs.drivers.memory.reads import Key, Store
+from ultimat3.jobs.drivers.memory.rows import (
+    Flow,
+    debounced,
+    new_job,
+    order,
+    unleased,
+    utc,
+    waiting_state,
+    within_limits,
+)
 from ultimat3.jobs.errors import ConfigurationError
 from ultimat3.jobs.ids import token
-from ultimat3.jobs.limits import STATE_BITS, keys_to_look
+from ultimat3.jobs.limits import STATE_BITS
 from ultimat3.jobs.records import (
     ACTIVE_STATES,
     FINAL_STATES,
@@ -80,22 +89,17 @@ from ultimat3.jobs.records import (
     Cycle,
     CycleResult,
     Failure,
-    FinishedCount,
-    FlowState,
     InsertResult,
     Job,
-    JobFilter,
     JobState,
     Lease,
     NewJob,
-    QueueInfo,
     ScheduleState,
     WorkerInfo,
 )
 
 __all__ = ["MemoryDriver", "MemoryTransaction"]
 
-_Key = tuple[str | None, str]
 #: How often a waiter re-checks its ``wake`` event, in seconds.
 _WAKE_POLL = 0.05
 #: Only dead and cancelled jobs can be retried or discarded by hand.
@@ -108,16 +112,6 @@ _ADOPT_FIX = (
 )
 
 
-class _Flow(NamedTuple):
-    """A job's limits: its partition, how many may run at once, and how many may start per
-    ``rate_period`` (0: no rate limit)."""
-
-    key: str
-    most: int
-    rate_max: int
-    rate_period: timedelta
-
-
 @dataclass(eq=False)
 class MemoryTransaction:
     """A staging buffer for one memory transaction: the executor ``transaction()`` yields.
@@ -127,17 +121,15 @@ class MemoryTransaction:
 
     driver: MemoryDriver
     inserts: list[Job] = field(default_factory=list)
-    keys: dict[_Key, str] = field(default_factory=dict)
-    completions: list[tuple[Lease, datetime]] = field(default_factory=list)
-    completed_ids: set[str] = field(default_factory=set)
-    limits: dict[str, _Flow] = field(default_factory=dict)
+    keys: dict[Key, str] = field(default_factory=dict)
+    limits: dict[str, Flow] = field(default_factory=dict)
     uniques: dict[str, tuple[str, int]] = field(default_factory=dict)
     #: Debounces of committed jobs, applied at commit if the job still waits then.
     replaces: list[tuple[str, Job]] = field(default_factory=list)
     open: bool = True
 
 
-class MemoryDriver:
+class MemoryDriver(Store):
     """Jobs in dicts behind one lock; see the module docstring for the semantics it pins."""
 
     name = "memory"
@@ -145,34 +137,10 @@ class MemoryDriver:
     # Writers never wait for an open transaction here: staged rows take no lock.
     single_writer = False
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
-        self._generation = 0  # bumped on every change a waiter cares about
-        self._jobs: dict[str, Job] = {}
-        self._keys: dict[_Key, str] = {}
-        self._paused: dict[str, bool] = {}
-        self._waiting: set[str] = set()  # ids of scheduled and available jobs, for claims
-        #: The usual claim's index (``_first_due``): each waiting job without a limit has an
-        #: entry, its claim order, in ``_future`` (a heap by run_at) until a claim finds it due,
-        #: then in its queue's heap of ``_due``. An entry whose job has since changed is stale:
-        #: whoever pops it drops it, and ``_reindex`` rebuilds both when they grow too stale.
-        self._future: list[tuple[datetime, _Order]] = []
-        self._due: dict[str, list[_Order]] = {}
-        self._entries = 0
-        self._schedules: dict[str, ScheduleState] = {}
-        self._leaders: dict[str, tuple[str, datetime]] = {}  # name -> (holder, expires_at)
-        self._workers: dict[str, WorkerInfo] = {}
-        self._monotonic = SystemClock().monotonic
+    def __init__(self, clock: Clock | None = None) -> None:
+        super().__init__(clock)
         self._identity = DatabaseId("memory", (id(self),), "memory://")
-        self._isolated: set[str] = set()  # ids of jobs rescued after their worker died
-        self._started: set[str] = set()  # running jobs whose worker recorded their start
-        self._limits: dict[str, _Flow] = {}  # the jobs with a limit
-        self._uniques: dict[str, tuple[str, int]] = {}  # id -> (unique_key, unique_states)
-        self._unique_ids: dict[str, set[str]] = {}  # unique_key -> ids
-        self._after = ""  # limited claims: the last key taken (keys take turns after it)
-        self._finish_waiters = 0  # threads in job_wait
-        self.stalls = StallTracker()
+        self.stalls = StallTracker(clock=self._clock)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -235,7 +203,7 @@ class MemoryDriver:
             if unique is not None and self._unique_holder(unique[0], None) is not None:
                 continue  # likewise a committed holder of its unique key
             if job.id in tx.limits:
-                self._limits[job.id] = tx.limits[job.id]  # before _put: it indexes the rest
+                self._limits[job.id] = tx.limits[job.id]
             self._put(job)
             self._keys[key] = job.id
             if unique is not None:
@@ -243,8 +211,6 @@ class MemoryDriver:
             inserted = True
         for holder, new in tx.replaces:
             inserted = self._debounce(holder, new) or inserted
-        for lease, now in tx.completions:
-            self._complete(lease, now)
         if inserted:
             self._notify()
 
@@ -257,7 +223,7 @@ class MemoryDriver:
         executor: Executor | None = None,
         now: datetime | None = None,
     ) -> list[InsertResult]:
-        at = _now(now)
+        at = self._at(now)
         tx = self._tx(executor) if executor is not None else None
         with self._lock:
             results: list[InsertResult] = []
@@ -269,7 +235,7 @@ class MemoryDriver:
                     continue
                 if new.id in self._jobs or (tx is not None and new.id in tx.keys.values()):
                     raise ValueError(f"job id {new.id} is already stored under another key")
-                job = _new_job(new, at)
+                job = new_job(new, at)
                 if new.unique_key is not None:
                     holder = self._unique_holder(new.unique_key, tx)
                     if holder is not None:
@@ -284,7 +250,7 @@ class MemoryDriver:
                         tx.uniques[job.id] = unique
                 limits = self._limits if tx is None else tx.limits
                 if new.limit_key is not None:
-                    limits[job.id] = _Flow(
+                    limits[job.id] = Flow(
                         new.limit_key, new.limit_max, new.rate_max, new.rate_period
                     )
                 if tx is None:
@@ -301,8 +267,8 @@ class MemoryDriver:
     def _unique_holder(self, key: str, tx: MemoryTransaction | None) -> str | None:
         """The job holding ``key`` (its state is among its unique states): committed, or
         staged in ``tx``."""
-        for id_ in self._unique_ids.get(key, ()):
-            if self._uniques[id_][1] & STATE_BITS[self._jobs[id_].state.value]:
+        for id_, (held, states) in self._uniques.items():
+            if held == key and states & STATE_BITS[self._jobs[id_].state.value]:
                 return id_
         if tx is not None:
             for job in tx.inserts:
@@ -317,7 +283,6 @@ class MemoryDriver:
 
     def _hold(self, job_id: str, unique: tuple[str, int]) -> None:
         self._uniques[job_id] = unique
-        self._unique_ids.setdefault(unique[0], set()).add(job_id)
 
     def _replace_holder(self, holder: str, new: Job, tx: MemoryTransaction | None) -> None:
         """Debounce: the holder, if still waiting, takes ``new``'s input, run_at and priority."""
@@ -327,7 +292,7 @@ class MemoryDriver:
             return
         for i, job in enumerate(tx.inserts):
             if job.id == holder:
-                tx.inserts[i] = _debounced(job, new)
+                tx.inserts[i] = debounced(job, new)
                 return
         tx.replaces.append((holder, new))
 
@@ -335,42 +300,38 @@ class MemoryDriver:
         job = self._jobs.get(holder)
         if job is None or job.state not in _WAITING:
             return False
-        self._put(_debounced(job, new))
+        self._put(debounced(job, new))
         return True
 
-    def job_claim(self, params: ClaimParams) -> list[Job]:
-        with self._lock:
-            return self._claim(params, started=False)
-
-    def _claim(self, params: ClaimParams, *, started: bool) -> list[Job]:
-        return self._claim_until(params, started=started)[0]
-
-    def _claim_until(
-        self, params: ClaimParams, *, started: bool
-    ) -> tuple[list[Job], timedelta | None]:
+    def _claim_until(self, params: ClaimParams) -> tuple[list[Job], timedelta | None]:
         """The claimed jobs, and how long after ``now`` a job held back by a rate limit may be
         claimed."""
-        at = _now(params.now)
+        at = self._at(params.now)
         queues = set(params.queues)
         wake_at = None
         skip = set(params.skip)
-        if params.limited or params.isolated or skip:  # a scan of every waiting job: rarer
-            due = (
-                job
-                for job in map(self._jobs.__getitem__, self._waiting)
-                if job.run_at <= at
-                and job.queue in queues
-                and not self._paused.get(job.queue, False)
-                and (job.id in self._isolated) is params.isolated
-                and (params.limited or job.id not in self._limits)
-                and job.name not in skip
+        due = [
+            job
+            for job in self._jobs.values()
+            if job.state in _WAITING
+            and job.run_at <= at
+            and job.queue in queues
+            and not self._paused.get(job.queue, False)
+            and (job.id in self._isolated) is params.isolated
+            and (params.limited or job.id not in self._limits)
+            and job.name not in skip
+        ]
+        if params.limited:
+            best, wake_at, self._after = within_limits(
+                due,
+                max(0, params.limit),
+                at,
+                flows=self._limits,
+                jobs=self._jobs.values(),
+                after=self._after,
             )
-            if params.limited:
-                best, wake_at = self._within_limits(due, max(0, params.limit), at)
-            else:
-                best = heapq.nsmallest(max(0, params.limit), due, key=_order)
         else:
-            best = self._first_due(queues, at, max(0, params.limit))
+            best = sorted(due, key=order)[: max(0, params.limit)]
         claimed: list[Job] = []
         claim = params.token or token()
         for job in best:
@@ -384,149 +345,13 @@ class MemoryDriver:
                 worker_id=params.worker_id,
             )
             self._put(running)
-            if started:
-                self._started.add(running.id)
             claimed.append(running)
         return claimed, (wake_at - at if wake_at is not None else None)
-
-    def _first_due(self, queues: set[str], at: datetime, limit: int) -> list[Job]:
-        """The first ``limit`` due jobs, in claim order, of the unpaused ``queues``, neither
-        isolated nor limited: the claim ``_claim_until`` makes most, from the index, at a cost
-        of the jobs it returns rather than of every waiting job."""
-        future = self._future
-        while future and future[0][0] <= at:
-            order = heapq.heappop(future)[1]
-            job = self._indexed(order)
-            if job is None:
-                self._entries -= 1
-            else:
-                heapq.heappush(self._due.setdefault(job.queue, []), order)
-        found: list[_Order] = []
-        for queue in queues:
-            heap = self._due.get(queue)
-            if not heap or self._paused.get(queue, False):
-                continue
-            taken: list[_Order] = []
-            aside: list[_Order] = []  # not due after all (a clock set back), or isolated
-            seen: set[str] = set()
-            while heap and len(taken) < limit:
-                order = heapq.heappop(heap)
-                job = self._indexed(order)
-                if job is None or order[2] in seen or job.queue != queue:
-                    self._entries -= 1
-                    continue
-                seen.add(order[2])
-                if job.run_at > at or order[2] in self._isolated:
-                    aside.append(order)
-                else:
-                    taken.append(order)
-            for order in aside:
-                heapq.heappush(heap, order)
-            found.extend(taken)
-        best = heapq.nsmallest(limit, found)
-        if len(best) < len(found):  # more queues than one: the rest stay indexed
-            chosen = set(best)
-            for order in found:
-                if order not in chosen:
-                    heapq.heappush(self._due[self._jobs[order[2]].queue], order)
-        self._entries -= len(best)
-        return [self._jobs[order[2]] for order in best]
-
-    def _indexed(self, order: _Order) -> Job | None:
-        """The job of an index entry, or None when the entry is stale."""
-        job = self._jobs.get(order[2])
-        if job is None or job.state not in _WAITING or job.id in self._limits:
-            return None
-        return job if _order(job) == order else None
-
-    def _index(self, job: Job) -> None:
-        heapq.heappush(self._future, (job.run_at, _order(job)))
-        self._entries += 1
-        if self._entries > 2 * len(self._waiting) + 1024:
-            self._reindex()
-
-    def _reindex(self) -> None:
-        """Both heaps again from the waiting jobs, without stale entries."""
-        self._future = [
-            (job.run_at, _order(job))
-            for job in map(self._jobs.__getitem__, self._waiting)
-            if job.id not in self._limits
-        ]
-        heapq.heapify(self._future)
-        self._due = {}
-        self._entries = len(self._future)
-
-    def _within_limits(
-        self, due: Iterable[Job], limit: int, at: datetime
-    ) -> tuple[list[Job], datetime | None]:
-        """The jobs a claim with limits takes (``limits``): the unlimited due jobs, and key by
-        key from the one after the cursor, each key's first due jobs up to its free slots until
-        the claim is full; of those, the first ``limit`` with keys taking turns within a
-        priority (every key's first job, the unlimited jobs first as one key, then every key's
-        second...). A slot is held by a running job of the key whose lease has not expired,
-        and, under a rate limit, by each start within the window. Also returns when the first
-        full window looked at reopens (its oldest start leaves it)."""
-        ordered = sorted(due, key=_order)
-        plain: list[Job] = []
-        by_key: dict[str, list[Job]] = {}
-        for job in ordered:
-            flow = self._limits.get(job.id)
-            if flow is None:
-                if len(plain) < limit:
-                    plain.append(job)
-            else:
-                by_key.setdefault(flow.key, []).append(job)
-        running: Counter[str] = Counter()
-        starts: dict[str, list[datetime]] = {}
-        for job in self._jobs.values():
-            flow = self._limits.get(job.id)
-            if flow is None or flow.key not in by_key:
-                continue
-            if (
-                job.state is JobState.RUNNING
-                and job.lease_expires_at is not None
-                and job.lease_expires_at > at
-            ):
-                running[flow.key] += 1
-            if job.attempted_at is not None:
-                starts.setdefault(flow.key, []).append(job.attempted_at)
-        keys = sorted(by_key)
-        rotated = [k for k in keys if k > self._after] + [k for k in keys if k <= self._after]
-        places: list[tuple[int, int, int, datetime, str, Job]] = [
-            (-job.priority, rank, -1, job.run_at, job.id, job) for rank, job in enumerate(plain)
-        ]
-        need, taken, wake_at = limit, 0, None
-        looked = rotated[: keys_to_look(limit)]
-        for key in looked:
-            if need <= 0:
-                break
-            head = self._limits[by_key[key][0].id]
-            free = head.most - running[key]
-            if head.rate_max:
-                recent = [t for t in starts.get(key, ()) if t > at - head.rate_period]
-                if len(recent) >= head.rate_max and running[key] < head.most:
-                    opens = min(recent) + head.rate_period
-                    wake_at = opens if wake_at is None else min(wake_at, opens)
-                free = min(free, head.rate_max - len(recent))
-            if free <= 0:
-                continue
-            take = by_key[key][: min(free, need)]
-            places += [
-                (-job.priority, rank, taken, job.run_at, job.id, job)
-                for rank, job in enumerate(take)
-            ]
-            taken += 1
-            need -= len(take)
-            self._after = key  # round-robin: the next claim starts after the last key taken
-        if not taken and looked and len(looked) == keys_to_look(limit):
-            self._after = looked[-1]  # past the full keys looked at
-        places.sort(key=lambda place: place[:5])
-        return [place[-1] for place in places[:limit]], wake_at
 
     def lease_extend(
         self, leases: Sequence[Lease], lease_for: timedelta, *, now: datetime | None = None
     ) -> set[str]:
-        at = _now(now)
+        at = self._at(now)
         held: set[str] = set()
         with self._lock:
             for lease in leases:
@@ -536,32 +361,11 @@ class MemoryDriver:
                     held.add(job.id)
         return held
 
-    def job_complete_many(
-        self,
-        leases: Sequence[Lease],
-        *,
-        executor: Executor | None = None,
-        now: datetime | None = None,
-    ) -> set[str]:
-        at = _now(now)
-        tx = self._tx(executor) if executor is not None else None
-        changed: set[str] = set()
-        with self._lock:
-            for lease in leases:
-                if tx is None:
-                    if self._complete(lease, at):
-                        changed.add(lease.id)
-                elif self._held(lease) is not None and lease.id not in tx.completed_ids:
-                    tx.completions.append((lease, at))
-                    tx.completed_ids.add(lease.id)
-                    changed.add(lease.id)
-        return changed
-
     def job_fail_many(
         self, failures: Sequence[Failure], *, now: datetime | None = None
     ) -> set[str]:
         with self._lock:
-            return self._fail(failures, _now(now))
+            return self._fail(failures, self._at(now))
 
     def _fail(self, failures: Sequence[Failure], at: datetime) -> set[str]:
         changed: set[str] = set()
@@ -576,8 +380,10 @@ class MemoryDriver:
                 job = replace(job, state=JobState.DEAD, finished_at=at, errors=errors)
             else:
                 retry_at = at + failure.retry_in
-                job = replace(job, state=_waiting(retry_at, at), run_at=retry_at, errors=errors)
-            self._put(_unleased(job))
+                job = replace(
+                    job, state=waiting_state(retry_at, at), run_at=retry_at, errors=errors
+                )
+            self._put(unleased(job))
             if failure.isolate:
                 self._isolated.add(job.id)
             else:
@@ -588,7 +394,7 @@ class MemoryDriver:
         return changed
 
     def job_cycle(self, cycle: Cycle, *, now: datetime | None = None) -> CycleResult:
-        at = _now(now)
+        at = self._at(now)
         with self._lock:  # one lock: no reader can tell the parts apart from one transaction
             results = cycle.results
             completed = {
@@ -600,23 +406,12 @@ class MemoryDriver:
             claimed: list[Job] = []
             wake_in = None
             if cycle.claims is not None:
-                claimed, wake_in = self._claim_until(cycle.claims, started=True)
+                claimed, wake_in = self._claim_until(cycle.claims)
         return CycleResult(completed, failed, claimed, wake_in)
-
-    def job_release_unstarted(self, *, now: datetime | None = None) -> list[str]:
-        at = _now(now)
-        return self._release(
-            lambda job: (
-                job.id not in self._started
-                and job.lease_expires_at is not None
-                and job.lease_expires_at < at
-            ),
-            at,
-        )
 
     def job_release_claim(self, token: str, *, now: datetime | None = None) -> list[str]:
         prefix = f"{token}."
-        return self._release(lambda job: (job.lease_token or "").startswith(prefix), _now(now))
+        return self._release(lambda job: (job.lease_token or "").startswith(prefix), self._at(now))
 
     def _release(self, which: Callable[[Job], bool], at: datetime) -> list[str]:
         """Put the running jobs ``which`` picks back, available at ``at``, attempt refunded."""
@@ -625,7 +420,7 @@ class MemoryDriver:
             for job in list(self._jobs.values()):
                 if job.state is JobState.RUNNING and which(job):
                     self._put(
-                        _unleased(
+                        unleased(
                             replace(
                                 job,
                                 state=JobState.AVAILABLE,
@@ -639,42 +434,8 @@ class MemoryDriver:
                 self._notify()
         return sorted(released)
 
-    def job_flow(self, job_id: str, *, now: datetime | None = None) -> FlowState | None:
-        at = _now(now)
-        with self._lock:
-            flow = self._limits.get(job_id)
-            if flow is None or job_id not in self._jobs:
-                return None
-            running = 0
-            starts: list[datetime] = []
-            for job in self._jobs.values():
-                other = self._limits.get(job.id)
-                if other is None or other.key != flow.key:
-                    continue
-                if (
-                    job.state is JobState.RUNNING
-                    and job.lease_expires_at is not None
-                    and job.lease_expires_at > at
-                ):
-                    running += 1
-                if (
-                    flow.rate_max
-                    and job.attempted_at is not None
-                    and job.attempted_at > at - flow.rate_period
-                ):
-                    starts.append(job.attempted_at)
-        return FlowState(
-            flow.key,
-            flow.most,
-            running,
-            flow.rate_max,
-            flow.rate_period,
-            len(starts),
-            min(starts, default=None),
-        )
-
     def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:
-        at = _now(now)
+        at = self._at(now)
         wanted = set(queues)
         with self._lock:
             return any(
@@ -689,17 +450,17 @@ class MemoryDriver:
     def job_snooze(
         self, lease: Lease, delay: timedelta | None, *, now: datetime | None = None
     ) -> bool:
-        at = _now(now)
+        at = self._at(now)
         with self._lock:
             job = self._held(lease)
             if job is None:
                 return False
             until = job.run_at if delay is None else at + delay
             self._put(
-                _unleased(
+                unleased(
                     replace(
                         job,
-                        state=_waiting(until, at),
+                        state=waiting_state(until, at),
                         run_at=until,
                         attempt=max(0, job.attempt - 1),
                     )
@@ -717,7 +478,7 @@ class MemoryDriver:
         tenant_id: str | None = None,
         now: datetime | None = None,
     ) -> bool:
-        at = _now(now)
+        at = self._at(now)
         with self._lock:
             job = self._scoped(job_id, tenant_id)
             if job is None:
@@ -728,31 +489,21 @@ class MemoryDriver:
             elif job.state not in ACTIVE_STATES:
                 return False
             self._put(
-                _unleased(
+                unleased(
                     replace(job, state=JobState.CANCELLED, finished_at=at, cancel_reason=reason)
                 )
             )
             return True
 
-    def job_list_running(self, *, limit: int) -> list[Job]:
-        with self._lock:
-            running = [job for job in self._jobs.values() if job.state is JobState.RUNNING]
-        # A running job always holds a lease (the records' invariant).
-        running.sort(
-            key=lambda job: (job.lease_expires_at or datetime.min.replace(tzinfo=UTC), job.id)
-        )
-        return running[: max(0, limit)]
-
     def job_list_expired(
         self, *, limit: int, now: datetime | None = None, isolated: bool | None = None
     ) -> list[Job]:
-        at = _now(now)
+        at = self._at(now)
         with self._lock:
             expired = [
                 job
                 for job in self._jobs.values()
                 if job.state is JobState.RUNNING
-                and job.id in self._started
                 and job.lease_expires_at is not None
                 and job.lease_expires_at < at
                 and (isolated is None or (job.id in self._isolated) is isolated)
@@ -767,65 +518,17 @@ class MemoryDriver:
     def job_wait(self, job_id: str, *, timeout: float, tenant_id: str | None = None) -> Job | None:
         """Woken by the change that finishes the job (``_put`` notifies every final state)."""
         with self._changed:
-            self._finish_waiters += 1
-            try:
-                return wait_until_final(
-                    lambda: self._scoped(job_id, tenant_id),
-                    self._changed.wait,
-                    timeout=timeout,
-                    clock=SystemClock(),
-                )
-            finally:
-                self._finish_waiters -= 1
-
-    def job_list(
-        self, where: JobFilter, *, limit: int = 100, before_id: str | None = None
-    ) -> list[Job]:
-        with self._lock:
-            found = [
-                job
-                for job in self._jobs.values()
-                if _matches(job, where) and (before_id is None or job.id < before_id)
-            ]
-        found.sort(key=lambda job: job.id, reverse=True)
-        return found[: max(0, limit)]
-
-    def job_id_below(self, before_id: str | None, offset: int) -> str | None:
-        with self._lock:
-            ids = sorted(
-                (i for i in self._jobs if before_id is None or i < before_id), reverse=True
+            return wait_until_final(
+                lambda: self._scoped(job_id, tenant_id),
+                self._changed.wait,
+                timeout=timeout,
+                clock=self._clock,
             )
-        return ids[offset] if 0 <= offset < len(ids) else None
-
-    def job_count(self, where: JobFilter) -> dict[tuple[str, JobState], int]:
-        with self._lock:
-            counts = Counter(
-                (job.queue, job.state) for job in self._jobs.values() if _matches(job, where)
-            )
-        return dict(counts)
-
-    def job_finished_counts(
-        self, since: datetime, bucket: timedelta, *, tenant_id: str | None = None
-    ) -> list[FinishedCount]:
-        since = _utc(since)
-        with self._lock:
-            counts = Counter(
-                (job.queue, job.state, (job.finished_at - since) // bucket)
-                for job in self._jobs.values()
-                if job.finished_at is not None
-                and job.finished_at >= since
-                and job.state in FINAL_STATES
-                and (tenant_id is None or job.tenant_id == tenant_id)
-            )
-        return [
-            FinishedCount(queue, state, since + k * bucket, n)
-            for (queue, state, k), n in sorted(counts.items())
-        ]
 
     def job_retry(
         self, ids: Sequence[str], *, tenant_id: str | None = None, now: datetime | None = None
     ) -> list[str]:
-        at = _now(now)
+        at = self._at(now)
         changed: list[str] = []
         with self._lock:
             for job_id in dict.fromkeys(ids):
@@ -860,7 +563,7 @@ class MemoryDriver:
     def job_prune(
         self, *, states: frozenset[JobState], finished_before: datetime, limit: int
     ) -> int:
-        cutoff = _utc(finished_before)
+        cutoff = utc(finished_before)
         with self._lock:
             old = [
                 job
@@ -883,33 +586,14 @@ class MemoryDriver:
             if not paused:
                 self._notify()
 
-    def queue_list(self, *, now: datetime | None = None) -> list[QueueInfo]:
-        at = _now(now)
-        with self._lock:
-            counts: dict[str, Counter[JobState]] = {name: Counter() for name in self._paused}
-            oldest: dict[str, datetime] = {}
-            for job in self._jobs.values():
-                counts.setdefault(job.queue, Counter())[job.state] += 1
-                due = job.state in (JobState.SCHEDULED, JobState.AVAILABLE) and job.run_at <= at
-                if due and (job.queue not in oldest or job.run_at < oldest[job.queue]):
-                    oldest[job.queue] = job.run_at
-            return [
-                QueueInfo(name, self._paused.get(name, False), dict(counts[name]), oldest.get(name))
-                for name in sorted(counts)
-            ]
-
     # -- wake-ups ----------------------------------------------------------------------------
 
     # -- cron schedules and leadership -----------------------------------------------------
 
-    def schedule_read(self, tasks: Sequence[str]) -> dict[str, ScheduleState]:
-        with self._lock:
-            return {task: self._schedules[task] for task in tasks if task in self._schedules}
-
     def schedule_state(
         self, tasks: Sequence[str], *, now: datetime | None = None
     ) -> dict[str, ScheduleState]:
-        at = _now(now)
+        at = self._at(now)
         with self._lock:
             for task in tasks:
                 self._schedules.setdefault(task, ScheduleState(task, at, None))
@@ -923,8 +607,8 @@ class MemoryDriver:
         *,
         now: datetime | None = None,
     ) -> list[InsertResult] | None:
-        at = _now(now)
-        occurrence = _utc(occurrence)
+        at = self._at(now)
+        occurrence = utc(occurrence)
         with self._lock:
             state = self._schedules.get(task) or ScheduleState(task, at, None)
             if state.last_fired_at is not None and state.last_fired_at >= occurrence:
@@ -935,18 +619,18 @@ class MemoryDriver:
     def schedule_rewind(self, task: str, was: datetime, to: datetime) -> bool:
         with self._lock:
             state = self._schedules.get(task)
-            if state is None or state.last_fired_at != _utc(was):
+            if state is None or state.last_fired_at != utc(was):
                 return False
-            self._schedules[task] = replace(state, last_fired_at=_utc(to))
+            self._schedules[task] = replace(state, last_fired_at=utc(to))
             return True
 
     def database_now(self, *, now: datetime | None = None) -> datetime:
-        return _now(now)
+        return self._at(now)
 
     def leader_elect(
         self, name: str, holder: str, ttl: timedelta, *, now: datetime | None = None
     ) -> bool:
-        at = _now(now)
+        at = self._at(now)
         with self._lock:
             current = self._leaders.get(name)
             if current is not None and current[0] != holder and current[1] > at:
@@ -963,7 +647,7 @@ class MemoryDriver:
     # -- live workers ------------------------------------------------------------------------
 
     def worker_beat(self, worker: WorkerInfo, *, now: datetime | None = None) -> None:
-        at = _now(now)
+        at = self._at(now)
         with self._lock:
             self._workers[worker.id] = replace(worker, heartbeat_at=at)
 
@@ -972,23 +656,19 @@ class MemoryDriver:
             self._workers.pop(worker_id, None)
 
     def worker_prune(self, stale_after: timedelta, *, now: datetime | None = None) -> list[str]:
-        cutoff = _now(now) - stale_after
+        cutoff = self._at(now) - stale_after
         with self._lock:
             stale = sorted(w.id for w in self._workers.values() if w.heartbeat_at < cutoff)
             for worker_id in stale:
                 del self._workers[worker_id]
         return stale
 
-    def worker_list(self) -> list[WorkerInfo]:
-        with self._lock:
-            return [self._workers[worker_id] for worker_id in sorted(self._workers)]
-
     def wait_for_jobs(self, timeout: float, wake: threading.Event) -> None:
-        deadline = self._monotonic() + timeout
+        deadline = self._clock.monotonic() + timeout
         with self._changed:
             seen = self._generation
             while self._generation == seen and not wake.is_set():
-                remaining = deadline - self._monotonic()
+                remaining = deadline - self._clock.monotonic()
                 if remaining <= 0:
                     return
                 self._changed.wait(min(remaining, _WAKE_POLL))
@@ -1015,105 +695,25 @@ class MemoryDriver:
         job = self._held(lease)
         if job is None:
             return False
-        self._put(_unleased(replace(job, state=JobState.COMPLETED, finished_at=at, result=result)))
+        self._put(unleased(replace(job, state=JobState.COMPLETED, finished_at=at, result=result)))
         if job.id in self._limits:
             self._notify()  # a slot is free: a worker waiting on a full limit may claim
         return True
 
     def _put(self, job: Job) -> None:
-        # The one place rows change, so the index of waiting jobs cannot drift from the rows.
-        old = self._jobs.get(job.id)
         self._jobs[job.id] = job
-        if job.state in _WAITING:
-            self._waiting.add(job.id)
-            if job.id not in self._limits and (
-                old is None
-                or old.state not in _WAITING
-                or _order(old) != _order(job)
-                or old.queue != job.queue
-            ):
-                self._index(job)
-        else:
-            self._waiting.discard(job.id)
-        if job.state is not JobState.RUNNING:
-            self._started.discard(job.id)
-            if self._finish_waiters and job.state in FINAL_STATES:
-                self._changed.notify_all()  # for job_wait (wait_for_jobs reads _generation)
+        if job.state in FINAL_STATES:
+            self._changed.notify_all()  # for job_wait (wait_for_jobs reads _generation)
 
     def _delete(self, job: Job) -> None:
         del self._jobs[job.id]
-        self._waiting.discard(job.id)
         self._isolated.discard(job.id)
-        self._started.discard(job.id)
         self._limits.pop(job.id, None)
-        unique = self._uniques.pop(job.id, None)
-        if unique is not None:
-            self._unique_ids[unique[0]].discard(job.id)
+        self._uniques.pop(job.id, None)
         self._keys.pop((job.tenant_id, job.idempotency_key), None)
-
-
-def _now(now: datetime | None) -> datetime:
-    return utcnow() if now is None else _utc(now)
-
-
-def _utc(moment: datetime) -> datetime:
-    if moment.tzinfo is None:
-        raise ValueError(f"{moment!r} is naive; drivers take timezone-aware UTC datetimes")
-    return moment.astimezone(UTC)
-
-
-def _debounced(job: Job, new: Job) -> Job:
-    return replace(job, input=new.input, run_at=new.run_at, state=new.state, priority=new.priority)
-
-
-#: The order claims take waiting jobs in: priority first, then run_at, then id.
-_Order = tuple[int, datetime, str]
-
-
-def _order(job: Job) -> _Order:
-    return (-job.priority, job.run_at, job.id)
-
-
-def _waiting(run_at: datetime, now: datetime) -> JobState:
-    return JobState.SCHEDULED if run_at > now else JobState.AVAILABLE
-
-
-def _unleased(job: Job) -> Job:
-    return replace(job, lease_token=None, lease_expires_at=None)
-
-
-def _new_job(new: NewJob, now: datetime) -> Job:
-    run_at = now if new.run_at is None else _utc(new.run_at)
-    if new.run_at is None and new.delay is not None:
-        run_at = now + new.delay
-    return Job(
-        id=new.id,
-        name=new.name,
-        queue=new.queue,
-        input=new.input,
-        tenant_id=new.tenant_id,
-        idempotency_key=new.idempotency_key,
-        priority=new.priority,
-        state=_waiting(run_at, now),
-        attempt=0,
-        max_attempts=new.max_attempts,
-        run_at=run_at,
-        created_at=now,
-        trace_context=new.trace_context,
-    )
-
-
-def _matches(job: Job, where: JobFilter) -> bool:
-    return (
-        (where.states is None or job.state in where.states)
-        and (where.queue is None or job.queue == where.queue)
-        and (where.name is None or job.name == where.name)
-        and (where.tenant_id is None or job.tenant_id == where.tenant_id)
-        and (where.ids is None or job.id in where.ids)
-        and (where.min_id is None or job.id >= where.min_id)
-    )
 
 
 if TYPE_CHECKING:
     # mypy proves here that the class satisfies the protocol, signature by signature.
     _conforms: Driver = MemoryDriver()
+    _inspects: Inspection = MemoryDriver()

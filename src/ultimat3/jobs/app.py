@@ -69,7 +69,6 @@ from ultimat3.jobs.serialization import Codec, Serializer
 from ultimat3.jobs.worker import Worker, WorkerConfig
 
 DEFAULT_PAYLOAD_LIMIT = 1_048_576
-_NO_OPTIONS = EnqueueOptions()
 
 
 class Ambient(Protocol):
@@ -130,8 +129,6 @@ class App(Enqueuer):
         self._opened = False
         self._open_lock = threading.Lock()
         self._entered: list[Token[Enqueuer | None]] = []
-        #: Each registered job's ``Builder`` for enqueues without options (``_builder``).
-        self._builders: dict[JobHandle[Any], Builder] = {}
         #: Set by ``testing.inline``: runs jobs instead of writing them.
         self._intercept: Callable[[list[NewJob]], list[EnqueueResult]] | None = None
         #: Where enqueues stage jobs when your transaction is on another database (a store or
@@ -252,9 +249,8 @@ class App(Enqueuer):
         Options: ``run_at`` or ``delay``, ``tenant_id``, ``queue``, ``priority``,
         ``max_attempts``, ``idempotency_key``, ``outbox`` (see ``EnqueueKwargs``).
         """
-        opts = EnqueueOptions(**options) if options else _NO_OPTIONS
-        builder = self._builder(handle, opts)
-        job = builder.one(input, self.clock.now() if builder.dated else None)
+        opts = EnqueueOptions(**options)
+        job = self._builder(handle, opts)((input,), self.clock.now())[0]
         return self._insert([job], opts.outbox, job.name)[0]
 
     def enqueue_many(
@@ -310,24 +306,14 @@ class App(Enqueuer):
 
     def _builder(self, handle: JobHandle[Any], options: EnqueueOptions) -> Builder:
         """The builder of ``handle``'s jobs with ``options``, once ``handle`` is known to be
-        one of this app's. Without options it is kept, and used again while it ``fits`` the
-        handle and the serializer (checked on each use, so a changed setting is never
-        missed). A kept builder's handle was checked when it was made, and stays
-        registered: a registry only grows, and never gives a name to another handle."""
+        one of this app's."""
         if not isinstance(handle, JobHandle):
             raise RegistrationError(
                 f"enqueue needs a job handle, got {type(handle).__name__}",
                 fix="decorate the function with @job and register its module with app.register()",
             )
-        if options is _NO_OPTIONS:
-            kept = self._builders.get(handle)
-            if kept is not None and kept.fits(handle, self.serializer):
-                return kept
         self._check_registered(handle)
-        builder = Builder(handle, options, serializer=self.serializer)
-        if options is _NO_OPTIONS:
-            self._builders[handle] = builder
-        return builder
+        return Builder(handle, options, serializer=self.serializer)
 
     def _check_registered(self, handle: JobHandle[Any]) -> None:
         if not self.registry.knows(handle):

@@ -164,15 +164,6 @@ class JobHandle(Generic[InputT]):
     in a worker."""
 
     kind: Literal["job"] = "job"
-    #: How many times an attribute of the handle has been set: a builder an app keeps for it
-    #: (``outbox.Builder.fits``) is used again only while this is unchanged, so a setting
-    #: changed after the first enqueue (``handle.queue = "slow"``) is never missed, and the
-    #: usual enqueue compares one number instead of every setting.
-    _revision: int = 0
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        object.__setattr__(self, name, value)
-        object.__setattr__(self, "_revision", self._revision + 1)
 
     def __init__(
         self,

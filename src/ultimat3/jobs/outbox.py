@@ -18,7 +18,7 @@ so identical inputs are never merged but a re-publish of the same built job coll
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -26,7 +26,7 @@ from ultimat3.jobs import events
 from ultimat3.jobs.driver import DatabaseId, Driver, current_tx
 from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError, OutboxNoTxError
-from ultimat3.jobs.ids import uuid7, uuid7_many
+from ultimat3.jobs.ids import uuid7_many
 from ultimat3.jobs.job import JobHandle, check_queue_name
 from ultimat3.jobs.outbox_store import OutboxStore
 from ultimat3.jobs.records import InsertResult, NewJob, NewJobs
@@ -88,11 +88,7 @@ def build_batch(
 class Builder:
     """The options of an enqueue checked once (``__init__`` raises before anything is
     written); calling it encodes, keys and gives ids to inputs with them. Every value it lets
-    through is one that every driver stores (the same bounds on SQLite and PostgreSQL).
-
-    It reads the handle and the options only when built, so an app keeps one per job for the
-    enqueues without options (``App._builder``), used again while it ``fits``: the usual
-    enqueue checks nothing twice."""
+    through is one that every driver stores (the same bounds on SQLite and PostgreSQL)."""
 
     __slots__ = (
         "_dumps",
@@ -101,11 +97,8 @@ class Builder:
         "_key_of",
         "_limit",
         "_plain",
-        "_revision",
-        "_serializer",
         "_template",
         "_unique",
-        "dated",
     )
 
     def __init__(
@@ -162,22 +155,17 @@ class Builder:
         limit = handle.concurrency or (rate.as_limit() if rate is not None else None)
         unique = handle.unique
         self._handle = handle
-        self._revision = handle._revision
-        self._serializer = serializer
         self._dumps = serializer.dumps
         self._key_of = handle.idempotency_key
         self._limit = limit
         self._unique = unique
         self._given_key = options.idempotency_key
         #: Whether a job of this builder takes nothing of its input but the JSON text: no
-        #: key, no limit partition, no uniqueness key (``one``'s short way).
+        #: key, no limit partition, no uniqueness key (``plain_template``).
         self._plain = (
             self._key_of is None and limit is None and unique is None and self._given_key is None
         )
-        #: Whether a call needs ``now``: only a uniqueness window reads it (a clock read costs
-        #: several µs right after a round trip, on the usual enqueue's path).
-        self.dated = unique is not None
-        # The fields every job of these options shares; each job is a sibling of it.
+        # The fields every job of these options shares; each job copies it with its own.
         self._template = NewJob(
             id="",
             name=handle.name,
@@ -196,20 +184,6 @@ class Builder:
             unique_replace=unique is not None and unique.on_conflict == "replace",
         )
 
-    def fits(self, handle: JobHandle[Any], serializer: Serializer) -> bool:
-        """Whether ``handle`` is unchanged since this builder read it (no attribute of it has
-        been set since: ``JobHandle._revision``) and the serializer is the one it was built
-        with: a builder without options may then be used again."""
-        return handle._revision == self._revision and serializer is self._serializer
-
-    def one(self, input: Any, now: datetime | None) -> NewJob:
-        """``self((input,), now)[0]``: the usual enqueue's job, made without the loop of a
-        batch when there is nothing to work out from ``input`` but its JSON text."""
-        if not self._plain or events.trace_context_for is not None:
-            return self((input,), now)[0]
-        job_id = uuid7()
-        return self._template.sibling(job_id, self._dumps(input), job_id, None, None, None)
-
     def plain_template(self) -> NewJob | None:
         """The job that each job of this builder copies with its own id, JSON text, and its id
         for its key, when nothing else depends on the input (no key, no limit partition, no
@@ -224,9 +198,9 @@ class Builder:
         dumps = self._dumps
         return uuid7_many(len(values)), [dumps(value) for value in values]
 
-    def __call__(self, values: Sequence[Any], now: datetime | None) -> list[NewJob]:
+    def __call__(self, values: Sequence[Any], now: datetime) -> list[NewJob]:
         """The jobs of ``values``, in order (``now``: the instant a uniqueness window counts
-        from; None when not ``dated``)."""
+        from)."""
         template = self._template
         name, queue, tenant = template.name, template.queue, template.tenant_id
         dumps, key_of, given_key = self._dumps, self._key_of, self._given_key
@@ -239,28 +213,23 @@ class Builder:
             if key is None and key_of is not None:
                 key = _key_of(self._handle, key_of, input)
             jobs.append(
-                template.sibling(
-                    job_id,
-                    payload,
-                    job_id if key is None else f"{name}:{key}",
-                    None if inject is None else inject(queue, name, job_id),
-                    None
+                replace(
+                    template,
+                    id=job_id,
+                    input=payload,
+                    idempotency_key=job_id if key is None else f"{name}:{key}",
+                    trace_context=None if inject is None else inject(queue, name, job_id),
+                    limit_key=None
                     if limit is None
                     else limit.key_for(job=name, queue=queue, input=input, tenant_id=tenant),
-                    None
+                    unique_key=None
                     if unique is None
                     else unique.key_for(
-                        job=name, payload=payload, input=input, tenant_id=tenant, now=_dated(now)
+                        job=name, payload=payload, input=input, tenant_id=tenant, now=now
                     ),
                 )
             )
         return jobs
-
-
-def _dated(now: datetime | None) -> datetime:
-    if now is None:
-        raise AssertionError("a builder with a uniqueness window was called without now")
-    return now
 
 
 def _key_of(handle: JobHandle[Any], key_of: Callable[[Any], str], input: Any) -> str:

@@ -501,33 +501,10 @@ class _Reject(Exception):
         return SerializationError(f"{where} {self.reason}", path=where, fix=self.fix)
 
 
-def _make_encoder() -> Callable[[Any], str]:
-    """The fastest correct compact encoder: the C encoder built once (its private factory,
-    checked against the public API here), else ``JSONEncoder.encode``."""
-    public = json.JSONEncoder(
-        separators=(",", ":"), ensure_ascii=False, allow_nan=False, check_circular=False
-    )
-    factory = getattr(json.encoder, "c_make_encoder", None)
-    if factory is not None:
-        try:
-            # No markers: the walk has already refused cycles.
-            c_encoder = factory(
-                None, public.default, json.encoder.encode_basestring, None, ":", ",",
-                False, False, False,
-            )  # fmt: skip
-
-            def fast(value: Any) -> str:
-                return "".join(c_encoder(value, 0))
-
-            sample = {"a": [1, 2.5, "é", None, True], "b": {"c": -3}}
-            if fast(sample) == public.encode(sample) and fast("x") == '"x"':
-                return fast
-        except Exception:  # a Python whose private encoder differs: use the public one
-            pass
-    return public.encode
-
-
-_encode = _make_encoder()
+#: Compact JSON text of data the walk has checked (so no cycle check: it refused cycles).
+_encode = json.JSONEncoder(
+    separators=(",", ":"), ensure_ascii=False, allow_nan=False, check_circular=False
+).encode
 
 
 def _run_encode(codec: Codec[Any], value: Any) -> Any:

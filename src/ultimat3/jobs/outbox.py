@@ -57,6 +57,52 @@ class EnqueueOptions:
     outbox: bool | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Destination:
+    """Where an app's enqueue writes (``App`` works it out, ``enqueue`` writes there): the
+    job database's driver, the app's mode, the outbox store when the current transaction may
+    be on the outbox's database, and the stand-in of ``testing.inline``, which runs the jobs
+    instead. ``driver`` is None only when nothing is written to the database."""
+
+    driver: Driver | None
+    mode: Mode = "default"
+    store: OutboxStore | None = None
+    intercept: Callable[[list[NewJob]], list[InsertResult]] | None = None
+
+
+def enqueue(
+    where: Destination,
+    handle: JobHandle[Any],
+    inputs: Sequence[Any],
+    options: EnqueueOptions,
+    *,
+    serializer: Serializer,
+    now: datetime,
+    pinned: datetime | None,
+    many: bool,
+) -> list[InsertResult]:
+    """Build the jobs of ``inputs`` with ``options`` (all checked before anything is written)
+    and write them to ``where`` (``insert``). ``many``: a batch, which a driver may build as it
+    writes (``build_batch``); ``now`` is when a uniqueness window counts from, ``pinned`` the
+    ``now`` of the write (None: the database's clock)."""
+    builder = Builder(handle, options, serializer=serializer)
+    jobs = build_batch(builder, inputs, now=now) if many else builder(inputs, now)
+    if not jobs:
+        return []
+    if where.intercept is not None:
+        return where.intercept(list(jobs))
+    assert where.driver is not None
+    return insert(
+        where.driver,
+        jobs,
+        mode=where.mode,
+        outbox=options.outbox,
+        now=pinned,
+        label=handle.name,
+        store=where.store,
+    )
+
+
 def build_job(
     handle: JobHandle[Any],
     input: Any,

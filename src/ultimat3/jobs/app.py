@@ -43,7 +43,14 @@ from ultimat3.jobs.job import (
     unregistered,
 )
 from ultimat3.jobs.maintenance import MaintenanceConfig
-from ultimat3.jobs.outbox import Destination, EnqueueOptions, Mode, build_job, enqueue
+from ultimat3.jobs.outbox import (
+    Destination,
+    EnqueueOptions,
+    KnownDatabases,
+    Mode,
+    build_job,
+    enqueue,
+)
 from ultimat3.jobs.outbox_store import OutboxStore
 from ultimat3.jobs.outboxes import open_store
 from ultimat3.jobs.records import (
@@ -62,6 +69,8 @@ from ultimat3.jobs.serialization import Codec, Serializer
 from ultimat3.jobs.worker import Worker, WorkerConfig
 
 DEFAULT_PAYLOAD_LIMIT = 1_048_576
+#: The job database each caller's connection reaches, once it has joined (``App._join``).
+_KNOWN = KnownDatabases()
 
 
 class Ambient(Protocol):
@@ -403,10 +412,18 @@ class App(Enqueuer):
             current_tx.reset(tx)
 
     def _join(self, connection: Any, *, serial: asyncio.Lock | None = None) -> Joined:
-        """The caller's connection as a ``Joined`` on the job database or the outbox's."""
+        """The caller's connection as a ``Joined`` on the job database or the outbox's. The
+        job database a connection reaches is worked out on its first join only (``_KNOWN``);
+        the driver checks the rest on each join."""
         driver = self._unopened_driver()
+        known = None if isinstance(connection, Joined) else _KNOWN.get(connection)
         try:
-            joined = driver.adopt(connection)
+            if known is not None:
+                joined = driver.adopt(Joined(connection, known))
+            else:
+                joined = driver.adopt(connection)
+                if not isinstance(connection, Joined):
+                    _KNOWN.remember(connection, joined.database)
         except ConfigurationError as exc:
             if self._outbox is None:
                 raise ConfigurationError(

@@ -17,6 +17,7 @@ so identical inputs are never merged but a re-publish of the same built job coll
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -43,6 +44,67 @@ def reaches(database: DatabaseId, target: Driver | OutboxStore) -> bool:
     if database is own or database == own:  # a driver's Joined carries its own identity
         return True
     return database.kind == own.kind and database == target.identity(refresh=True)
+
+
+class KnownDatabases:
+    """The database each caller's connection reaches, worked out once per connection (the
+    first ``using()`` on it), held without keeping the connection alive: a connection reaches
+    one database for its whole life, so a later join on it costs no look-up. What can change
+    between transactions (closed, aborted, in another thread, a converter registered since) is
+    still checked on every join, by the driver's ``adopt`` of the ``Joined``.
+
+    A connection that takes weak references (psycopg's) is a key of a ``WeakKeyDictionary``.
+    A ``sqlite3.Connection`` takes none, so it is keyed by ``id()``, which a later connection
+    may reuse once this one is freed; such an entry stays valid only while a marker it holds
+    weakly is alive, and the marker is a SQL function registered on the connection
+    (``create_function``), so only the connection keeps it alive: closing or freeing the
+    connection ends the entry before its id can be reused. A connection that takes neither
+    is looked up each time."""
+
+    _MARK = "ultimat3_jobs_joined"
+
+    def __init__(self) -> None:
+        self._weak: weakref.WeakKeyDictionary[Any, DatabaseId] = weakref.WeakKeyDictionary()
+        self._by_id: dict[int, tuple[weakref.ref[_Mark], DatabaseId]] = {}
+
+    def get(self, connection: Any) -> DatabaseId | None:
+        try:
+            return self._weak.get(connection)
+        except TypeError:  # takes no weak reference
+            entry = self._by_id.get(id(connection))
+            return entry[1] if entry is not None and entry[0]() is not None else None
+
+    def remember(self, connection: Any, database: DatabaseId) -> None:
+        try:
+            self._weak[connection] = database
+            return
+        except TypeError:
+            pass
+        create = getattr(connection, "create_function", None)
+        if create is None:
+            return
+        mark = _Mark()
+        try:
+            create(self._MARK, 0, mark)
+        except Exception:
+            return
+        key = id(connection)
+
+        def forget(ref: weakref.ref[_Mark]) -> None:
+            entry = self._by_id.get(key)
+            if entry is not None and entry[0] is ref:
+                del self._by_id[key]
+
+        self._by_id[key] = (weakref.ref(mark, forget), database)
+
+
+class _Mark:
+    """The SQL function ``KnownDatabases`` registers on a connection: it answers 1."""
+
+    __slots__ = ("__weakref__",)
+
+    def __call__(self) -> int:
+        return 1
 
 
 @dataclass(frozen=True, slots=True)

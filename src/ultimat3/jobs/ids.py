@@ -1,11 +1,17 @@
 """Job ids: UUIDv7 text, time-ordered (so they index well) and hard to guess (so one tenant
-cannot walk another's ids). ``uuid.uuid7`` arrives in the stdlib only with Python 3.14."""
+cannot walk another's ids). ``uuid.uuid7`` arrives in the stdlib only with Python 3.14.
+
+The timestamp is the host's wall clock (``clock.wall_ns``), not an app's ``Clock``: it decides
+nothing (no due time, lease or window reads an id); it orders ids in the index, so it follows
+real time. Ids of a process only increase, so one app's fake clock set ahead would carry every
+later id of the process, of any app, ahead with it."""
 
 from __future__ import annotations
 
 import os
 import threading
-import time
+
+from ultimat3.jobs.clock import wall_ns
 
 _lock = threading.Lock()
 _last_ms = 0
@@ -31,7 +37,7 @@ if hasattr(os, "register_at_fork"):
 def uuid7() -> str:
     """A RFC 9562 version-7 UUID as text; monotonic within this process."""
     global _last_ms, _seq, _pool, _pos
-    ms = time.time_ns() // 1_000_000
+    ms = wall_ns() // 1_000_000
     with _lock:
         if _pos >= len(_pool):  # one getrandom() call per 512 ids
             _pool, _pos = os.urandom(4096).hex(), 0
@@ -58,7 +64,7 @@ def uuid7_many(n: int) -> list[str]:
     if n <= 1:
         return [uuid7()] if n == 1 else []
     global _last_ms, _seq
-    ms = time.time_ns() // 1_000_000
+    ms = wall_ns() // 1_000_000
     rand = os.urandom(8 * n).hex()
     runs = []  # (millisecond, first sequence number, how many ids)
     with _lock:

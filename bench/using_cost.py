@@ -6,8 +6,9 @@ what a bare INSERT of the same job row adds, on SQLite and PostgreSQL.
 
 Each round runs three fresh business transactions on the caller's own connection, in turns
 (``run.kinds_medians``): the business INSERT alone; it and a bare INSERT into the job table;
-it inside ``with app.using(conn):`` with one ``handle.enqueue``. The added costs are medians
-minus the first kind's median. Not a test: nothing here asserts.
+it inside ``with app.using(conn):`` with one ``handle.enqueue``; and it inside ``using()``
+with no enqueue (what joining alone costs). The added costs are medians minus the first
+kind's median. Not a test: nothing here asserts.
 """
 
 from __future__ import annotations
@@ -41,11 +42,12 @@ def _app(url: str) -> App:
     return app
 
 
-def _report(label: str, alone: float, bare: float, ours: float) -> None:
+def _report(label: str, alone: float, bare: float, ours: float, joined: float) -> None:
     added_bare, added_ours = bare - alone, ours - alone
     print(
         f"{label}: tx alone {alone * 1e3:.3f} ms; bare INSERT adds {added_bare * 1e3:.3f} ms; "
-        f"using()+enqueue adds {added_ours * 1e3:.3f} ms; ratio {added_ours / added_bare:.2f}",
+        f"using()+enqueue adds {added_ours * 1e3:.3f} ms; ratio {added_ours / added_bare:.2f} "
+        f"(using() alone adds {(joined - alone) * 1e3:.3f} ms)",
         flush=True,
     )
 
@@ -60,10 +62,11 @@ def sqlite_cost(rounds: int) -> None:
         conn.commit()
 
         def transaction(i: int, kind: int) -> None:
-            if kind == 2:
+            if kind >= 2:
                 with app.using(conn):
                     conn.execute("insert into orders(v) values (?)", (f"o{i}",))
-                    noop.enqueue({"order": i})
+                    if kind == 2:
+                        noop.enqueue({"order": i})
             else:
                 conn.execute("insert into orders(v) values (?)", (f"o{i}",))
                 if kind == 1:
@@ -71,7 +74,7 @@ def sqlite_cost(rounds: int) -> None:
                     conn.execute(BARE_JOB_INSERT, (j, j))
             conn.commit()
 
-        _report("SQLite", *kinds_medians(rounds, transaction, 3))
+        _report("SQLite", *kinds_medians(rounds, transaction, 4))
         conn.close()
         app.close()
     finally:
@@ -94,17 +97,18 @@ def postgres_cost(rounds: int) -> None:
             conn.commit()
 
             def transaction(i: int, kind: int) -> None:
-                if kind == 2:
+                if kind >= 2:
                     with app.using(conn):
                         conn.execute("INSERT INTO orders (v) VALUES (%s)", (f"o{i}",))
-                        noop.enqueue({"order": i})
+                        if kind == 2:
+                            noop.enqueue({"order": i})
                 else:
                     conn.execute("INSERT INTO orders (v) VALUES (%s)", (f"o{i}",))
                     if kind == 1:
                         conn.execute(f"INSERT INTO {table} ({COLUMNS}) {ROW_VALUES}", _row())
                 conn.commit()
 
-            _report("PostgreSQL", *kinds_medians(rounds, transaction, 3))
+            _report("PostgreSQL", *kinds_medians(rounds, transaction, 4))
         app.close()
     finally:
         cluster.close()

@@ -18,6 +18,7 @@ import shutil
 import sqlite3
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,26 @@ def _app(url: str) -> App:
     return app
 
 
-def _report(label: str, alone: float, bare: float, ours: float, joined: float) -> None:
-    added_bare, added_ours = bare - alone, ours - alone
+def _measure(
+    label: str, app: App, conn: Any, business: str, bare: Callable[[], Any], n: int
+) -> None:
+    """Time the four kinds of business transaction on ``conn`` (``business``: its INSERT,
+    of one parameter; ``bare``: the bare INSERT of a job row) and print what each adds."""
+
+    def transaction(i: int, kind: int) -> None:
+        if kind >= 2:
+            with app.using(conn):
+                conn.execute(business, (f"o{i}",))
+                if kind == 2:
+                    noop.enqueue({"order": i})
+        else:
+            conn.execute(business, (f"o{i}",))
+            if kind == 1:
+                bare()
+        conn.commit()
+
+    alone, with_bare, ours, joined = kinds_medians(n, transaction, 4)
+    added_bare, added_ours = with_bare - alone, ours - alone
     print(
         f"{label}: tx alone {alone * 1e3:.3f} ms; bare INSERT adds {added_bare * 1e3:.3f} ms; "
         f"using()+enqueue adds {added_ours * 1e3:.3f} ms; ratio {added_ours / added_bare:.2f} "
@@ -61,20 +80,11 @@ def sqlite_cost(rounds: int) -> None:
         conn.execute("create table orders(id integer primary key, v text)")
         conn.commit()
 
-        def transaction(i: int, kind: int) -> None:
-            if kind >= 2:
-                with app.using(conn):
-                    conn.execute("insert into orders(v) values (?)", (f"o{i}",))
-                    if kind == 2:
-                        noop.enqueue({"order": i})
-            else:
-                conn.execute("insert into orders(v) values (?)", (f"o{i}",))
-                if kind == 1:
-                    j = uuid7()
-                    conn.execute(BARE_JOB_INSERT, (j, j))
-            conn.commit()
+        def bare() -> None:
+            j = uuid7()
+            conn.execute(BARE_JOB_INSERT, (j, j))
 
-        _report("SQLite", *kinds_medians(rounds, transaction, 4))
+        _measure("SQLite", app, conn, "insert into orders(v) values (?)", bare, rounds)
         conn.close()
         app.close()
     finally:
@@ -91,24 +101,14 @@ def postgres_cost(rounds: int) -> None:
     try:
         dsn = cluster.dsn()
         app = _app(_url(dsn))
-        table = '"ultimat3_jobs".x_jobs'
+        bare_sql = f'INSERT INTO "ultimat3_jobs".x_jobs ({COLUMNS}) {ROW_VALUES}'
         with psycopg.connect(dsn) as conn:
             conn.execute("CREATE TABLE orders (id bigserial primary key, v text)")
             conn.commit()
-
-            def transaction(i: int, kind: int) -> None:
-                if kind >= 2:
-                    with app.using(conn):
-                        conn.execute("INSERT INTO orders (v) VALUES (%s)", (f"o{i}",))
-                        if kind == 2:
-                            noop.enqueue({"order": i})
-                else:
-                    conn.execute("INSERT INTO orders (v) VALUES (%s)", (f"o{i}",))
-                    if kind == 1:
-                        conn.execute(f"INSERT INTO {table} ({COLUMNS}) {ROW_VALUES}", _row())
-                conn.commit()
-
-            _report("PostgreSQL", *kinds_medians(rounds, transaction, 4))
+            business = "INSERT INTO orders (v) VALUES (%s)"
+            _measure(
+                "PostgreSQL", app, conn, business, lambda: conn.execute(bare_sql, _row()), rounds
+            )
         app.close()
     finally:
         cluster.close()
@@ -119,10 +119,9 @@ def main() -> None:
     parser.add_argument("--driver", choices=("sqlite", "postgres", "both"), default="both")
     parser.add_argument("--rounds", type=int, default=2000)
     args = parser.parse_args()
-    if args.driver in ("sqlite", "both"):
-        sqlite_cost(args.rounds)
-    if args.driver in ("postgres", "both"):
-        postgres_cost(args.rounds)
+    for name, cost in (("sqlite", sqlite_cost), ("postgres", postgres_cost)):
+        if args.driver in (name, "both"):
+            cost(args.rounds)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from ultimat3.jobs import (
     job,
 )
 from ultimat3.jobs.drivers import sqlite_path
-from ultimat3.jobs.records import NewJob
 
 
 @job
@@ -184,22 +183,6 @@ def test_a_big_batch_refused_far_in_writes_nothing_and_spares_the_transaction(
     assert all(app.get_job(r.id).state is JobState.AVAILABLE for r in (after[0], after[-1]))
 
 
-def test_a_plain_batch_reaches_the_database_without_a_job_record_per_row(
-    make_app: Callable[..., App], make_module: Any, url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A plain batch is kept as its ids and JSON texts (``NewJobs.columns``): SQLite's batch
-    statement and PostgreSQL's COPY write those, and make no ``NewJob`` for a row. The memory
-    driver stores records, so it makes one for each."""
-    app = make_app(make_module(noop=noop))
-    made: list[str] = []
-    sibling = NewJob.sibling
-    monkeypatch.setattr(NewJob, "sibling", lambda job, *a: made.append(a[0]) or sibling(job, *a))
-    results = app.enqueue_many(noop, [{"n": i} for i in range(600)])
-    assert app.count_jobs() == 600 and len({r.id for r in results}) == 600
-    assert app.get_job(results[599].id).input == '{"n":599}'
-    assert len(made) == (600 if url == "memory://" else 0)
-
-
 def test_a_big_batch_with_a_key_repeated_far_in_dedupes_it(
     make_app: Callable[..., App], make_module: Any
 ) -> None:
@@ -227,8 +210,7 @@ def test_enqueue_options(make_app: Callable[..., App], make_module: Any) -> None
 def test_an_enqueue_after_a_job_setting_changed_uses_the_new_setting(
     make_app: Callable[..., App], make_module: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The app keeps each job's checked settings for the enqueues without options
-    (``App._builder``); a setting changed since, or a tracing integration turned on since,
+    """A setting changed after the first enqueue, or a tracing integration turned on since,
     is never missed."""
     app = make_app(make_module(noop=noop))
     first = app.get_job(noop.enqueue({}).id)

@@ -160,6 +160,25 @@ def test_an_unfinished_job_times_out_with_a_clear_error(app: App) -> None:
     assert "'default'" in info.value.fix
 
 
+def test_the_deadline_of_a_result_wait_is_on_the_clock_it_is_given(app: App) -> None:
+    """``results.wait_result`` reads the time through a ``Clock`` (the system's by default):
+    on a fake clock whose monotonic time moves 5 s at each read, a 5 s timeout has passed by
+    the first wait, which is then no real wait."""
+    from ultimat3.jobs.results import wait_result
+    from ultimat3.jobs.testing import FakeClock
+
+    class Hurried(FakeClock):
+        def monotonic(self) -> float:
+            self.advance(5)
+            return super().monotonic()
+
+    done = total.enqueue({"order": 1, "prices": []})
+    started = time.monotonic()
+    with pytest.raises(ResultTimeoutError, match="still available after 5s"):
+        wait_result(app.driver, app.serializer, done.id, timeout="5s", clock=Hurried())
+    assert time.monotonic() - started < 2
+
+
 def test_an_unknown_job_is_not_found(app: App) -> None:
     with pytest.raises(JobNotFoundError, match="pruned after"):
         app.result("no-such-job", timeout=5)

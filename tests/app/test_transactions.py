@@ -14,6 +14,7 @@ caller's own lock.
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 import sqlite3
 import threading
@@ -257,6 +258,70 @@ def test_an_aborted_or_closed_connection_cannot_be_joined(tmp_path: Path, make_m
             pass
     finally:
         app.close()
+
+
+def test_a_connection_is_identified_on_its_first_join_and_checked_on_every_join(
+    tmp_path: Path, make_module: Any
+) -> None:
+    """Which file a caller's connection opens is asked once (its first ``using()``); what
+    can change between transactions is still checked on each join: a join from another
+    thread and a join after ``close()`` are refused as before."""
+    path = tmp_path / "jobs.sqlite3"
+    app = App(f"sqlite:///{path}", modules=[make_module("tx_known", in_a=in_a)])
+    app.open()
+    statements: list[str] = []
+    try:
+        conn = sqlite3.connect(path)
+        conn.set_trace_callback(statements.append)
+        for n in range(3):
+            with app.using(conn):
+                in_a.enqueue({"n": n})
+            conn.commit()
+        assert sum("database_list" in s for s in statements) == 1
+        assert app.count_jobs() == 3
+
+        refused: list[BaseException] = []
+
+        def elsewhere() -> None:
+            try:
+                with app.using(conn):
+                    in_a.enqueue({"n": "thread"})
+            except ConfigurationError as exc:
+                refused.append(exc)
+
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        thread.join()
+        assert len(refused) == 1 and "cannot inspect" in str(refused[0])
+        conn.close()
+        with pytest.raises(ConfigurationError, match="cannot inspect"), app.using(conn):
+            in_a.enqueue({"n": "closed"})
+        assert app.count_jobs() == 3
+    finally:
+        app.close()
+
+
+def test_a_closed_sqlite_connection_is_forgotten_so_its_id_can_name_another(
+    tmp_path: Path,
+) -> None:
+    """A ``sqlite3.Connection`` takes no weak reference, so the database it reaches is kept
+    by ``id()``: the entry ends when the connection is closed or freed, before another
+    connection can be given the same id."""
+    from ultimat3.jobs.driver import DatabaseId
+    from ultimat3.jobs.outbox import KnownDatabases
+
+    known = KnownDatabases()
+    database = DatabaseId("sqlite", ("test",))
+    closed = sqlite3.connect(tmp_path / "a.sqlite3")
+    known.remember(closed, database)
+    assert known.get(closed) == database
+    closed.close()
+    assert known.get(closed) is None
+    freed = sqlite3.connect(tmp_path / "b.sqlite3")
+    known.remember(freed, database)
+    del freed
+    gc.collect()
+    assert known._by_id == {}
 
 
 @pytest.mark.postgres

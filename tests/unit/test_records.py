@@ -4,49 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from ultimat3.jobs.records import NewJob, NewJobs
-
-
-def test_a_sibling_is_the_job_with_its_six_own_fields_replaced_and_stays_frozen() -> None:
-    first = NewJob(
-        id="a",
-        name="send",
-        queue="mail",
-        input='{"n":1}',
-        idempotency_key="send:1",
-        max_attempts=7,
-        run_at=datetime(2030, 1, 1, tzinfo=UTC),
-        priority=-3,
-        tenant_id="t1",
-        delay=timedelta(seconds=5),
-        trace_context="00-aa-bb-01",
-        limit_key="k1",
-        limit_max=2,
-        rate_max=10,
-        rate_period=timedelta(minutes=1),
-        unique_key="u1",
-        unique_states=5,
-        unique_replace=True,
-    )
-    sibling = first.sibling("b", '{"n":2}', "send:2", None, "k2", None)
-    assert sibling == dataclasses.replace(
-        first,
-        id="b",
-        input='{"n":2}',
-        idempotency_key="send:2",
-        trace_context=None,
-        limit_key="k2",
-        unique_key=None,
-    )
-    # Every field is set (a field added to NewJob but not to sibling() would be unset here).
-    assert all(hasattr(sibling, f.name) for f in dataclasses.fields(NewJob))
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        sibling.id = "c"  # type: ignore[misc]
 
 
 def test_new_jobs_are_built_whole_on_any_read_or_a_slice_at_a_time_by_stream() -> None:
@@ -104,14 +66,3 @@ def test_a_plain_batch_is_kept_as_columns_and_read_as_the_same_jobs() -> None:
     assert [[j.id for j in part] for part in fresh.stream(2)] == [["id0", "id1"], ["id2"]]
     with pytest.raises(TypeError):
         NewJobs([1], template=template)  # neither build nor encode
-
-
-def test_the_columns_and_ids_of_a_plain_batch_make_no_job(monkeypatch: pytest.MonkeyPatch) -> None:
-    made: list[str] = []
-    sibling = NewJob.sibling
-    monkeypatch.setattr(NewJob, "sibling", lambda self, *a: made.append(a[0]) or sibling(self, *a))
-    template = NewJob(id="", name="j", queue="q", input="", idempotency_key="", max_attempts=1)
-    batch = NewJobs(["a", "b"], template=template, encode=lambda part: (list(part), list(part)))
-    assert list(batch.columns(1)) == [(["a"], ["a"]), (["b"], ["b"])]
-    assert batch.ids() == ["a", "b"] and made == []
-    assert [j.input for j in batch] == ["a", "b"] and made == ["a", "b"]

@@ -4,6 +4,7 @@ joining a caller's connection, nested transactions, and kill -9 in the middle of
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -891,13 +892,13 @@ def _sibling(job: NewJob, n: int) -> NewJob:
     """A job of ``job``'s enqueue (its template's fields) with its own id, input, key, trace
     context and limit key, as ``Builder`` makes them."""
     job_id = uuid7()
-    return job.sibling(
-        job_id,
-        TRICKY_INPUTS[n % len(TRICKY_INPUTS)],
-        job_id if n % 2 else f"key-{n}",  # keyless and keyed
-        "00-trace-01" if n % 3 == 0 else None,
-        f"tenant-{n % 4}" if n % 5 == 0 else None,
-        None,
+    return dataclasses.replace(
+        job,
+        id=job_id,
+        input=TRICKY_INPUTS[n % len(TRICKY_INPUTS)],
+        idempotency_key=job_id if n % 2 else f"key-{n}",  # keyless and keyed
+        trace_context="00-trace-01" if n % 3 == 0 else None,
+        limit_key=f"tenant-{n % 4}" if n % 5 == 0 else None,
     )
 
 

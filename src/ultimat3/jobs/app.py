@@ -44,12 +44,12 @@ from ultimat3.jobs.job import (
 )
 from ultimat3.jobs.maintenance import MaintenanceConfig
 from ultimat3.jobs.outbox import (
-    Builder,
+    Destination,
     EnqueueOptions,
+    KnownDatabases,
     Mode,
-    build_batch,
     build_job,
-    insert,
+    enqueue,
 )
 from ultimat3.jobs.outbox_store import OutboxStore
 from ultimat3.jobs.outboxes import open_store
@@ -69,7 +69,8 @@ from ultimat3.jobs.serialization import Codec, Serializer
 from ultimat3.jobs.worker import Worker, WorkerConfig
 
 DEFAULT_PAYLOAD_LIMIT = 1_048_576
-_NO_OPTIONS = EnqueueOptions()
+#: The job database each caller's connection reaches, once it has joined (``App._join``).
+_KNOWN = KnownDatabases()
 
 
 class Ambient(Protocol):
@@ -130,8 +131,6 @@ class App(Enqueuer):
         self._opened = False
         self._open_lock = threading.Lock()
         self._entered: list[Token[Enqueuer | None]] = []
-        #: Each registered job's ``Builder`` for enqueues without options (``_builder``).
-        self._builders: dict[JobHandle[Any], Builder] = {}
         #: Set by ``testing.inline``: runs jobs instead of writing them.
         self._intercept: Callable[[list[NewJob]], list[EnqueueResult]] | None = None
         #: Where enqueues stage jobs when your transaction is on another database (a store or
@@ -252,10 +251,7 @@ class App(Enqueuer):
         Options: ``run_at`` or ``delay``, ``tenant_id``, ``queue``, ``priority``,
         ``max_attempts``, ``idempotency_key``, ``outbox`` (see ``EnqueueKwargs``).
         """
-        opts = EnqueueOptions(**options) if options else _NO_OPTIONS
-        builder = self._builder(handle, opts)
-        job = builder.one(input, self.clock.now() if builder.dated else None)
-        return self._insert([job], opts.outbox, job.name)[0]
+        return self._enqueue(handle, (input,), EnqueueOptions(**options), many=False)[0]
 
     def enqueue_many(
         self, handle: JobHandle[Any], inputs: Iterable[Any], /, **options: Unpack[EnqueueKwargs]
@@ -267,8 +263,8 @@ class App(Enqueuer):
                 "enqueue_many got one idempotency_key for many jobs",
                 fix="give the job an idempotency_key function of its input, or enqueue one by one",
             )
-        jobs = build_batch(self._builder(handle, opts), inputs, now=self.clock.now())
-        return self._insert(jobs, opts.outbox, handle.name) if jobs else []
+        values = inputs if isinstance(inputs, list | tuple) else list(inputs)
+        return self._enqueue(handle, values, opts, many=True)
 
     async def enqueue_async(
         self, handle: JobHandle[Any], input: Any, /, **options: Unpack[EnqueueKwargs]
@@ -308,26 +304,61 @@ class App(Enqueuer):
     def _remove_ambient(self, source: Ambient) -> None:
         self._ambient = tuple(s for s in self._ambient if s is not source)
 
-    def _builder(self, handle: JobHandle[Any], options: EnqueueOptions) -> Builder:
-        """The builder of ``handle``'s jobs with ``options``, once ``handle`` is known to be
-        one of this app's. Without options it is kept, and used again while it ``fits`` the
-        handle and the serializer (checked on each use, so a changed setting is never
-        missed). A kept builder's handle was checked when it was made, and stays
-        registered: a registry only grows, and never gives a name to another handle."""
+    def _enqueue(
+        self,
+        handle: JobHandle[Any],
+        inputs: Sequence[Any],
+        options: EnqueueOptions,
+        *,
+        many: bool,
+    ) -> list[EnqueueResult]:
+        """Work out where an enqueue writes (``_write``: the transaction it joins, its
+        database, the outbox), then hand it down to ``outbox.enqueue``, which builds the jobs
+        and writes them there. Outside ``using()``, an integration's transaction (an
+        ``Ambient``) is the one joined."""
         if not isinstance(handle, JobHandle):
             raise RegistrationError(
                 f"enqueue needs a job handle, got {type(handle).__name__}",
                 fix="decorate the function with @job and register its module with app.register()",
             )
-        if options is _NO_OPTIONS:
-            kept = self._builders.get(handle)
-            if kept is not None and kept.fits(handle, self.serializer):
-                return kept
         self._check_registered(handle)
-        builder = Builder(handle, options, serializer=self.serializer)
-        if options is _NO_OPTIONS:
-            self._builders[handle] = builder
-        return builder
+        if (
+            not inputs
+            or self._intercept is not None
+            or not self._ambient
+            or current_tx.get() is not None
+        ):
+            return self._write(handle, inputs, options, many=many)
+        for source in self._ambient:
+            joined = source.joined(self)
+            if joined is not None:
+                token = current_tx.set(joined)
+                try:
+                    return self._write(handle, inputs, options, many=many)
+                finally:
+                    current_tx.reset(token)
+        return self._write(handle, inputs, options, many=many)
+
+    def _write(
+        self, handle: JobHandle[Any], inputs: Sequence[Any], options: EnqueueOptions, *, many: bool
+    ) -> list[EnqueueResult]:
+        if self._intercept is not None or not inputs:  # nothing is written to the database
+            where = Destination(None, self.mode, intercept=self._intercept)
+        else:
+            store = None
+            if self._outbox is not None and current_tx.get() is not None:
+                store = self._open_outbox()
+            where = Destination(self.driver, self.mode, store)
+        return enqueue(
+            where,
+            handle,
+            inputs,
+            options,
+            serializer=self.serializer,
+            now=self.clock.now(),
+            pinned=self.clock.pinned(),
+            many=many,
+        )
 
     def _check_registered(self, handle: JobHandle[Any]) -> None:
         if not self.registry.knows(handle):
@@ -336,36 +367,6 @@ class App(Enqueuer):
                 f"job {label!r} is not registered with this app",
                 fix="call app.register(module) with the module that exports it before enqueuing",
             )
-
-    def _insert(
-        self, jobs: Sequence[NewJob], outbox: bool | None, label: str
-    ) -> list[EnqueueResult]:
-        """Insert built jobs (``label``: their job's name, for errors; a batch is read first
-        by the driver, which may build it as it writes: ``NewJobs``)."""
-        if self._intercept is not None:
-            return self._intercept(list(jobs))
-        if self._ambient and current_tx.get() is None:
-            for source in self._ambient:
-                joined = source.joined(self)
-                if joined is not None:
-                    token = current_tx.set(joined)
-                    try:
-                        return self._insert(jobs, outbox, label)
-                    finally:
-                        current_tx.reset(token)
-        driver = self.driver
-        store = None
-        if self._outbox is not None and current_tx.get() is not None:
-            store = self._open_outbox()
-        return insert(
-            driver,
-            jobs,
-            mode=self.mode,
-            outbox=outbox,
-            now=self.clock.pinned(),
-            label=label,
-            store=store,
-        )
 
     # -- transactions ------------------------------------------------------------------------
 
@@ -411,10 +412,18 @@ class App(Enqueuer):
             current_tx.reset(tx)
 
     def _join(self, connection: Any, *, serial: asyncio.Lock | None = None) -> Joined:
-        """The caller's connection as a ``Joined`` on the job database or the outbox's."""
+        """The caller's connection as a ``Joined`` on the job database or the outbox's. The
+        job database a connection reaches is worked out on its first join only (``_KNOWN``);
+        the driver checks the rest on each join."""
         driver = self._unopened_driver()
+        known = None if isinstance(connection, Joined) else _KNOWN.get(connection)
         try:
-            joined = driver.adopt(connection)
+            if known is not None:
+                joined = driver.adopt(Joined(connection, known))
+            else:
+                joined = driver.adopt(connection)
+                if not isinstance(connection, Joined):
+                    _KNOWN.remember(connection, joined.database)
         except ConfigurationError as exc:
             if self._outbox is None:
                 raise ConfigurationError(

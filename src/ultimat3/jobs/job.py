@@ -164,15 +164,6 @@ class JobHandle(Generic[InputT]):
     in a worker."""
 
     kind: Literal["job"] = "job"
-    #: How many times an attribute of the handle has been set: a builder an app keeps for it
-    #: (``outbox.Builder.fits``) is used again only while this is unchanged, so a setting
-    #: changed after the first enqueue (``handle.queue = "slow"``) is never missed, and the
-    #: usual enqueue compares one number instead of every setting.
-    _revision: int = 0
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        object.__setattr__(self, name, value)
-        object.__setattr__(self, "_revision", self._revision + 1)
 
     def __init__(
         self,
@@ -239,9 +230,6 @@ class JobHandle(Generic[InputT]):
         self.input_type = input_type(fn)
         self.wants_context = _wants_context(fn)
         self._apps: weakref.WeakSet[Any] = weakref.WeakSet()
-        #: The one app it is registered with, while there is exactly one (``_app``'s usual
-        #: answer, read without iterating the weak set).
-        self._sole: weakref.ref[Any] | None = None
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -273,13 +261,9 @@ class JobHandle(Generic[InputT]):
 
     def _bind_app(self, app: Enqueuer) -> None:
         self._apps.add(app)
-        self._sole = weakref.ref(app) if len(self._apps) == 1 else None
 
     def _unbind_app(self, app: Enqueuer) -> None:
         self._apps.discard(app)
-        self._sole = None
-        if len(self._apps) == 1:
-            self._sole = weakref.ref(next(iter(self._apps)))
 
     def __call__(self, input: InputT, *args: Any, **kwargs: Any) -> Any:
         return self.fn(input, *args, **kwargs)
@@ -293,13 +277,9 @@ class JobHandle(Generic[InputT]):
         app = current_app.get()
         if app is not None and app.knows(self):
             return app
-        sole = self._sole() if self._sole is not None else None
-        if sole is not None:
-            return sole  # type: ignore[no-any-return]
-        if len(self._apps) == 1:
-            for only in self._apps:
-                return only  # type: ignore[no-any-return]
         apps = list(self._apps)
+        if len(apps) == 1:
+            return apps[0]  # type: ignore[no-any-return]
         label = self._name or getattr(self.fn, "__qualname__", "?")
         if not apps:
             raise unregistered(self, label) or RegistrationError(

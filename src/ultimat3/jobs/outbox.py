@@ -17,8 +17,9 @@ so identical inputs are never merged but a re-publish of the same built job coll
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -26,7 +27,7 @@ from ultimat3.jobs import events
 from ultimat3.jobs.driver import DatabaseId, Driver, current_tx
 from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError, OutboxNoTxError
-from ultimat3.jobs.ids import uuid7, uuid7_many
+from ultimat3.jobs.ids import uuid7_many
 from ultimat3.jobs.job import JobHandle, check_queue_name
 from ultimat3.jobs.outbox_store import OutboxStore
 from ultimat3.jobs.records import InsertResult, NewJob, NewJobs
@@ -45,6 +46,67 @@ def reaches(database: DatabaseId, target: Driver | OutboxStore) -> bool:
     return database.kind == own.kind and database == target.identity(refresh=True)
 
 
+class KnownDatabases:
+    """The database each caller's connection reaches, worked out once per connection (the
+    first ``using()`` on it), held without keeping the connection alive: a connection reaches
+    one database for its whole life, so a later join on it costs no look-up. What can change
+    between transactions (closed, aborted, in another thread, a converter registered since) is
+    still checked on every join, by the driver's ``adopt`` of the ``Joined``.
+
+    A connection that takes weak references (psycopg's) is a key of a ``WeakKeyDictionary``.
+    A ``sqlite3.Connection`` takes none, so it is keyed by ``id()``, which a later connection
+    may reuse once this one is freed; such an entry stays valid only while a marker it holds
+    weakly is alive, and the marker is a SQL function registered on the connection
+    (``create_function``), so only the connection keeps it alive: closing or freeing the
+    connection ends the entry before its id can be reused. A connection that takes neither
+    is looked up each time."""
+
+    _MARK = "ultimat3_jobs_joined"
+
+    def __init__(self) -> None:
+        self._weak: weakref.WeakKeyDictionary[Any, DatabaseId] = weakref.WeakKeyDictionary()
+        self._by_id: dict[int, tuple[weakref.ref[_Mark], DatabaseId]] = {}
+
+    def get(self, connection: Any) -> DatabaseId | None:
+        try:
+            return self._weak.get(connection)
+        except TypeError:  # takes no weak reference
+            entry = self._by_id.get(id(connection))
+            return entry[1] if entry is not None and entry[0]() is not None else None
+
+    def remember(self, connection: Any, database: DatabaseId) -> None:
+        try:
+            self._weak[connection] = database
+            return
+        except TypeError:
+            pass
+        create = getattr(connection, "create_function", None)
+        if create is None:
+            return
+        mark = _Mark()
+        try:
+            create(self._MARK, 0, mark)
+        except Exception:
+            return
+        key = id(connection)
+
+        def forget(ref: weakref.ref[_Mark]) -> None:
+            entry = self._by_id.get(key)
+            if entry is not None and entry[0] is ref:
+                del self._by_id[key]
+
+        self._by_id[key] = (weakref.ref(mark, forget), database)
+
+
+class _Mark:
+    """The SQL function ``KnownDatabases`` registers on a connection: it answers 1."""
+
+    __slots__ = ("__weakref__",)
+
+    def __call__(self) -> int:
+        return 1
+
+
 @dataclass(frozen=True, slots=True)
 class EnqueueOptions:
     run_at: datetime | None = None
@@ -55,6 +117,52 @@ class EnqueueOptions:
     idempotency_key: str | None = None
     max_attempts: int | None = None
     outbox: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    """Where an app's enqueue writes (``App`` works it out, ``enqueue`` writes there): the
+    job database's driver, the app's mode, the outbox store when the current transaction may
+    be on the outbox's database, and the stand-in of ``testing.inline``, which runs the jobs
+    instead. ``driver`` is None only when nothing is written to the database."""
+
+    driver: Driver | None
+    mode: Mode = "default"
+    store: OutboxStore | None = None
+    intercept: Callable[[list[NewJob]], list[InsertResult]] | None = None
+
+
+def enqueue(
+    where: Destination,
+    handle: JobHandle[Any],
+    inputs: Sequence[Any],
+    options: EnqueueOptions,
+    *,
+    serializer: Serializer,
+    now: datetime,
+    pinned: datetime | None,
+    many: bool,
+) -> list[InsertResult]:
+    """Build the jobs of ``inputs`` with ``options`` (all checked before anything is written)
+    and write them to ``where`` (``insert``). ``many``: a batch, which a driver may build as it
+    writes (``build_batch``); ``now`` is when a uniqueness window counts from, ``pinned`` the
+    ``now`` of the write (None: the database's clock)."""
+    builder = Builder(handle, options, serializer=serializer)
+    jobs = build_batch(builder, inputs, now=now) if many else builder(inputs, now)
+    if not jobs:
+        return []
+    if where.intercept is not None:
+        return where.intercept(list(jobs))
+    assert where.driver is not None
+    return insert(
+        where.driver,
+        jobs,
+        mode=where.mode,
+        outbox=options.outbox,
+        now=pinned,
+        label=handle.name,
+        store=where.store,
+    )
 
 
 def build_job(
@@ -88,11 +196,7 @@ def build_batch(
 class Builder:
     """The options of an enqueue checked once (``__init__`` raises before anything is
     written); calling it encodes, keys and gives ids to inputs with them. Every value it lets
-    through is one that every driver stores (the same bounds on SQLite and PostgreSQL).
-
-    It reads the handle and the options only when built, so an app keeps one per job for the
-    enqueues without options (``App._builder``), used again while it ``fits``: the usual
-    enqueue checks nothing twice."""
+    through is one that every driver stores (the same bounds on SQLite and PostgreSQL)."""
 
     __slots__ = (
         "_dumps",
@@ -101,11 +205,8 @@ class Builder:
         "_key_of",
         "_limit",
         "_plain",
-        "_revision",
-        "_serializer",
         "_template",
         "_unique",
-        "dated",
     )
 
     def __init__(
@@ -162,22 +263,17 @@ class Builder:
         limit = handle.concurrency or (rate.as_limit() if rate is not None else None)
         unique = handle.unique
         self._handle = handle
-        self._revision = handle._revision
-        self._serializer = serializer
         self._dumps = serializer.dumps
         self._key_of = handle.idempotency_key
         self._limit = limit
         self._unique = unique
         self._given_key = options.idempotency_key
         #: Whether a job of this builder takes nothing of its input but the JSON text: no
-        #: key, no limit partition, no uniqueness key (``one``'s short way).
+        #: key, no limit partition, no uniqueness key (``plain_template``).
         self._plain = (
             self._key_of is None and limit is None and unique is None and self._given_key is None
         )
-        #: Whether a call needs ``now``: only a uniqueness window reads it (a clock read costs
-        #: several µs right after a round trip, on the usual enqueue's path).
-        self.dated = unique is not None
-        # The fields every job of these options shares; each job is a sibling of it.
+        # The fields every job of these options shares; each job copies it with its own.
         self._template = NewJob(
             id="",
             name=handle.name,
@@ -196,20 +292,6 @@ class Builder:
             unique_replace=unique is not None and unique.on_conflict == "replace",
         )
 
-    def fits(self, handle: JobHandle[Any], serializer: Serializer) -> bool:
-        """Whether ``handle`` is unchanged since this builder read it (no attribute of it has
-        been set since: ``JobHandle._revision``) and the serializer is the one it was built
-        with: a builder without options may then be used again."""
-        return handle._revision == self._revision and serializer is self._serializer
-
-    def one(self, input: Any, now: datetime | None) -> NewJob:
-        """``self((input,), now)[0]``: the usual enqueue's job, made without the loop of a
-        batch when there is nothing to work out from ``input`` but its JSON text."""
-        if not self._plain or events.trace_context_for is not None:
-            return self((input,), now)[0]
-        job_id = uuid7()
-        return self._template.sibling(job_id, self._dumps(input), job_id, None, None, None)
-
     def plain_template(self) -> NewJob | None:
         """The job that each job of this builder copies with its own id, JSON text, and its id
         for its key, when nothing else depends on the input (no key, no limit partition, no
@@ -224,9 +306,9 @@ class Builder:
         dumps = self._dumps
         return uuid7_many(len(values)), [dumps(value) for value in values]
 
-    def __call__(self, values: Sequence[Any], now: datetime | None) -> list[NewJob]:
+    def __call__(self, values: Sequence[Any], now: datetime) -> list[NewJob]:
         """The jobs of ``values``, in order (``now``: the instant a uniqueness window counts
-        from; None when not ``dated``)."""
+        from)."""
         template = self._template
         name, queue, tenant = template.name, template.queue, template.tenant_id
         dumps, key_of, given_key = self._dumps, self._key_of, self._given_key
@@ -239,28 +321,23 @@ class Builder:
             if key is None and key_of is not None:
                 key = _key_of(self._handle, key_of, input)
             jobs.append(
-                template.sibling(
-                    job_id,
-                    payload,
-                    job_id if key is None else f"{name}:{key}",
-                    None if inject is None else inject(queue, name, job_id),
-                    None
+                replace(
+                    template,
+                    id=job_id,
+                    input=payload,
+                    idempotency_key=job_id if key is None else f"{name}:{key}",
+                    trace_context=None if inject is None else inject(queue, name, job_id),
+                    limit_key=None
                     if limit is None
                     else limit.key_for(job=name, queue=queue, input=input, tenant_id=tenant),
-                    None
+                    unique_key=None
                     if unique is None
                     else unique.key_for(
-                        job=name, payload=payload, input=input, tenant_id=tenant, now=_dated(now)
+                        job=name, payload=payload, input=input, tenant_id=tenant, now=now
                     ),
                 )
             )
         return jobs
-
-
-def _dated(now: datetime | None) -> datetime:
-    if now is None:
-        raise AssertionError("a builder with a uniqueness window was called without now")
-    return now
 
 
 def _key_of(handle: JobHandle[Any], key_of: Callable[[Any], str], input: Any) -> str:

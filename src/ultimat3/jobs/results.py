@@ -20,10 +20,10 @@ awaiting task frees that thread soon after.
 from __future__ import annotations
 
 import asyncio
-import time
 from datetime import timedelta
 from typing import Any
 
+from ultimat3.jobs.clock import Clock, SystemClock
 from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.duration import DurationInput, format_duration, to_timedelta
 from ultimat3.jobs.errors import JobFailedError, JobNotFoundError, ResultTimeoutError
@@ -32,6 +32,9 @@ from ultimat3.jobs.serialization import Serializer
 
 __all__ = ["outcome", "wait_result", "wait_result_async"]
 
+#: The waits are real ones on the database (as every driver's ``job_wait``), so their deadline
+#: is on the system's clock unless a caller passes another.
+_SYSTEM = SystemClock()
 #: The longest one driver wait lasts before the loop goes round again (a long or no timeout).
 _SYNC_SLICE = 60.0
 #: The same for the async variant, whose wait holds a thread: cancelling it frees the thread
@@ -87,8 +90,9 @@ def wait_result(
     *,
     timeout: DurationInput | None,
     tenant_id: str | None = None,
+    clock: Clock | None = None,
 ) -> Any:
-    wait = _Wait(timeout, _SYNC_SLICE)
+    wait = _Wait(timeout, _SYNC_SLICE, clock or _SYSTEM)
     while True:
         job = driver.job_wait(job_id, timeout=wait.span(), tenant_id=tenant_id)
         if wait.over(job):
@@ -102,8 +106,9 @@ async def wait_result_async(
     *,
     timeout: DurationInput | None,
     tenant_id: str | None = None,
+    clock: Clock | None = None,
 ) -> Any:
-    wait = _Wait(timeout, _ASYNC_SLICE)
+    wait = _Wait(timeout, _ASYNC_SLICE, clock or _SYSTEM)
     while True:
         job = await asyncio.to_thread(
             driver.job_wait, job_id, timeout=wait.span(), tenant_id=tenant_id
@@ -113,22 +118,24 @@ async def wait_result_async(
 
 
 class _Wait:
-    """The deadline of one ``result`` call, waited for in slices of at most ``most``."""
+    """The deadline of one ``result`` call on ``clock``'s monotonic time, waited for in slices
+    of at most ``most``."""
 
-    __slots__ = ("deadline", "limit", "most")
+    __slots__ = ("clock", "deadline", "limit", "most")
 
-    def __init__(self, timeout: DurationInput | None, most: float) -> None:
+    def __init__(self, timeout: DurationInput | None, most: float, clock: Clock) -> None:
+        self.clock = clock
         self.limit = None if timeout is None else _seconds(timeout)
-        self.deadline = None if self.limit is None else time.monotonic() + self.limit
+        self.deadline = None if self.limit is None else clock.monotonic() + self.limit
         self.most = most
 
     def span(self) -> float:
         if self.deadline is None:
             return self.most
-        return min(self.most, max(0.0, self.deadline - time.monotonic()))
+        return min(self.most, max(0.0, self.deadline - self.clock.monotonic()))
 
     def over(self, job: Job | None) -> bool:
         """The job finished (or is gone), or the deadline passed."""
         if job is None or job.state not in ACTIVE_STATES:
             return True
-        return self.deadline is not None and time.monotonic() >= self.deadline
+        return self.deadline is not None and self.clock.monotonic() >= self.deadline

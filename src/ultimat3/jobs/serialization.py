@@ -181,15 +181,11 @@ class Serializer:
                 path=where,
                 fix="store it as text, or raise the limit with sys.set_int_max_str_digits()",
             ) from None
-        limit = self.payload_limit
-        # A character is at most 4 bytes of UTF-8: short text needs no encoding to measure.
-        if len(text) * 4 > limit:
-            size = len(text) if text.isascii() else len(text.encode("utf-8"))
-            if size > limit:
-                raise PayloadTooLargeError(
-                    f"{path} is {size:,} bytes of JSON, above the limit of {limit:,} bytes",
-                    path=path,
-                )
+        size, limit = len(text.encode("utf-8")), self.payload_limit
+        if size > limit:
+            raise PayloadTooLargeError(
+                f"{path} is {size:,} bytes of JSON, above the limit of {limit:,} bytes", path=path
+            )
         return text
 
     def _walk(self, value: Any, stack: set[int]) -> Any:
@@ -221,20 +217,13 @@ class Serializer:
         key: Any = None
         try:
             for key, item in obj.items():
-                if type(key) is not str and not isinstance(key, str):
+                if not isinstance(key, str):
                     raise _Reject(
                         f"is a key of type {_type_name(key)}; JSON object keys are text",
                         "convert the keys with str(), or use a list of [key, value] pairs",
                     )
                 if "\x00" in key or (not key.isascii() and _SURROGATE.search(key)):
                     raise _Reject(*_bad_text(key, "a key"))
-                kind = type(item)
-                if kind is str:
-                    if "\x00" in item or (not item.isascii() and _SURROGATE.search(item)):
-                        raise _Reject(*_bad_text(item, "text"))
-                    continue
-                if kind is int or kind is bool or item is None:
-                    continue
                 new = self._walk(item, stack)
                 if new is not item:
                     if out is None:
@@ -259,13 +248,6 @@ class Serializer:
         index = 0
         try:
             for index, item in enumerate(obj):
-                kind = type(item)
-                if kind is str:
-                    if "\x00" in item or (not item.isascii() and _SURROGATE.search(item)):
-                        raise _Reject(*_bad_text(item, "text"))
-                    continue
-                if kind is int or kind is bool or item is None:
-                    continue
                 new = self._walk(item, stack)
                 if new is not item:
                     if out is None:
@@ -501,33 +483,10 @@ class _Reject(Exception):
         return SerializationError(f"{where} {self.reason}", path=where, fix=self.fix)
 
 
-def _make_encoder() -> Callable[[Any], str]:
-    """The fastest correct compact encoder: the C encoder built once (its private factory,
-    checked against the public API here), else ``JSONEncoder.encode``."""
-    public = json.JSONEncoder(
-        separators=(",", ":"), ensure_ascii=False, allow_nan=False, check_circular=False
-    )
-    factory = getattr(json.encoder, "c_make_encoder", None)
-    if factory is not None:
-        try:
-            # No markers: the walk has already refused cycles.
-            c_encoder = factory(
-                None, public.default, json.encoder.encode_basestring, None, ":", ",",
-                False, False, False,
-            )  # fmt: skip
-
-            def fast(value: Any) -> str:
-                return "".join(c_encoder(value, 0))
-
-            sample = {"a": [1, 2.5, "é", None, True], "b": {"c": -3}}
-            if fast(sample) == public.encode(sample) and fast("x") == '"x"':
-                return fast
-        except Exception:  # a Python whose private encoder differs: use the public one
-            pass
-    return public.encode
-
-
-_encode = _make_encoder()
+#: Compact JSON text of data the walk has checked (so no cycle check: it refused cycles).
+_encode = json.JSONEncoder(
+    separators=(",", ":"), ensure_ascii=False, allow_nan=False, check_circular=False
+).encode
 
 
 def _run_encode(codec: Codec[Any], value: Any) -> Any:

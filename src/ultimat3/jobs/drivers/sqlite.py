@@ -294,6 +294,14 @@ class _Slot:
         self.written_at = -math.inf  # wait_for_jobs: monotonic time of the last write seen
 
 
+def _uninspectable(exc: sqlite3.Error) -> ConfigurationError:
+    return ConfigurationError(
+        f"cannot inspect the connection to join it ({exc})",
+        fix="pass an open sqlite3.Connection (made in this thread, or with "
+        "check_same_thread=False)",
+    )
+
+
 class SqliteDriver:
     """Jobs in one SQLite file, shared by every thread and process that opens it.
 
@@ -909,6 +917,11 @@ class SqliteDriver:
                         f"{type(connection.connection).__name__}",
                         fix="join a sqlite3.Connection to the job file",
                     )
+                try:
+                    connection.connection.cursor().close()  # open, and usable in this thread
+                except sqlite3.Error as exc:
+                    raise _uninspectable(exc) from exc
+                check_unconverted(connection.connection)
                 return connection
             connection = connection.connection
         if not isinstance(connection, sqlite3.Connection):
@@ -922,11 +935,7 @@ class SqliteDriver:
         try:
             main = connection_file(connection)
         except sqlite3.Error as exc:
-            raise ConfigurationError(
-                f"cannot inspect the connection to join it ({exc})",
-                fix="pass an open sqlite3.Connection (made in this thread, or with "
-                "check_same_thread=False)",
-            ) from exc
+            raise _uninspectable(exc) from exc
         if not main or file_identity(main) != self.identity():
             where = main or "an in-memory or temporary database"
             raise ConfigurationError(

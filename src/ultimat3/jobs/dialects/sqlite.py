@@ -5,6 +5,11 @@
   to one file (a symlink, ``./jobs.db`` and ``/srv/app/jobs.db``) are one database.
 - ``write_in`` runs a write as part of a caller's transaction on their own connection, with
   the rules of Python's ``sqlite3`` transaction modes (see its docstring).
+- One of each for the driver and the outbox store: ``connect`` (the library's own
+  connection: autocommit, SQLite's busy handler for ``INNER_BUSY_MS``), ``transaction`` (a
+  ``BEGIN IMMEDIATE`` ... ``COMMIT``), ``savepoint``, ``snapshot`` (a read transaction),
+  ``retry_busy`` and ``unavailable`` (a sqlite3 error as the library's error, by its result
+  code).
 - Migrations are numbered ``.sql`` files split into statements (``executescript`` would COMMIT
   the transaction they run in) and recorded in a ledger table; ``pending_versions`` is a read.
 - A busy database is waited for by ``retry_busy``: SQLite's own busy handler absorbs only the
@@ -21,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import sqlite3
 import sys
 import threading
@@ -30,13 +34,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
+from pathlib import Path
 from typing import Protocol, TypeVar
 
-from ultimat3.jobs.clock import Clock, SystemClock, wall_ns
+from ultimat3.jobs.clock import Backoff, Clock, SystemClock, wall_ns
 from ultimat3.jobs.driver import DatabaseId
-from ultimat3.jobs.errors import ConfigurationError
+from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
 
 __all__ = [
+    "BEGIN_IMMEDIATE",
     "INNER_BUSY_MS",
     "HolderWatch",
     "apply_migrations",
@@ -44,6 +50,7 @@ __all__ = [
     "blocked_here",
     "check_unconverted",
     "close_quietly",
+    "connect",
     "connection_file",
     "disown",
     "dt",
@@ -54,11 +61,16 @@ __all__ = [
     "now_us",
     "pending_versions",
     "plain_rows",
-    "primary_code",
     "retry_busy",
     "rollback_quietly",
     "same_file",
+    "savepoint",
+    "snapshot",
+    "sqlite_path",
+    "transaction",
+    "unavailable",
     "us",
+    "use_wal",
     "write_in",
     "write_lock_holders",
 ]
@@ -77,6 +89,7 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MICROSECOND = timedelta(microseconds=1)
 
 # SQLite primary result codes (extended code & 0xFF).
+ERROR = 1
 BUSY = 5
 LOCKED = 6
 READONLY = 8
@@ -109,6 +122,16 @@ def dt(micros: int) -> datetime:
 
 def dt_or_none(micros: int | None) -> datetime | None:
     return None if micros is None else dt(micros)
+
+
+def sqlite_path(url: str, *, fix: str) -> Path:
+    """The file a ``sqlite://`` URL names (``sqlite:///rel`` relative, ``sqlite:////abs``):
+    the one rule of the job drivers' and the outbox stores' URLs. ``fix`` says which URLs
+    the caller takes."""
+    rest = url[len("sqlite://") :]
+    if not rest.startswith("/") or rest in ("/", ""):
+        raise ConfigurationError(f"the SQLite URL {url!r} names no file", fix=fix)
+    return Path(rest[1:].split("?", 1)[0]).expanduser()
 
 
 def same_file(a: str, b: str) -> bool:
@@ -187,15 +210,82 @@ def plain_rows(conn: sqlite3.Connection) -> Iterator[None]:
 
 
 def primary_code(exc: sqlite3.Error) -> int:
+    """SQLite's primary result code of ``exc`` (0 for an error raised by Python's sqlite3
+    itself, such as a closed connection: it carries none)."""
     return int(getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF
 
 
 def is_busy(exc: sqlite3.Error) -> bool:
-    if primary_code(exc) in (BUSY, LOCKED):
-        return True
-    # Some paths raise without an error code; the message is stable across versions.
-    text = str(exc)
-    return "database is locked" in text or "database table is locked" in text
+    return primary_code(exc) in (BUSY, LOCKED)
+
+
+def unavailable(
+    exc: sqlite3.Error,
+    *,
+    path: str,
+    driver: str,
+    busy_timeout: float,
+    tables: str,
+    migrate: str,
+) -> DriverUnavailableError:
+    """``exc`` as the library's ``DriverUnavailableError``, chosen by SQLite's result code
+    (``sqlite_errorcode``, ``sqlite_errorname``): the one translation of the driver and the
+    outbox store. ``tables`` names the missing tables ("the job tables"), ``migrate`` how to
+    create them. Busy, full and I/O errors can pass (``retryable``); a bad file, missing
+    tables, a refused row or a bug cannot."""
+    code = primary_code(exc)
+    name = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
+    folder = os.path.dirname(path)
+    if code in (BUSY, LOCKED):
+        others = sorted((write_lock_holders(path) or frozenset()) - {os.getpid()})
+        by = f" (process {', '.join(map(str, others))})" if others else ""
+        cause = (
+            f"the SQLite database {path} stayed locked by another writer{by} for more than "
+            f"{busy_timeout:g}s ({exc})"
+        )
+        fix = (
+            "find what holds a long write transaction on that file (a stuck process, a "
+            "database browser or `sqlite3` shell with an open BEGIN) and end it; or raise "
+            "busy_timeout"
+        )
+    elif code == CANTOPEN:
+        cause = f"SQLite cannot open {path} ({exc})"
+        if not os.path.isdir(folder):
+            fix = f"create the folder {folder} (SQLite creates the file, not its folders)"
+        elif os.path.isdir(path):
+            fix = f"{path} is a folder; point the driver at a file path inside it"
+        else:
+            fix = f"make {folder} readable and writable by this user"
+    elif code == NOTADB:
+        cause = f"{path} is not a SQLite database ({exc})"
+        fix = "point the driver at a SQLite database, or at a path that does not exist yet"
+    elif code == READONLY:
+        cause = f"SQLite cannot write to {path} ({exc})"
+        fix = (
+            f"make the file and its folder {folder} writable by this user: SQLite also "
+            "creates the -wal and -shm files next to it"
+        )
+    elif code == CORRUPT:
+        cause = f"the SQLite database {path} is damaged ({exc})"
+        fix = (
+            "stop every process using it, run `sqlite3 FILE 'PRAGMA integrity_check'`, and "
+            "restore from a backup if it reports errors"
+        )
+    elif code == FULL:
+        cause = f"the disk holding {path} is full ({exc})"
+        fix = "free disk space, or prune finished jobs sooner"
+    elif code == IOERR:
+        cause = f"SQLite hit an I/O error on {path} ({exc})"
+        fix = "check the disk and the filesystem; network filesystems break SQLite locking"
+    elif code == ERROR and str(exc).startswith("no such table"):
+        # SQLite gives a missing table no code of its own: SQLITE_ERROR, from the prepare.
+        cause = f"{tables} do not exist in {path} ({exc})"
+        fix = f"{migrate} once before using it"
+    else:
+        cause = f"SQLite failed on {path} ({name}): {exc}"
+        fix = f"check the file and the error above; {migrate} if it is new"
+    retryable = code in (BUSY, LOCKED, FULL, IOERR)
+    return DriverUnavailableError(cause, driver=driver, fix=fix, retryable=retryable)
 
 
 # -- waiting for a busy database ----------------------------------------------------------------
@@ -206,8 +296,7 @@ def is_busy(exc: sqlite3.Error) -> bool:
 # only the first 2 ms here; past that ``retry_busy`` polls every 0.5-2 ms with jitter, which
 # bounded the worst wait near 150-300 ms in the same test.
 INNER_BUSY_MS = 2
-_BACKOFF_FIRST = 0.0005
-_BACKOFF_CAP = 0.002
+BUSY_BACKOFF = Backoff(first=0.0005, cap=0.002, jitter=True)
 
 
 _SYSTEM = SystemClock()
@@ -221,7 +310,7 @@ def retry_busy(
     clock: Clock | None = None,
 ) -> _T:
     """Run ``attempt`` until SQLite does not refuse it as busy, for up to ``timeout`` seconds,
-    pausing 0.25-2 ms (jittered) between tries; past the timeout the last refusal is raised.
+    pausing 0.25-2 ms between tries (``BUSY_BACKOFF``); past the timeout the last refusal is raised.
     Any other error is raised at once. ``on_busy(waited)``, called after each refusal with the
     seconds waited so far, may raise to end the wait (a diagnosis of who holds the lock).
 
@@ -232,7 +321,7 @@ def retry_busy(
     clock = clock or _SYSTEM
     started = clock.monotonic()
     deadline = started + timeout
-    delay = _BACKOFF_FIRST
+    delay = BUSY_BACKOFF.after(0)
     while True:
         try:
             return attempt()
@@ -245,8 +334,8 @@ def retry_busy(
                 raise
             if on_busy is not None:
                 on_busy(now - started)
-        clock.sleep(min(left, random.uniform(delay / 2, delay)))
-        delay = min(delay * 2, _BACKOFF_CAP)
+        clock.sleep(min(left, BUSY_BACKOFF.pause(delay)))
+        delay = BUSY_BACKOFF.after(delay)
 
 
 # -- who holds the write lock ---------------------------------------------------------------------
@@ -460,11 +549,124 @@ def holder_watch(
     return HolderWatch(path, held_here, in_callers_tx=in_callers_tx)
 
 
+def connect(path: str, *, busy_timeout: float) -> sqlite3.Connection:
+    """A connection of the library's own to ``path``: autocommit (every transaction is one
+    of ours, begun by ``transaction``), usable from any thread (its owner serialises it),
+    and SQLite's busy handler waiting only the first ``INNER_BUSY_MS`` (``retry_busy`` waits
+    the rest, with no lock of ours held)."""
+    return sqlite3.connect(
+        path,
+        timeout=min(INNER_BUSY_MS / 1000, busy_timeout),
+        isolation_level=None,
+        check_same_thread=False,
+        cached_statements=256,
+    )
+
+
+#: journal_mode=WAL, the synchronous level (validated by the caller against ``SYNCHRONOUS``),
+#: and a WAL truncated back to 64 MiB after a checkpoint, so one burst keeps no big file.
+SYNCHRONOUS = {
+    "OFF": "PRAGMA synchronous=OFF",
+    "NORMAL": "PRAGMA synchronous=NORMAL",
+    "FULL": "PRAGMA synchronous=FULL",
+    "EXTRA": "PRAGMA synchronous=EXTRA",
+}
+_WAL = "PRAGMA journal_mode=WAL"
+_WAL_SIZE = "PRAGMA journal_size_limit=67108864"
+
+
+def use_wal(conn: sqlite3.Connection, synchronous: str, *, path: str, driver: str) -> None:
+    """Put ``conn``'s file in WAL mode (once per file; it needs every other connection out of
+    it) with ``synchronous``; raise ``DriverUnavailableError`` when SQLite will not."""
+    mode = conn.execute(_WAL).fetchone()[0]
+    if str(mode).lower() != "wal":
+        raise DriverUnavailableError(
+            f"SQLite would not put {path} in WAL mode (journal_mode is {mode})",
+            driver=driver,
+            fix="put the file on a local disk (WAL needs shared memory between processes) "
+            "and let no other program force another journal mode",
+        )
+    conn.execute(SYNCHRONOUS[synchronous])
+    conn.execute(_WAL_SIZE)
+
+
+BEGIN_IMMEDIATE = "BEGIN IMMEDIATE"
+_BEGIN = "BEGIN"
+_COMMIT = "COMMIT"
+_ROLLBACK = "ROLLBACK"
+#: One savepoint name for every savepoint of ours: they nest strictly (``savepoint`` is a
+#: context manager), and ``ROLLBACK TO``/``RELEASE`` act on the innermost of that name.
+_SAVEPOINT = "SAVEPOINT ultimat3_jobs"
+_ROLLBACK_TO = "ROLLBACK TO ultimat3_jobs"
+_RELEASE = "RELEASE ultimat3_jobs"
+
+
+def _run_once(attempt: Callable[[], _U]) -> _U:
+    return attempt()
+
+
+@contextmanager
+def transaction(
+    conn: sqlite3.Connection,
+    *,
+    retry: Retrier = _run_once,
+    begin: Callable[[], object] | None = None,
+) -> Iterator[sqlite3.Connection]:
+    """A write transaction of ours on ``conn``: ``BEGIN IMMEDIATE`` (the write lock before any
+    read; ``begin`` runs it instead, for an owner that takes a lock of its own per attempt),
+    then ``COMMIT`` on normal exit, both run through ``retry`` while busy (a commit waits for
+    readers in rollback-journal mode); ``ROLLBACK`` on an exception, or when the commit
+    fails. A body that ended the transaction itself is left as it is."""
+    retry(begin or (lambda: conn.execute(BEGIN_IMMEDIATE)))
+    try:
+        yield conn
+        if conn.in_transaction:
+            retry(lambda: conn.execute(_COMMIT))
+    except BaseException:
+        rollback_quietly(conn)
+        raise
+
+
+@contextmanager
+def savepoint(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """A savepoint inside the open transaction on ``conn``: released on normal exit, rolled
+    back to (and released) on an exception, so a failure undoes all of the block and nothing
+    before it. When SQLite rolled the whole transaction back itself (a full disk, an I/O
+    error), there is nothing left to undo."""
+    conn.execute(_SAVEPOINT)
+    try:
+        yield conn
+    except BaseException:
+        if conn.in_transaction:
+            try:
+                conn.execute(_ROLLBACK_TO)
+                conn.execute(_RELEASE)
+            except sqlite3.Error:
+                pass  # SQLite ended the transaction meanwhile
+        raise
+    if conn.in_transaction:
+        conn.execute(_RELEASE)
+
+
+@contextmanager
+def snapshot(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One read transaction on ``conn`` (its reads agree with each other), unless one is open
+    already; ended afterwards, having written nothing."""
+    if conn.in_transaction:
+        yield conn
+        return
+    conn.execute(_BEGIN)
+    try:
+        yield conn
+    finally:
+        rollback_quietly(conn)
+
+
 def rollback_quietly(conn: sqlite3.Connection) -> None:
     # SQLite rolls back by itself after some errors (disk full, I/O); then there is nothing left.
     if conn.in_transaction:
         try:
-            conn.execute("ROLLBACK")
+            conn.execute(_ROLLBACK)
         except sqlite3.Error:
             pass
 
@@ -478,14 +680,8 @@ def close_quietly(conn: sqlite3.Connection) -> None:
 
 def once(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], _T]) -> _T:
     """``body`` in its own ``BEGIN IMMEDIATE`` transaction: committed, or rolled back."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        result = body(conn)
-        conn.execute("COMMIT")
-    except BaseException:
-        rollback_quietly(conn)
-        raise
-    return result
+    with transaction(conn):
+        return body(conn)
 
 
 def autocommits(conn: sqlite3.Connection) -> bool:
@@ -499,15 +695,14 @@ def write_in(
     conn: sqlite3.Connection,
     body: Callable[[sqlite3.Connection], _T],
     *,
-    savepoint: str,
     retry: Retrier,
 ) -> _T:
     """Run ``body`` as part of the caller's transaction on their connection ``conn``.
 
-    - Inside a transaction: always in a ``SAVEPOINT`` (named ``savepoint``), so a failure
-      rolls back all of our part and nothing else, whatever failed: SQLite undoes a failed
-      statement alone only for some errors (``RAISE(FAIL)`` in a trigger keeps what the
-      statement did before it, and a body of two statements can fail at the second).
+    - Inside a transaction: always in a ``savepoint``, so a failure rolls back all of our
+      part and nothing else, whatever failed: SQLite undoes a failed statement alone only for
+      some errors (``RAISE(FAIL)`` in a trigger keeps what the statement did before it, and a
+      body of two statements can fail at the second).
     - Legacy transaction mode (``isolation_level`` not None, ``sqlite3.connect``'s default)
       with no transaction open: the ``BEGIN`` the caller's own INSERT would have issued, as
       ``BEGIN IMMEDIATE``, left open for the caller's ``commit()`` or ``rollback()``.
@@ -518,39 +713,28 @@ def write_in(
     the caller translates them.
     """
     if conn.row_factory is None and conn.text_factory is str:
-        return _write_in(conn, body, savepoint=savepoint, retry=retry)
+        return _write_in(conn, body, retry=retry)
     with plain_rows(conn):
-        return _write_in(conn, body, savepoint=savepoint, retry=retry)
+        return _write_in(conn, body, retry=retry)
 
 
 def _write_in(
     conn: sqlite3.Connection,
     body: Callable[[sqlite3.Connection], _T],
     *,
-    savepoint: str,
     retry: Retrier,
 ) -> _T:
     if not conn.in_transaction:
         if autocommits(conn):
             return retry(lambda: once(conn, body))
-        retry(lambda: conn.execute("BEGIN IMMEDIATE"))
+        retry(lambda: conn.execute(BEGIN_IMMEDIATE))
         try:
             return body(conn)
         except BaseException:
             rollback_quietly(conn)
             raise
-    conn.execute(f"SAVEPOINT {savepoint}")
-    try:
-        result = body(conn)
-    except BaseException:
-        try:
-            conn.execute(f"ROLLBACK TO {savepoint}")
-            conn.execute(f"RELEASE {savepoint}")
-        except sqlite3.Error:
-            pass  # SQLite already rolled the whole transaction back (disk full, I/O)
-        raise
-    conn.execute(f"RELEASE {savepoint}")
-    return result
+    with savepoint(conn):
+        return body(conn)
 
 
 def pending_versions(

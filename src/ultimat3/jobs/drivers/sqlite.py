@@ -95,17 +95,12 @@ from ultimat3.jobs import ids
 from ultimat3.jobs.clock import STEP, Clock, SystemClock, frame_reader
 from ultimat3.jobs.dialects.sqlite import (
     BUSY_SNAPSHOT,
-    CANTOPEN,
-    CORRUPT,
-    FULL,
-    INNER_BUSY_MS,
-    IOERR,
     MICROSECOND,
-    NOTADB,
-    READONLY,
+    SYNCHRONOUS,
     apply_migrations,
     check_unconverted,
     close_quietly,
+    connect,
     connection_file,
     disown,
     file_identity,
@@ -115,11 +110,13 @@ from ultimat3.jobs.dialects.sqlite import (
     once,
     pending_versions,
     plain_rows,
-    primary_code,
     retry_busy,
-    rollback_quietly,
+    savepoint,
+    snapshot,
+    transaction,
+    unavailable,
+    use_wal,
     write_in,
-    write_lock_holders,
 )
 from ultimat3.jobs.dialects.sqlite import dt as _dt
 from ultimat3.jobs.dialects.sqlite import now_us as _now_us
@@ -169,7 +166,6 @@ _T = TypeVar("_T")
 _log = logging.getLogger("ultimat3.jobs.drivers.sqlite")
 
 _STATES = {state.value: state for state in JobState}
-_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 _MIN_VERSION = (3, 37, 0)  # STRICT tables; RETURNING (3.35) comes with it
 
 _SETUP_FIX = (
@@ -194,7 +190,6 @@ _POLL_SLOW = 0.004
 _SETTLE_POLL = 0.0005
 _SETTLE_FOR = 0.25
 
-_SAVEPOINT = "ultimat3_jobs"
 _STEP_US = int(STEP * 1e6)
 _NETWORK_FILESYSTEMS = frozenset(
     {
@@ -324,7 +319,7 @@ class SqliteDriver:
                 "for jobs that live only in this process, use the memory driver",
             )
         level = synchronous.upper()
-        if level not in _SYNCHRONOUS:
+        if level not in SYNCHRONOUS:
             raise ConfigurationError(
                 f"synchronous={synchronous!r} is not a SQLite synchronous level",
                 fix='use "FULL" (durable, the default) or "NORMAL" (faster, may lose the last '
@@ -346,7 +341,6 @@ class SqliteDriver:
         self.display_url = f"sqlite:///{self.path}"
         self._synchronous = level
         self._busy_timeout = float(busy_timeout)
-        self._inner_busy_ms = min(INNER_BUSY_MS, int(self._busy_timeout * 1000))
         self._lock = threading.Lock()
         self._conns: dict[int, sqlite3.Connection] = {}
         self._local = threading.local()
@@ -404,38 +398,21 @@ class SqliteDriver:
             self._checked_filesystem = True
             self._warn_network_filesystem()
         try:
-            conn = sqlite3.connect(
-                self.path,
-                timeout=self._inner_busy_ms / 1000,
-                isolation_level=None,
-                check_same_thread=False,
-                cached_statements=256,
-            )
+            conn = connect(self.path, busy_timeout=self._busy_timeout)
         except sqlite3.Error as exc:
             raise self._unavailable(exc) from exc
         try:
             # Setting up a new file (WAL mode) needs every other connection out of it: one of
             # this process in a transaction that has read or written it could only be waited
             # for until the timeout.
-            self._retry(lambda: self._configure(conn), self._setup_held_here)
+            self._retry(
+                lambda: use_wal(conn, self._synchronous, path=self.path, driver="sqlite"),
+                self._setup_held_here,
+            )
         except BaseException:
             close_quietly(conn)
             raise
         return conn
-
-    def _configure(self, conn: sqlite3.Connection) -> None:
-        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
-            raise DriverUnavailableError(
-                f"SQLite would not put {self.path} in WAL mode (journal_mode is {mode})",
-                driver="sqlite",
-                fix="put the file on a local disk (WAL needs shared memory between processes) "
-                "and let no other program force another journal mode",
-            )
-        conn.execute(f"PRAGMA synchronous={self._synchronous}")  # validated against _SYNCHRONOUS
-        conn.execute(f"PRAGMA busy_timeout={self._inner_busy_ms}")  # an int
-        # Truncate the WAL back to 64 MiB after a checkpoint, so one burst does not keep a big file.
-        conn.execute("PRAGMA journal_size_limit=67108864")
 
     def _warn_network_filesystem(self) -> None:
         fstype = _filesystem_type(os.path.realpath(os.path.dirname(self.path)))
@@ -478,58 +455,14 @@ class SqliteDriver:
         )
 
     def _unavailable(self, exc: sqlite3.Error) -> DriverUnavailableError:
-        code = primary_code(exc)
-        folder = os.path.dirname(self.path)
-        if is_busy(exc):
-            others = sorted((write_lock_holders(self.path) or frozenset()) - {os.getpid()})
-            by = f" (process {', '.join(map(str, others))})" if others else ""
-            cause = (
-                f"the SQLite database {self.path} stayed locked by another writer{by} for "
-                f"more than {self._busy_timeout:g}s ({exc})"
-            )
-            fix = (
-                "find what holds a long write transaction on that file (a stuck process, a "
-                "database browser or `sqlite3` shell with an open BEGIN) and end it; or raise "
-                "busy_timeout"
-            )
-        elif code == CANTOPEN:
-            cause = f"SQLite cannot open {self.path} ({exc})"
-            if not os.path.isdir(folder):
-                fix = f"create the folder {folder} (SQLite creates the file, not its folders)"
-            elif os.path.isdir(self.path):
-                fix = f"{self.path} is a folder; point the driver at a file path inside it"
-            else:
-                fix = f"make {folder} readable and writable by this user"
-        elif code == NOTADB:
-            cause = f"{self.path} is not a SQLite database ({exc})"
-            fix = "point the driver at a SQLite database, or at a path that does not exist yet"
-        elif code == READONLY:
-            cause = f"SQLite cannot write to {self.path} ({exc})"
-            fix = (
-                f"make the file and its folder {folder} writable by this user: SQLite also "
-                "creates the -wal and -shm files next to it"
-            )
-        elif code == CORRUPT:
-            cause = f"the SQLite database {self.path} is damaged ({exc})"
-            fix = (
-                "stop every process using it, run `sqlite3 FILE 'PRAGMA integrity_check'`, and "
-                "restore from a backup if it reports errors"
-            )
-        elif code == FULL:
-            cause = f"the disk holding {self.path} is full ({exc})"
-            fix = "free disk space, or prune finished jobs sooner"
-        elif code == IOERR:
-            cause = f"SQLite hit an I/O error on {self.path} ({exc})"
-            fix = "check the disk and the filesystem; network filesystems break SQLite locking"
-        elif "no such table" in str(exc):
-            cause = f"the job tables do not exist in {self.path} ({exc})"
-            fix = "run `ultimat3-jobs migrate` (or driver.migrate()) once before using it"
-        else:
-            cause = f"SQLite failed on {self.path}: {exc}"
-            fix = "check the file and the error above; run `ultimat3-jobs migrate` if it is new"
-        # Busy, full and I/O errors can pass; a bad file, missing tables or a bug cannot.
-        retryable = is_busy(exc) or code in (FULL, IOERR)
-        return DriverUnavailableError(cause, driver="sqlite", fix=fix, retryable=retryable)
+        return unavailable(
+            exc,
+            path=self.path,
+            driver="sqlite",
+            busy_timeout=self._busy_timeout,
+            tables="the job tables",
+            migrate="run `ultimat3-jobs migrate` (or driver.migrate())",
+        )
 
     def _caller_busy(self, exc: sqlite3.Error, conn: sqlite3.Connection) -> DriverUnavailableError:
         """The caller's own transaction could not take the write lock: only it can retry."""
@@ -692,7 +625,7 @@ class SqliteDriver:
             conn = self.adopt(executor).connection
         opened = conn.in_transaction
         try:
-            return write_in(conn, self._aligned(body), savepoint=_SAVEPOINT, retry=self._retry)
+            return write_in(conn, self._aligned(body), retry=self._retry)
         except sqlite3.Error as exc:
             if not _translatable(exc):
                 raise
@@ -858,17 +791,9 @@ class SqliteDriver:
         joined = Joined(conn, self.identity())
         if slot.depth:
             slot.depth += 1
-            conn.execute(f"SAVEPOINT {_SAVEPOINT}")
             try:
-                yield joined
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute(f"ROLLBACK TO {_SAVEPOINT}")
-                    conn.execute(f"RELEASE {_SAVEPOINT}")
-                raise
-            else:
-                if conn.in_transaction:
-                    conn.execute(f"RELEASE {_SAVEPOINT}")
+                with savepoint(conn):
+                    yield joined
             finally:
                 slot.depth -= 1
             return
@@ -878,23 +803,14 @@ class SqliteDriver:
                 fix="use the transaction you are in (app.using(conn)), or open this one after "
                 "it ends",
             )
-        self._retry(
-            lambda: conn.execute("BEGIN IMMEDIATE"),
-            lambda: self._held_here("driver.transaction() (app.transaction())"),
-        )
+
+        def held_here() -> ConfigurationError:
+            return self._held_here("driver.transaction() (app.transaction())")
+
         slot.depth = 1
         try:
-            yield joined
-        except BaseException:
-            rollback_quietly(conn)
-            raise
-        else:
-            if conn.in_transaction:  # the body may have ended it itself
-                try:
-                    self._retry(lambda: conn.execute("COMMIT"))
-                except BaseException:
-                    rollback_quietly(conn)
-                    raise
+            with transaction(conn, retry=lambda attempt: self._retry(attempt, held_here)):
+                yield joined
         finally:
             slot.depth = 0
 
@@ -997,11 +913,11 @@ class SqliteDriver:
         # A claim alone need not survive a power cut (losing it only gives the attempts back),
         # so it skips the fsync; WAL still makes it survive a killed process.
         conn = self._slot().conn
-        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute(SYNCHRONOUS["NORMAL"])
         try:
             return self._write(body)
         finally:
-            conn.execute(f"PRAGMA synchronous={self._synchronous}")
+            conn.execute(SYNCHRONOUS[self._synchronous])
 
     def job_release_unstarted(self, *, now: datetime | None = None) -> list[str]:
         args = {"now": _now_us(now)}
@@ -1223,17 +1139,10 @@ class SqliteDriver:
         at = {"now": _now_us(now)}
 
         def body(conn: sqlite3.Connection) -> tuple[list[Any], list[Any], list[Any]]:
-            # One read transaction, so the counts and the pause settings agree.
-            in_tx = conn.in_transaction
-            if not in_tx:
-                conn.execute("BEGIN")
-            try:
+            with snapshot(conn):  # so the counts and the pause settings agree
                 counts = conn.execute(_Q["queue_counts"]).fetchall()
                 settings = conn.execute(_Q["queue_settings"]).fetchall()
                 oldest = _oldest_ready(conn, at["now"])
-            finally:
-                if not in_tx:
-                    rollback_quietly(conn)
             return counts, settings, oldest
 
         counts, settings, oldest_rows = self._read(body)
@@ -1487,25 +1396,25 @@ def _insert(
     (made from the jobs when None) in one ``executemany``, else, when some key is taken,
     row by row to learn which."""
     if len(jobs) > 1 and (batches is not None or not any(j.unique_key is not None for j in jobs)):
-        conn.execute(f"SAVEPOINT {_SAVEPOINT}_insert")
         try:
-            if batches is not None:
-                inserted = sum(conn.execute(_INSERT_BATCH, batch).rowcount for batch in batches)
-                counted = [(batches[0]["queue"], batches[0]["state"], len(jobs))]
-            else:
-                assert rows is not None
-                inserted = conn.executemany(_INSERT, rows).rowcount
-                counted = _counted(rows)
-            if inserted == len(jobs):
+            with savepoint(conn):
+                if batches is not None:
+                    inserted = sum(conn.execute(_INSERT_BATCH, b).rowcount for b in batches)
+                    counted = [(batches[0]["queue"], batches[0]["state"], len(jobs))]
+                else:
+                    assert rows is not None
+                    inserted = conn.executemany(_INSERT, rows).rowcount
+                    counted = _counted(rows)
+                if inserted != len(jobs):
+                    raise _Redo
                 conn.executemany(_COUNTS_ADD, counted)
-                conn.execute(f"RELEASE {_SAVEPOINT}_insert")
-                return [InsertResult(job_id, False) for job_id in ids_of(jobs)]
-        except sqlite3.IntegrityError:
-            pass  # the row-by-row pass below names the offending job
-        # Some keys were already stored or repeat within the batch: redo it row by row to
-        # learn which, so a re-published job with its original id still reports deduped=True.
-        conn.execute(f"ROLLBACK TO {_SAVEPOINT}_insert")
-        conn.execute(f"RELEASE {_SAVEPOINT}_insert")
+            return [InsertResult(job_id, False) for job_id in ids_of(jobs)]
+        except (_Redo, sqlite3.IntegrityError):
+            # Some keys were already stored or repeat within the batch (an IntegrityError:
+            # the row-by-row pass below names the offending job): the batch was rolled back,
+            # and goes again row by row to learn which, so a re-published job with its
+            # original id still reports deduped=True.
+            pass
     if rows is None:
         rows = [_job_row(job, now_us) for job in jobs]
     results = [_insert_one(conn, job, row) for job, row in zip(jobs, rows, strict=True)]
@@ -1652,6 +1561,10 @@ def _failure_rows(failures: Sequence[Failure], now_us: int) -> list[dict[str, An
     ]
 
 
+class _Redo(Exception):
+    """A batch that did not go as one: rolled back (``savepoint``), to be done row by row."""
+
+
 def _apply_each(
     conn: sqlite3.Connection, query: str, rows: Sequence[Any], ids_: list[str]
 ) -> set[str]:
@@ -1660,16 +1573,15 @@ def _apply_each(
     the batch redone row by row to learn which."""
     if len(rows) == 1:
         return {ids_[0]} if conn.execute(query, rows[0]).rowcount == 1 else set()
-    conn.execute(f"SAVEPOINT {_SAVEPOINT}_each")
-    if conn.executemany(query, rows).rowcount == len(rows):
-        conn.execute(f"RELEASE {_SAVEPOINT}_each")
+    try:
+        with savepoint(conn):
+            if conn.executemany(query, rows).rowcount != len(rows):
+                raise _Redo
         return set(ids_)
-    conn.execute(f"ROLLBACK TO {_SAVEPOINT}_each")
-    changed = {
-        id_ for id_, row in zip(ids_, rows, strict=True) if conn.execute(query, row).rowcount
-    }
-    conn.execute(f"RELEASE {_SAVEPOINT}_each")
-    return changed
+    except _Redo:
+        return {
+            id_ for id_, row in zip(ids_, rows, strict=True) if conn.execute(query, row).rowcount
+        }
 
 
 def _claim(

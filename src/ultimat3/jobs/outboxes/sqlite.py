@@ -44,9 +44,11 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from ultimat3.jobs.dialects.sqlite import (
-    INNER_BUSY_MS,
+    BEGIN_IMMEDIATE,
     apply_migrations,
     autocommits,
+    close_quietly,
+    connect,
     connection_file,
     disown,
     dt,
@@ -59,7 +61,8 @@ from ultimat3.jobs.dialects.sqlite import (
     pending_versions,
     plain_rows,
     retry_busy,
-    rollback_quietly,
+    transaction,
+    unavailable,
     us,
     write_in,
 )
@@ -81,7 +84,6 @@ __all__ = ["SqliteOutboxStore"]
 
 _PACKAGE = "ultimat3.jobs.outboxes"
 _Q = queries("sqlite", _PACKAGE)
-_SAVEPOINT = "ultimat3_jobs_outbox"
 _NAME = "sqlite-outbox"
 _T = TypeVar("_T")
 
@@ -184,12 +186,7 @@ class SqliteOutboxStore(OneConnection):
             try:
                 # SQLite's busy handler waits only a moment, with our lock held; the
                 # longer wait is retry_busy's, with it released.
-                self._conn = sqlite3.connect(
-                    self.path,
-                    timeout=min(INNER_BUSY_MS / 1000, self._busy_timeout),
-                    isolation_level=None,
-                    check_same_thread=False,
-                )
+                self._conn = connect(self.path, busy_timeout=self._busy_timeout)
             except sqlite3.Error as exc:
                 raise self._unavailable(exc) from exc
             self._opened(self._conn)
@@ -198,51 +195,54 @@ class SqliteOutboxStore(OneConnection):
             )  # the library's own (dialects.sqlite.blocked_here)
         return self._conn
 
-    def _begin(self) -> sqlite3.Connection:
-        """One try at ``BEGIN IMMEDIATE``: on success the connection is returned with the
-        store's lock held (the transaction is this thread's until ``_write`` releases it); on a
-        refusal the lock is released, so nothing waits on it while ``retry_busy`` pauses."""
+    def _begin(self) -> None:
+        """One try at ``BEGIN IMMEDIATE``: on success the store's lock stays held (the
+        transaction is this thread's until ``_write`` releases it); on a refusal it is
+        released, so nothing waits on it while ``retry_busy`` pauses."""
         self._lock.acquire()
         try:
-            conn = self._own()
-            conn.execute("BEGIN IMMEDIATE")
+            self._own().execute(BEGIN_IMMEDIATE)
         except BaseException:
             self._lock.release()
             raise
-        return conn
 
     @contextmanager
     def _write(
         self, held_here: Callable[[], Exception] | None = None
     ) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE`` on the store's connection: the write lock before any read. The
-        wait for it holds no lock of ours (``_begin``); with ``held_here``, a wait for a lock
-        the application's own connection in this process holds ends with that error, at once
-        when no other thread could release it, else at the timeout
-        (``dialects.sqlite.HolderWatch``)."""
+        """A ``transaction`` (``BEGIN IMMEDIATE``: the write lock before any read) on the
+        store's connection. The wait for it holds no lock of ours (``_begin``); with
+        ``held_here``, a wait for a lock the application's own connection in this process
+        holds ends with that error, at once when no other thread could release it, else at
+        the timeout (``dialects.sqlite.HolderWatch``). In rollback-journal mode a commit waits
+        for readers to leave; the transaction is ours meanwhile, so the lock stays held."""
         watch = None if held_here is None else holder_watch(self.path, held_here)
+        began = False
+
+        def begin() -> None:
+            nonlocal began
+            self._begin()
+            began = True
+
+        def retry(attempt: Callable[[], _T]) -> _T:
+            on_busy = None if began else watch
+            return retry_busy(attempt, timeout=self._busy_timeout, on_busy=on_busy)
+
+        with self._lock:
+            conn = self._own()
         try:
-            conn = retry_busy(self._begin, timeout=self._busy_timeout, on_busy=watch)
+            with transaction(conn, retry=retry, begin=begin):
+                yield conn
         except sqlite3.Error as exc:
-            held = None if watch is None or not is_busy(exc) else watch.verdict()
+            held = None if began or watch is None or not is_busy(exc) else watch.verdict()
             if held is not None:
                 raise held from exc
-            raise self._unavailable(exc) from exc
-        try:
-            yield conn
-            # In rollback-journal mode a commit waits for readers to leave; the transaction
-            # is ours meanwhile, so the lock stays held.
-            retry_busy(lambda: conn.execute("COMMIT"), timeout=self._busy_timeout)
-        except sqlite3.Error as exc:
-            rollback_quietly(conn)
-            if isinstance(exc, sqlite3.OperationalError):
+            if not began or isinstance(exc, sqlite3.OperationalError):
                 raise self._unavailable(exc) from exc
             raise
-        except BaseException:
-            rollback_quietly(conn)
-            raise
         finally:
-            self._lock.release()
+            if began:
+                self._lock.release()
 
     def _read(self, body: Callable[[sqlite3.Connection], _T]) -> _T:
         """``body`` on the store's connection, the lock held for each try only."""
@@ -257,28 +257,13 @@ class SqliteOutboxStore(OneConnection):
             raise self._unavailable(exc) from exc
 
     def _unavailable(self, exc: sqlite3.Error) -> DriverUnavailableError:
-        text = str(exc)
-        if "no such table" in text:
-            return DriverUnavailableError(
-                f"the outbox table does not exist in {self.path} ({exc})",
-                driver=_NAME,
-                fix="run store.migrate() once (App(outbox=...) migrates it on first use)",
-            )
-        if "locked" in text:
-            return DriverUnavailableError(
-                f"{self.path} stayed locked by another writer for more than "
-                f"{self._busy_timeout:g}s ({exc})",
-                driver=_NAME,
-                fix="find what holds a long write transaction on that file and end it, or "
-                "raise busy_timeout",
-            )
-        # A refused row (a duplicate id) or a bad file cannot pass by retrying; busy, full
-        # and I/O errors can.
-        return DriverUnavailableError(
-            f"SQLite failed on the outbox in {self.path}: {exc}",
+        return unavailable(
+            exc,
+            path=self.path,
             driver=_NAME,
-            fix="check the file and the error above; run store.migrate() if it is new",
-            retryable=not isinstance(exc, sqlite3.IntegrityError),
+            busy_timeout=self._busy_timeout,
+            tables="the outbox table x_outbox",
+            migrate="run store.migrate() (App(outbox=...) migrates it on first use)",
         )
 
     def close(self) -> None:
@@ -286,10 +271,7 @@ class SqliteOutboxStore(OneConnection):
             self._closed = True
             if self._conn is not None:
                 disown(self._conn)
-                try:
-                    self._conn.close()
-                except sqlite3.Error:
-                    pass
+                close_quietly(self._conn)
                 self._conn = None
 
     # -- schema ------------------------------------------------------------------------------
@@ -392,7 +374,7 @@ class SqliteOutboxStore(OneConnection):
 
         opened = conn.in_transaction
         try:
-            write_in(conn, body, savepoint=_SAVEPOINT, retry=lambda attempt: attempt())
+            write_in(conn, body, retry=lambda attempt: attempt())
         except sqlite3.Error as exc:
             if not opened and autocommits(conn):  # its own transaction, over: not the caller's
                 raise self._unavailable(exc) from exc

@@ -40,6 +40,7 @@ from typing import Protocol, TypeVar
 from ultimat3.jobs.clock import Backoff, Clock, SystemClock, wall_ns
 from ultimat3.jobs.driver import DatabaseId
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
+from ultimat3.jobs.sql import queries
 
 __all__ = [
     "BEGIN_IMMEDIATE",
@@ -61,6 +62,7 @@ __all__ = [
     "now_us",
     "pending_versions",
     "plain_rows",
+    "printable_migrations",
     "retry_busy",
     "rollback_quietly",
     "same_file",
@@ -77,6 +79,8 @@ __all__ = [
 
 _T = TypeVar("_T")
 _U = TypeVar("_U")
+
+_Q = queries("sqlite", "ultimat3.jobs.dialects")
 
 
 class Retrier(Protocol):
@@ -153,7 +157,7 @@ def file_identity(path: str) -> DatabaseId:
 def connection_file(conn: sqlite3.Connection) -> str:
     """The file of a connection's main database ('' for an in-memory or temporary one)."""
     with plain_rows(conn):
-        rows = conn.execute("PRAGMA database_list").fetchall()
+        rows = conn.execute(_Q["database_list"]).fetchall()
     return next((str(row[2]) for row in rows if row[1] == "main"), "")
 
 
@@ -161,8 +165,8 @@ def connection_file(conn: sqlite3.Connection) -> str:
 #: a connection reads it through a converter. ``sqlite_schema`` declares ``type`` as text;
 #: ``x_migrations`` exists once the job file is migrated (before that, nothing of ours is read).
 _CONVERTIBLE = (
-    ("TEXT", "SELECT type FROM sqlite_schema LIMIT 1", str),
-    ("INTEGER", "SELECT version FROM x_migrations LIMIT 1", int),
+    ("TEXT", _Q["probe_text"], str),
+    ("INTEGER", _Q["probe_integer"], int),
 )
 
 
@@ -563,22 +567,16 @@ def connect(path: str, *, busy_timeout: float) -> sqlite3.Connection:
     )
 
 
-#: journal_mode=WAL, the synchronous level (validated by the caller against ``SYNCHRONOUS``),
-#: and a WAL truncated back to 64 MiB after a checkpoint, so one burst keeps no big file.
+#: The synchronous levels, each a statement of its own.
 SYNCHRONOUS = {
-    "OFF": "PRAGMA synchronous=OFF",
-    "NORMAL": "PRAGMA synchronous=NORMAL",
-    "FULL": "PRAGMA synchronous=FULL",
-    "EXTRA": "PRAGMA synchronous=EXTRA",
+    level: _Q[f"synchronous_{level.lower()}"] for level in ("OFF", "NORMAL", "FULL", "EXTRA")
 }
-_WAL = "PRAGMA journal_mode=WAL"
-_WAL_SIZE = "PRAGMA journal_size_limit=67108864"
 
 
 def use_wal(conn: sqlite3.Connection, synchronous: str, *, path: str, driver: str) -> None:
     """Put ``conn``'s file in WAL mode (once per file; it needs every other connection out of
     it) with ``synchronous``; raise ``DriverUnavailableError`` when SQLite will not."""
-    mode = conn.execute(_WAL).fetchone()[0]
+    mode = conn.execute(_Q["journal_wal"]).fetchone()[0]
     if str(mode).lower() != "wal":
         raise DriverUnavailableError(
             f"SQLite would not put {path} in WAL mode (journal_mode is {mode})",
@@ -587,18 +585,10 @@ def use_wal(conn: sqlite3.Connection, synchronous: str, *, path: str, driver: st
             "and let no other program force another journal mode",
         )
     conn.execute(SYNCHRONOUS[synchronous])
-    conn.execute(_WAL_SIZE)
+    conn.execute(_Q["journal_size_limit"])
 
 
-BEGIN_IMMEDIATE = "BEGIN IMMEDIATE"
-_BEGIN = "BEGIN"
-_COMMIT = "COMMIT"
-_ROLLBACK = "ROLLBACK"
-#: One savepoint name for every savepoint of ours: they nest strictly (``savepoint`` is a
-#: context manager), and ``ROLLBACK TO``/``RELEASE`` act on the innermost of that name.
-_SAVEPOINT = "SAVEPOINT ultimat3_jobs"
-_ROLLBACK_TO = "ROLLBACK TO ultimat3_jobs"
-_RELEASE = "RELEASE ultimat3_jobs"
+BEGIN_IMMEDIATE = _Q["begin_immediate"]
 
 
 def _run_once(attempt: Callable[[], _U]) -> _U:
@@ -621,7 +611,7 @@ def transaction(
     try:
         yield conn
         if conn.in_transaction:
-            retry(lambda: conn.execute(_COMMIT))
+            retry(lambda: conn.execute(_Q["commit"]))
     except BaseException:
         rollback_quietly(conn)
         raise
@@ -633,19 +623,19 @@ def savepoint(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     back to (and released) on an exception, so a failure undoes all of the block and nothing
     before it. When SQLite rolled the whole transaction back itself (a full disk, an I/O
     error), there is nothing left to undo."""
-    conn.execute(_SAVEPOINT)
+    conn.execute(_Q["savepoint"])
     try:
         yield conn
     except BaseException:
         if conn.in_transaction:
             try:
-                conn.execute(_ROLLBACK_TO)
-                conn.execute(_RELEASE)
+                conn.execute(_Q["savepoint_rollback"])
+                conn.execute(_Q["savepoint_release"])
             except sqlite3.Error:
                 pass  # SQLite ended the transaction meanwhile
         raise
     if conn.in_transaction:
-        conn.execute(_RELEASE)
+        conn.execute(_Q["savepoint_release"])
 
 
 @contextmanager
@@ -655,7 +645,7 @@ def snapshot(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     if conn.in_transaction:
         yield conn
         return
-    conn.execute(_BEGIN)
+    conn.execute(_Q["begin"])
     try:
         yield conn
     finally:
@@ -666,7 +656,7 @@ def rollback_quietly(conn: sqlite3.Connection) -> None:
     # SQLite rolls back by itself after some errors (disk full, I/O); then there is nothing left.
     if conn.in_transaction:
         try:
-            conn.execute(_ROLLBACK)
+            conn.execute(_Q["rollback"])
         except sqlite3.Error:
             pass
 
@@ -763,6 +753,20 @@ def apply_migrations(
         conn.execute(named["migration_record"], {"version": version})
         done.append(version)
     return done
+
+
+def printable_migrations(
+    known: Sequence[tuple[int, str]], named: Mapping[str, str]
+) -> list[tuple[int, str]]:
+    """Every migration of ``known`` followed by the ``migration_record`` of ``named`` that
+    records it, for a tool of the caller's to apply (``migrate --sql``), so that ``migrate()``
+    recognises the schema afterwards. That text is run by another tool, which binds nothing:
+    the version, an int of ours, is written in as a literal, here only."""
+    record = named["migration_record"].rstrip().rstrip(";")
+    return [
+        (version, f"{script.rstrip()}\n\n{record.replace(':version', str(int(version)))};\n")
+        for version, script in known
+    ]
 
 
 def _statements(script: str) -> Iterator[str]:

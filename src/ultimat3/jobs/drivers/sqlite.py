@@ -110,6 +110,7 @@ from ultimat3.jobs.dialects.sqlite import (
     once,
     pending_versions,
     plain_rows,
+    printable_migrations,
     retry_busy,
     savepoint,
     snapshot,
@@ -773,11 +774,7 @@ class SqliteDriver:
     def migration_sql(self) -> list[tuple[int, str]]:
         """Every migration with the statement that records it in ``x_migrations``, so a schema
         applied by another tool is recognised by ``migrate()``."""
-        record = _Q["migration_record"].rstrip().rstrip(";")
-        return [
-            (version, f"{script.rstrip()}\n\n{record.replace(':version', str(version))};\n")
-            for version, script in migrations("sqlite")
-        ]
+        return printable_migrations(migrations("sqlite"), _Q)
 
     # -- transactions ------------------------------------------------------------------------
 

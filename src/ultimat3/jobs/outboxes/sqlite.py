@@ -60,6 +60,7 @@ from ultimat3.jobs.dialects.sqlite import (
     now_us,
     pending_versions,
     plain_rows,
+    printable_migrations,
     retry_busy,
     transaction,
     unavailable,
@@ -311,11 +312,7 @@ class SqliteOutboxStore(OneConnection):
         return found
 
     def migration_sql(self) -> list[tuple[int, str]]:
-        record = _Q["migration_record"].rstrip().rstrip(";")
-        return [
-            (version, f"{script.rstrip()}\n\n{record.replace(':version', str(version))};\n")
-            for version, script in migrations("sqlite", _PACKAGE)
-        ]
+        return printable_migrations(migrations("sqlite", _PACKAGE), _Q)
 
     # -- staging on the caller's connection --------------------------------------------------
 

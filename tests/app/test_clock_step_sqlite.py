@@ -173,7 +173,7 @@ def test_history_stays_as_written(stepped: tuple[App, FakeClock, str]) -> None:
     assert _claim(app, clock) == [done.id]
     job = app.driver.job_get(done.id)
     assert job is not None
-    app.driver.job_complete_many([job.lease], now=clock.now())
+    app.driver.job_cycle(Cycle(completes=[job.lease]), now=clock.now())
     before = app.driver.job_get(done.id)
     clock.step(timedelta(hours=2))
     later.enqueue({})  # a write

@@ -30,8 +30,10 @@ from ultimat3.jobs.ids import uuid7
 from ultimat3.jobs.records import (
     AttemptError,
     ClaimParams,
+    Cycle,
     Failure,
     InsertResult,
+    Job,
     JobFilter,
     JobState,
     NewJob,
@@ -45,6 +47,11 @@ LEASE = timedelta(seconds=30)
 def new_job(key: str | None = None, queue: str = "default") -> NewJob:
     job_id = uuid7()
     return NewJob(job_id, "unit.job", queue, '{"n":1}', key or f"key-{job_id}", 3)
+
+
+def claim(driver: SqliteDriver, params: ClaimParams) -> list[Job]:
+    """Claim as a worker does: a cycle that only claims."""
+    return driver.job_cycle(Cycle(claim=params), now=params.now).claimed
 
 
 def other_thread(call: Callable[[], T]) -> T:
@@ -226,7 +233,7 @@ def test_a_held_write_lock_becomes_driver_unavailable_not_operational_error(path
     try:
         for write in (
             lambda: driver.job_insert_many([new_job()]),
-            lambda: driver.job_claim(ClaimParams(("default",), 1, LEASE, "w")),
+            lambda: claim(driver, ClaimParams(("default",), 1, LEASE, "w")),
             lambda: driver.queue_set_paused("q", True),
             lambda: driver.transaction().__enter__(),
         ):
@@ -632,27 +639,6 @@ def test_a_read_then_write_caller_transaction_gets_a_fix_not_busy_snapshot(
         conn.close()
 
 
-def test_complete_on_an_adopted_connection_is_part_of_its_transaction(
-    driver: SqliteDriver,
-) -> None:
-    driver.job_insert_many([new_job()], now=T0)
-    [job] = driver.job_claim(ClaimParams(("default",), 1, LEASE, "w", now=T0))
-    joined = driver.adopt(app_connection(driver.path, None))
-    conn = joined.connection
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        assert driver.job_complete_many([job.lease], executor=joined, now=T0) == {job.id}
-        conn.execute("ROLLBACK")
-        still = driver.job_get(job.id)
-        assert still is not None
-        assert still.state is JobState.RUNNING
-    finally:
-        conn.close()
-
-
-# -- connections -----------------------------------------------------------------------------------
-
-
 def test_close_closes_the_connections_of_every_thread(driver: SqliteDriver) -> None:
     opened: list[sqlite3.Connection] = []
     used, closed = threading.Barrier(3), threading.Event()
@@ -805,7 +791,7 @@ def test_kill_9_inside_a_write_transaction_leaves_the_file_intact(driver: Sqlite
         assert quick.job_fail_many([Failure(expired.lease, lost, timedelta(0))], now=later) == {
             kept.id
         }
-        again = quick.job_claim(ClaimParams(("default",), 10, LEASE, "w2", now=later))
+        again = claim(quick, ClaimParams(("default",), 10, LEASE, "w2", now=later))
         assert {job.id for job in again} == {kept.id, extra.id}
         assert next(job for job in again if job.id == kept.id).attempt == 2
     finally:
@@ -982,8 +968,8 @@ def test_claiming_several_queues_merges_them_in_claim_order(driver: SqliteDriver
     driver.job_insert_many([a_old, a_new, b_high, b_mid, c_top], now=T0)
     driver.queue_set_paused("c", True)
     params = ClaimParams(("a", "b", "c", "a"), 3, LEASE, "w", now=T0)
-    claimed = driver.job_claim(params)
+    claimed = claim(driver, params)
     assert [j.id for j in claimed] == [b_high.id, b_mid.id, a_old.id]
     assert {j.lease_token for j in claimed} != {None}
-    assert [j.id for j in driver.job_claim(params)] == [a_new.id]
-    assert driver.job_claim(params) == []
+    assert [j.id for j in claim(driver, params)] == [a_new.id]
+    assert claim(driver, params) == []

@@ -874,11 +874,6 @@ class SqliteDriver:
             return self._write(body, self._enqueue_held_here)
         return self._on_executor(executor, body)
 
-    def job_claim(self, params: ClaimParams) -> list[Job]:
-        if params.limit <= 0 or not params.queues:
-            return []
-        return self._write(lambda conn: _claim(conn, params, started=False, after=self._after)[0])
-
     def job_cycle(self, cycle: Cycle, *, now: datetime | None = None) -> CycleResult:
         now_us = _now_us(now)
         results = cycle.results
@@ -900,7 +895,7 @@ class SqliteDriver:
             claimed: list[Job] = []
             wake_in = None
             if claim is not None:
-                claimed, wake_in = _claim(conn, claim, started=True, after=self._after)
+                claimed, wake_in = _claim(conn, claim, after=self._after)
             return CycleResult(completed, failed, claimed, wake_in)
 
         if not (cycle.writes or claim is not None):
@@ -915,11 +910,6 @@ class SqliteDriver:
             return self._write(body)
         finally:
             conn.execute(SYNCHRONOUS[self._synchronous])
-
-    def job_release_unstarted(self, *, now: datetime | None = None) -> list[str]:
-        args = {"now": _now_us(now)}
-        rows = self._write(lambda conn: conn.execute(_Q["job_release_unstarted"], args).fetchall())
-        return sorted(row[0] for row in rows)
 
     def job_release_claim(self, token: str, *, now: datetime | None = None) -> list[str]:
         args = {"now": _now_us(now), "token": token}
@@ -956,26 +946,6 @@ class SqliteDriver:
         rows = [(expires_at, lease.id, lease.token) for lease in leases]
         ids_ = [lease.id for lease in leases]
         return self._write(lambda conn: _apply_each(conn, _Q["lease_extend"], rows, ids_))
-
-    def job_complete_many(
-        self,
-        leases: Sequence[Lease],
-        *,
-        executor: Joined | None = None,
-        now: datetime | None = None,
-    ) -> set[str]:
-        if not leases:
-            return set()
-        now_us = _now_us(now)
-        rows = [(now_us, None, lease.id, lease.token) for lease in leases]
-        ids_ = [lease.id for lease in leases]
-
-        def body(conn: sqlite3.Connection) -> set[str]:
-            return _apply_each(conn, _COMPLETE, rows, ids_)
-
-        if executor is None:
-            return self._write(body)
-        return self._on_executor(executor, body)
 
     def job_fail_many(
         self, failures: Sequence[Failure], *, now: datetime | None = None
@@ -1582,9 +1552,9 @@ def _apply_each(
 
 
 def _claim(
-    conn: sqlite3.Connection, params: ClaimParams, *, started: bool, after: dict[str, str]
+    conn: sqlite3.Connection, params: ClaimParams, *, after: dict[str, str]
 ) -> tuple[list[Job], timedelta | None]:
-    """Claim for ``params`` in the open transaction, marking the jobs ``started`` or not; and
+    """Claim for ``params`` in the open transaction, marking the jobs started; and
     how long after its ``now`` a job held back by a rate limit may be claimed. ``after`` holds the per-queue key
     cursor of limited claims, and is advanced."""
     now_us = _now_us(params.now)
@@ -1594,7 +1564,6 @@ def _claim(
         "expires_at": now_us + params.lease_for // MICROSECOND,
         "worker_id": params.worker_id,
         "limit": params.limit,
-        "started": int(started),
     }
     queues = sorted(set(params.queues))
     wake: list[int] = []

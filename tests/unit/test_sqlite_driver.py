@@ -906,21 +906,22 @@ def _kept_counts_agree(path: str) -> None:
 
 @pytest.mark.parametrize("text_limit", [None, 1_000])
 def test_a_batch_of_one_enqueue_stores_each_jobs_own_fields_exactly(
-    driver: SqliteDriver, path: str, monkeypatch: pytest.MonkeyPatch, text_limit: int | None
+    path: str, text_limit: int | None
 ) -> None:
     """The jobs of one enqueue go as one JSON array of their own fields (``job_insert_batch``),
-    or as several past ``_BATCH_TEXT``: each stored input, key, trace context and limit key is
+    or as several past ``batch_text``: each stored input, key, trace context and limit key is
     the job's own, character for character, and the shared fields are the template's."""
     import ultimat3.jobs.drivers.sqlite as sqlite_driver
+
+    driver = SqliteDriver(path) if text_limit is None else SqliteDriver(path, batch_text=text_limit)
+    driver.migrate()
 
     template = NewJob(
         "", "unit.batch", "batch", "", "", 7, run_at=T0 + timedelta(hours=1), priority=3,
         limit_max=2,
     )  # fmt: skip
     jobs = [_sibling(template, n) for n in range(60)]
-    if text_limit is not None:
-        monkeypatch.setattr(sqlite_driver, "_BATCH_TEXT", text_limit)
-    batches = sqlite_driver._batches(jobs, 0)
+    batches = sqlite_driver._batches(jobs, 0, text_limit or 4 << 20)
     assert batches is not None and (len(batches) == 1) == (text_limit is None)
     results = driver.job_insert_many(jobs, now=T0)
     assert results == [InsertResult(job.id, False) for job in jobs]
@@ -935,6 +936,7 @@ def test_a_batch_of_one_enqueue_stores_each_jobs_own_fields_exactly(
     # The same batch again: every job deduped, by its key or its id, and nothing counted twice.
     assert driver.job_insert_many(jobs, now=T0) == [InsertResult(job.id, True) for job in jobs]
     _kept_counts_agree(path)
+    driver.close()
 
 
 def test_a_batch_whose_jobs_differ_in_a_shared_field_is_stored_row_by_row_as_given(
@@ -946,7 +948,7 @@ def test_a_batch_whose_jobs_differ_in_a_shared_field_is_stored_row_by_row_as_giv
 
     jobs = [new_job(queue=f"q{n % 3}") for n in range(9)]
     jobs.append(NewJob(uuid7(), "unit.other", "q0", "{}", "key-other", 3))
-    assert sqlite_driver._batches(jobs, 0) is None
+    assert sqlite_driver._batches(jobs, 0, 4 << 20) is None
     assert driver.job_insert_many(jobs, now=T0) == [InsertResult(j.id, False) for j in jobs]
     stored = _stored(path)
     assert {job_id: row[4:6] for job_id, row in stored.items()} == {

@@ -32,6 +32,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from pathlib import Path
@@ -46,6 +47,7 @@ __all__ = [
     "BEGIN_IMMEDIATE",
     "INNER_BUSY_MS",
     "HolderWatch",
+    "LockWatch",
     "apply_migrations",
     "autocommits",
     "blocked_here",
@@ -465,20 +467,26 @@ def blocked_here(path: str) -> bool:
     return True
 
 
-# A wait for the write lock looks at who holds it after _HELD_HERE_LOOK, then as often. Held
-# _HELD_HERE_FOR by a connection of this process that is not the library's (blocked_here), it
-# is the application's own: the wait ends there only when no other thread of this process
-# could release it (the waiting thread is the only one), else it is noted once and goes on.
-_HELD_HERE_LOOK = 0.05
-_HELD_HERE_FOR = 0.5
-
 _log = logging.getLogger("ultimat3.jobs.dialects.sqlite")
 
 
-def _alone() -> bool:
+def only_thread() -> bool:
     """True when the calling thread is the only thread of this process that runs Python: a
     connection of this process can then be released by no one while it waits."""
     return len(sys._current_frames()) == 1
+
+
+@dataclass(frozen=True, slots=True)
+class LockWatch:
+    """How a wait for the write lock looks at who holds it (``HolderWatch``): after ``look``
+    seconds, then as often. Held ``held_for`` by a connection of this process that is not the
+    library's (``blocked_here``), it is the application's own: the wait ends there only when
+    no other thread of this process could release it (``alone()``: the waiting thread is the
+    only one), else it is noted once and goes on."""
+
+    look: float = 0.05
+    held_for: float = 0.5
+    alone: Callable[[], bool] = only_thread
 
 
 class HolderWatch:
@@ -497,23 +505,29 @@ class HolderWatch:
       ``verdict()`` gives ``held_here()`` for the caller to raise instead of "busy"."""
 
     def __init__(
-        self, path: str, held_here: Callable[[], Exception], *, in_callers_tx: bool = False
+        self,
+        path: str,
+        held_here: Callable[[], Exception],
+        *,
+        in_callers_tx: bool = False,
+        settings: LockWatch = LockWatch(),
     ) -> None:
         self.path = path
+        self.settings = settings
         self.held_here = held_here
         #: The waiting call runs inside a transaction the caller opened on a connection of
         #: its own (``app.using(conn)``): that connection, this thread's, is the one that can
         #: hold the lock, so other threads running do not make the wait worth going on.
         self.in_callers_tx = in_callers_tx
         self._since: float | None = None
-        self._look_at = _HELD_HERE_LOOK
+        self._look_at = settings.look
         self._throughout: bool | None = None  # None: not looked yet
         self._warned = False
 
     def __call__(self, waited: float) -> None:
         if waited < self._look_at:
             return
-        self._look_at = waited + _HELD_HERE_LOOK
+        self._look_at = waited + self.settings.look
         if not blocked_here(self.path):
             self._since = None
             self._throughout = False
@@ -522,8 +536,8 @@ class HolderWatch:
             self._throughout = True
         if self._since is None:
             self._since = waited
-        elif waited - self._since >= _HELD_HERE_FOR:
-            if self.in_callers_tx or _alone():
+        elif waited - self._since >= self.settings.held_for:
+            if self.in_callers_tx or self.settings.alone():
                 raise self.held_here() from None
             if not self._warned:
                 self._warned = True
@@ -547,10 +561,14 @@ class HolderWatch:
 
 
 def holder_watch(
-    path: str, held_here: Callable[[], Exception], *, in_callers_tx: bool = False
+    path: str,
+    held_here: Callable[[], Exception],
+    *,
+    in_callers_tx: bool = False,
+    settings: LockWatch = LockWatch(),
 ) -> HolderWatch:
     """A ``HolderWatch`` on ``path`` (see there)."""
-    return HolderWatch(path, held_here, in_callers_tx=in_callers_tx)
+    return HolderWatch(path, held_here, in_callers_tx=in_callers_tx, settings=settings)
 
 
 def connect(path: str, *, busy_timeout: float) -> sqlite3.Connection:

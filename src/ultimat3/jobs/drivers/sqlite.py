@@ -83,7 +83,6 @@ import operator
 import os
 import sqlite3
 import threading
-import time
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -97,6 +96,7 @@ from ultimat3.jobs.dialects.sqlite import (
     BUSY_SNAPSHOT,
     MICROSECOND,
     SYNCHRONOUS,
+    LockWatch,
     apply_migrations,
     check_unconverted,
     close_quietly,
@@ -297,6 +297,14 @@ class SqliteDriver:
     loss; "NORMAL": may lose the last commits on power loss, never corrupts). ``busy_timeout``
     is how many seconds an operation keeps waiting for another writer before it raises
     ``DriverUnavailableError``.
+
+    ``clock`` is the app's: the frame of the wall time the driver writes (a step of it moves
+    the stored due times, ``_align``). ``wait_clock`` is the one it waits on the database
+    with (the busy waits, ``wait_for_jobs``, ``job_wait``): real time by default, since
+    whoever holds the lock or commits next lives in real time. ``lock_watch``: how a wait for
+    the write lock looks at who holds it (``dialects.sqlite.LockWatch``). ``batch_text``: at
+    most about this much JSON text per ``job_insert_batch`` statement, so a big batch of big
+    inputs goes as several, far below SQLite's limit on one value (1 GB by default).
     """
 
     name = "sqlite"
@@ -311,6 +319,9 @@ class SqliteDriver:
         synchronous: str = "FULL",
         busy_timeout: float = 30.0,
         clock: Clock | None = None,
+        wait_clock: Clock | None = None,
+        lock_watch: LockWatch | None = None,
+        batch_text: int = 4 << 20,
     ) -> None:
         raw = os.fspath(path)
         if not raw or raw == ":memory:" or raw.startswith("file:"):
@@ -342,6 +353,9 @@ class SqliteDriver:
         self.display_url = f"sqlite:///{self.path}"
         self._synchronous = level
         self._busy_timeout = float(busy_timeout)
+        self._wait_clock = wait_clock or SystemClock()
+        self._lock_watch = lock_watch or LockWatch()
+        self._batch_text = batch_text
         self._lock = threading.Lock()
         self._conns: dict[int, sqlite3.Connection] = {}
         self._local = threading.local()
@@ -511,7 +525,7 @@ class SqliteDriver:
                 raise
             if not is_busy(exc):
                 raise self._unavailable(exc) from exc
-        started = time.monotonic()
+        started = self._wait_clock.monotonic()
         joined = current_tx.get()
         in_callers_tx = joined is not None and bool(
             getattr(joined.connection, "in_transaction", False)
@@ -519,10 +533,14 @@ class SqliteDriver:
         watch = (
             None
             if held_here is None
-            else holder_watch(self.path, held_here, in_callers_tx=in_callers_tx)
+            else holder_watch(
+                self.path, held_here, in_callers_tx=in_callers_tx, settings=self._lock_watch
+            )
         )
         try:
-            result = retry_busy(attempt, timeout=self._busy_timeout, on_busy=watch)
+            result = retry_busy(
+                attempt, timeout=self._busy_timeout, on_busy=watch, clock=self._wait_clock
+            )
         except sqlite3.Error as exc:
             if not _translatable(exc):
                 raise
@@ -532,7 +550,7 @@ class SqliteDriver:
                 if held is not None:
                     raise held from exc
             raise self._unavailable(exc) from exc
-        self.stalls.note_wait(time.monotonic() - started)
+        self.stalls.note_wait(self._wait_clock.monotonic() - started)
         return result
 
     def _held_here(self, doing: str) -> ConfigurationError:
@@ -848,7 +866,7 @@ class SqliteDriver:
         now_us = _now_us(now)
         # Built here, before any write, so an input refused while a batch is built raises
         # before anything is written.
-        batches = _batches(jobs, now_us) if len(jobs) > 1 else None
+        batches = _batches(jobs, now_us, self._batch_text) if len(jobs) > 1 else None
         rows = None if batches is not None else [_job_row(job, now_us) for job in jobs]
 
         def body(conn: sqlite3.Connection) -> list[InsertResult]:
@@ -1008,7 +1026,7 @@ class SqliteDriver:
             lambda: self.job_get(job_id, tenant_id=tenant_id),
             lambda remaining: self.wait_for_jobs(remaining, never),
             timeout=timeout,
-            clock=SystemClock(),
+            clock=self._wait_clock,
         )
 
     def job_list(
@@ -1239,9 +1257,10 @@ class SqliteDriver:
         watch = self._watch(slot) if isinstance(wake, Wake) else None
         # A write drained here, or seen by the last wait, may be a commit still in flight (its
         # frames are written before it is visible): look again soon, as after any write.
+        clock = self._wait_clock
         if watch is not None and watch.drain():
-            slot.written_at = time.monotonic()
-        now = time.monotonic()
+            slot.written_at = clock.monotonic()
+        now = clock.monotonic()
         deadline = now + timeout
         version = self._data_version(conn)
         if version is None:  # busy in recovery: report a possible change, the caller polls
@@ -1261,16 +1280,16 @@ class SqliteDriver:
                 settling = now < settle_until
                 written = watch.wait(min(left, _SETTLE_POLL) if settling else left, wake)
                 if written:
-                    slot.written_at = time.monotonic()
+                    slot.written_at = clock.monotonic()
                     settle_until = slot.written_at + _SETTLE_FOR
                 look = written or settling
             else:
                 recent = now - slot.changed_at < _POLL_FAST_FOR
-                time.sleep(min(_POLL_FAST if recent else _POLL_SLOW, left))
+                clock.sleep(min(_POLL_FAST if recent else _POLL_SLOW, left), wake)
                 look = True
             if wake.is_set():
                 return
-            now = time.monotonic()
+            now = clock.monotonic()
             if not look:
                 continue
             current = self._data_version(conn)
@@ -1378,17 +1397,14 @@ _SHARED = operator.attrgetter(
     "tenant_id", "name", "queue", "priority", "max_attempts", "run_at", "delay",
     "limit_max", "rate_max", "rate_period",
 )  # fmt: skip
-#: At most about this much JSON text per ``job_insert_batch`` statement: a big batch of big
-#: inputs goes as several, far below SQLite's limit on one value (1 GB by default).
-_BATCH_TEXT = 4 << 20
 _encode_rows = json.JSONEncoder(
     ensure_ascii=False, separators=(",", ":"), check_circular=False
 ).encode
 
 
-def _batches(jobs: Sequence[NewJob], now_us: int) -> list[dict[str, Any]] | None:
+def _batches(jobs: Sequence[NewJob], now_us: int, batch_text: int) -> list[dict[str, Any]] | None:
     """``jobs`` as the parameters of ``job_insert_batch`` statements (one per
-    ``_BATCH_TEXT`` of rows), when they share every field it binds once: the jobs of one
+    ``batch_text`` characters of rows), when they share every field it binds once: the jobs of one
     ``enqueue_many``. None when two differ in one of those, or a job has a uniqueness key
     (each is resolved by a statement of its own). A plain batch (``NewJobs.template``) gives
     its columns, without a ``NewJob`` per row."""
@@ -1418,7 +1434,7 @@ def _batches(jobs: Sequence[NewJob], now_us: int) -> list[dict[str, Any]] | None
     for row in rows:  # (id, input, ...)
         chunk.append(row)
         size += len(row[1]) + 100
-        if size > _BATCH_TEXT:
+        if size > batch_text:
             chunks.append(chunk)
             chunk, size = [], 0
     if chunk:

@@ -43,8 +43,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from ultimat3.jobs.clock import Clock, SystemClock
 from ultimat3.jobs.dialects.sqlite import (
     BEGIN_IMMEDIATE,
+    LockWatch,
     apply_migrations,
     autocommits,
     close_quietly,
@@ -145,12 +147,21 @@ class SqliteOutboxStore(OneConnection):
     """``x_outbox`` in the SQLite file at ``path`` (your data's file, not the job file).
 
     ``busy_timeout`` is how many seconds the store's own statements wait for another writer
-    before raising ``DriverUnavailableError``.
+    before raising ``DriverUnavailableError``; ``wait_clock`` the clock they wait with (real
+    time by default: the other writer lives in real time); ``lock_watch`` how a wait for the
+    write lock looks at who holds it (``dialects.sqlite.LockWatch``).
     """
 
     name = "sqlite"
 
-    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        busy_timeout: float = 30.0,
+        wait_clock: Clock | None = None,
+        lock_watch: LockWatch | None = None,
+    ) -> None:
         raw = os.fspath(path)
         if not raw or raw == ":memory:" or raw.startswith("file:"):
             raise ConfigurationError(
@@ -165,6 +176,8 @@ class SqliteOutboxStore(OneConnection):
         self.path = os.path.abspath(raw)
         self.display_url = f"sqlite:///{self.path}"
         self._busy_timeout = float(busy_timeout)
+        self._wait_clock = wait_clock or SystemClock()
+        self._lock_watch = lock_watch or LockWatch()
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         self._identity: DatabaseId | None = None
@@ -217,7 +230,11 @@ class SqliteOutboxStore(OneConnection):
         holds ends with that error, at once when no other thread could release it, else at
         the timeout (``dialects.sqlite.HolderWatch``). In rollback-journal mode a commit waits
         for readers to leave; the transaction is ours meanwhile, so the lock stays held."""
-        watch = None if held_here is None else holder_watch(self.path, held_here)
+        watch = (
+            None
+            if held_here is None
+            else holder_watch(self.path, held_here, settings=self._lock_watch)
+        )
         began = False
 
         def begin() -> None:
@@ -227,7 +244,9 @@ class SqliteOutboxStore(OneConnection):
 
         def retry(attempt: Callable[[], _T]) -> _T:
             on_busy = None if began else watch
-            return retry_busy(attempt, timeout=self._busy_timeout, on_busy=on_busy)
+            return retry_busy(
+                attempt, timeout=self._busy_timeout, on_busy=on_busy, clock=self._wait_clock
+            )
 
         with self._lock:
             conn = self._own()
@@ -253,7 +272,7 @@ class SqliteOutboxStore(OneConnection):
                 return body(self._own())
 
         try:
-            return retry_busy(attempt, timeout=self._busy_timeout)
+            return retry_busy(attempt, timeout=self._busy_timeout, clock=self._wait_clock)
         except sqlite3.Error as exc:
             raise self._unavailable(exc) from exc
 

@@ -911,7 +911,7 @@ def test_a_batch_of_one_enqueue_stores_each_jobs_own_fields_exactly(
     """The jobs of one enqueue go as one JSON array of their own fields (``job_insert_batch``),
     or as several past ``batch_text``: each stored input, key, trace context and limit key is
     the job's own, character for character, and the shared fields are the template's."""
-    import ultimat3.jobs.drivers.sqlite as sqlite_driver
+    from ultimat3.jobs.drivers.sqlite.insert import batches as batches_of
 
     driver = SqliteDriver(path) if text_limit is None else SqliteDriver(path, batch_text=text_limit)
     driver.migrate()
@@ -921,7 +921,7 @@ def test_a_batch_of_one_enqueue_stores_each_jobs_own_fields_exactly(
         limit_max=2,
     )  # fmt: skip
     jobs = [_sibling(template, n) for n in range(60)]
-    batches = sqlite_driver._batches(jobs, 0, text_limit or 4 << 20)
+    batches = batches_of(jobs, 0, text_limit or 4 << 20)
     assert batches is not None and (len(batches) == 1) == (text_limit is None)
     results = driver.job_insert_many(jobs, now=T0)
     assert results == [InsertResult(job.id, False) for job in jobs]
@@ -944,11 +944,11 @@ def test_a_batch_whose_jobs_differ_in_a_shared_field_is_stored_row_by_row_as_giv
 ) -> None:
     """Jobs of several enqueues in one call (a relay's publish): no shared template, so the
     batch goes as rows; each keeps its own queue and name, and the counts follow."""
-    import ultimat3.jobs.drivers.sqlite as sqlite_driver
+    from ultimat3.jobs.drivers.sqlite.insert import batches
 
     jobs = [new_job(queue=f"q{n % 3}") for n in range(9)]
     jobs.append(NewJob(uuid7(), "unit.other", "q0", "{}", "key-other", 3))
-    assert sqlite_driver._batches(jobs, 0, 4 << 20) is None
+    assert batches(jobs, 0, 4 << 20) is None
     assert driver.job_insert_many(jobs, now=T0) == [InsertResult(j.id, False) for j in jobs]
     stored = _stored(path)
     assert {job_id: row[4:6] for job_id, row in stored.items()} == {

@@ -59,7 +59,6 @@ __all__ = [
     "dt",
     "file_identity",
     "hold_own",
-    "holder_watch",
     "is_busy",
     "now_us",
     "pending_versions",
@@ -67,7 +66,6 @@ __all__ = [
     "printable_migrations",
     "retry_busy",
     "rollback_quietly",
-    "same_file",
     "savepoint",
     "snapshot",
     "sqlite_path",
@@ -138,13 +136,6 @@ def sqlite_path(url: str, *, fix: str) -> Path:
     if not rest.startswith("/") or rest in ("/", ""):
         raise ConfigurationError(f"the SQLite URL {url!r} names no file", fix=fix)
     return Path(rest[1:].split("?", 1)[0]).expanduser()
-
-
-def same_file(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def file_identity(path: str) -> DatabaseId:
@@ -560,17 +551,6 @@ class HolderWatch:
         return None
 
 
-def holder_watch(
-    path: str,
-    held_here: Callable[[], Exception],
-    *,
-    in_callers_tx: bool = False,
-    settings: LockWatch = LockWatch(),
-) -> HolderWatch:
-    """A ``HolderWatch`` on ``path`` (see there)."""
-    return HolderWatch(path, held_here, in_callers_tx=in_callers_tx, settings=settings)
-
-
 def connect(path: str, *, busy_timeout: float) -> sqlite3.Connection:
     """A connection of the library's own to ``path``: autocommit (every transaction is one
     of ours, begun by ``transaction``), usable from any thread (its owner serialises it),
@@ -720,19 +700,10 @@ def write_in(
     Its statements read plain rows (``plain_rows``). sqlite3 errors are raised as they are;
     the caller translates them.
     """
-    if conn.row_factory is None and conn.text_factory is str:
-        return _write_in(conn, body, retry=retry)
     with plain_rows(conn):
-        return _write_in(conn, body, retry=retry)
-
-
-def _write_in(
-    conn: sqlite3.Connection,
-    body: Callable[[sqlite3.Connection], _T],
-    *,
-    retry: Retrier,
-) -> _T:
-    if not conn.in_transaction:
+        if conn.in_transaction:
+            with savepoint(conn):
+                return body(conn)
         if autocommits(conn):
             return retry(lambda: once(conn, body))
         retry(lambda: conn.execute(BEGIN_IMMEDIATE))
@@ -741,8 +712,6 @@ def _write_in(
         except BaseException:
             rollback_quietly(conn)
             raise
-    with savepoint(conn):
-        return body(conn)
 
 
 def pending_versions(

@@ -46,6 +46,7 @@ from typing import Any, TypeVar
 from ultimat3.jobs.clock import Clock, SystemClock
 from ultimat3.jobs.dialects.sqlite import (
     BEGIN_IMMEDIATE,
+    HolderWatch,
     LockWatch,
     apply_migrations,
     autocommits,
@@ -57,7 +58,6 @@ from ultimat3.jobs.dialects.sqlite import (
     dt_or_none,
     file_identity,
     hold_own,
-    holder_watch,
     is_busy,
     now_us,
     pending_versions,
@@ -233,7 +233,7 @@ class SqliteOutboxStore(OneConnection):
         watch = (
             None
             if held_here is None
-            else holder_watch(self.path, held_here, settings=self._lock_watch)
+            else HolderWatch(self.path, held_here, settings=self._lock_watch)
         )
         began = False
 

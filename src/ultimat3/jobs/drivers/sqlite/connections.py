@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from ultimat3.jobs.clock import Clock, Frame
 from ultimat3.jobs.dialects.sqlite import (
     BUSY_SNAPSHOT,
+    HolderWatch,
     LockWatch,
     apply_migrations,
     check_unconverted,
@@ -27,7 +28,6 @@ from ultimat3.jobs.dialects.sqlite import (
     disown,
     file_identity,
     hold_own,
-    holder_watch,
     is_busy,
     once,
     pending_versions,
@@ -269,25 +269,14 @@ class Connections:
         process holds on a connection of its own ends with the error it makes: at once when
         no other thread could release it, else at the timeout
         (``dialects.sqlite.HolderWatch``)."""
-        try:
-            return attempt()
-        except sqlite3.Error as exc:
-            if not _translatable(exc):
-                raise
-            if not is_busy(exc):
-                raise self._unavailable(exc) from exc
-        started = self._wait_clock.monotonic()
-        joined = current_tx.get()
-        in_callers_tx = joined is not None and bool(
-            getattr(joined.connection, "in_transaction", False)
-        )
-        watch = (
-            None
-            if held_here is None
-            else holder_watch(
-                self.path, held_here, in_callers_tx=in_callers_tx, settings=self._lock_watch
+        watch = None
+        if held_here is not None:
+            joined = current_tx.get()
+            in_tx = joined is not None and bool(getattr(joined.connection, "in_transaction", 0))
+            watch = HolderWatch(
+                self.path, held_here, in_callers_tx=in_tx, settings=self._lock_watch
             )
-        )
+        started = self._wait_clock.monotonic()
         try:
             result = retry_busy(
                 attempt, timeout=self._busy_timeout, on_busy=watch, clock=self._wait_clock
@@ -382,13 +371,7 @@ class Connections:
         modes). A failure inside the caller's open transaction was rolled back to the
         savepoint: it raises ``errors.in_callers_transaction``, which says so and names the
         cause."""
-        conn = executor.connection
-        if (
-            type(executor) is not Joined
-            or executor.database is not self._identity
-            or not isinstance(conn, sqlite3.Connection)
-        ):  # the usual one, a Joined this driver made, needs no look-ups: ``adopt`` decides
-            conn = self.adopt(executor).connection
+        conn = self.adopt(executor).connection
         opened = conn.in_transaction
         try:
             return write_in(conn, self._aligned(body), retry=self._retry)

@@ -160,10 +160,6 @@ def batches(jobs: Sequence[NewJob], now_us: int, batch_text: int) -> list[dict[s
 
 def _count_inserted(conn: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]) -> None:
     """Add the inserted rows to the kept counts (migration 5), in the same transaction."""
-    if len(rows) == 1:
-        row = rows[0]
-        conn.execute(_COUNTS_ADD, (row[3], row[7], 1))
-        return
     conn.executemany(_COUNTS_ADD, _counted(rows))
 
 

@@ -54,12 +54,13 @@ __all__ = [
     "check_unconverted",
     "close_quietly",
     "connect",
-    "connection_file",
     "disown",
     "dt",
     "file_identity",
+    "file_path",
     "hold_own",
     "is_busy",
+    "joined_file",
     "now_us",
     "pending_versions",
     "plain_rows",
@@ -147,11 +148,44 @@ def file_identity(path: str) -> DatabaseId:
     return DatabaseId("sqlite", (st.st_dev, st.st_ino), path)
 
 
-def connection_file(conn: sqlite3.Connection) -> str:
-    """The file of a connection's main database ('' for an in-memory or temporary one)."""
-    with plain_rows(conn):
-        rows = conn.execute(_Q["database_list"]).fetchall()
-    return next((str(row[2]) for row in rows if row[1] == "main"), "")
+def file_path(path: str | os.PathLike[str], busy_timeout: float, *, owner: str, fix: str) -> str:
+    """The absolute path of the file ``path`` names, for ``owner`` (the driver, the outbox
+    store); a ``ConfigurationError`` (with ``fix``) for an in-memory or URI database, or for a
+    ``busy_timeout`` that is not a number of seconds >= 0."""
+    raw = os.fspath(path)
+    if not raw or raw == ":memory:" or raw.startswith("file:"):
+        raise ConfigurationError(f"{owner} needs a file path, not {raw!r}", fix=fix)
+    if not busy_timeout >= 0:
+        raise ConfigurationError(
+            f"busy_timeout={busy_timeout!r} must be a number of seconds >= 0",
+            fix="pass busy_timeout=30.0, or another number of seconds",
+        )
+    return os.path.abspath(raw)
+
+
+def joined_file(
+    connection: object, *, owner: str, fix: str, probe: str | None = None
+) -> tuple[str, bool]:
+    """The main database file of a caller's connection to be joined ('' for an in-memory or
+    temporary one), and whether ``probe`` (a query) finds a row on it; a
+    ``ConfigurationError`` when it is not a ``sqlite3.Connection`` (``fix``: what to pass) or
+    cannot be read."""
+    if not isinstance(connection, sqlite3.Connection):
+        raise ConfigurationError(
+            f"{owner} can only join a sqlite3.Connection, not {type(connection).__name__}",
+            fix=fix,
+        )
+    try:
+        with plain_rows(connection):
+            rows = connection.execute(_Q["database_list"]).fetchall()
+            found = probe is not None and connection.execute(probe).fetchone() is not None
+    except sqlite3.Error as exc:
+        raise ConfigurationError(
+            f"cannot inspect the connection to join it ({exc})",
+            fix="pass an open sqlite3.Connection (made in this thread, or with "
+            "check_same_thread=False)",
+        ) from exc
+    return next((str(row[2]) for row in rows if row[1] == "main"), ""), found
 
 
 #: The declared types of our columns, and a statement reading a column of each, to see whether

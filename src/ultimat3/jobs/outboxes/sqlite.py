@@ -2,13 +2,9 @@
 
 What it guarantees:
 
-- **Staged in your transaction.** ``stage`` writes on your own ``sqlite3.Connection`` inside a
-  ``SAVEPOINT`` of your open transaction, so the rows exist if and only if you commit, and a
-  failed stage rolls back only its own part. A connection in Python's legacy transaction mode
-  (``isolation_level`` not None, the ``sqlite3.connect`` default) with no transaction open
-  gets the ``BEGIN`` its own INSERT would have issued (as ``BEGIN IMMEDIATE``), left open for
-  your ``commit()`` or ``rollback()``; one in autocommit mode outside a transaction commits the
-  rows at once, as its own INSERT would.
+- **Staged in your transaction.** ``stage`` writes on your own ``sqlite3.Connection`` as part
+  of your transaction, by the job driver's rules (``dialects.sqlite.write_in``), so the rows
+  exist if and only if you commit, and a failed stage rolls back only its own part.
 - **One relay at a time per batch.** A claim runs in ``BEGIN IMMEDIATE`` on the store's own
   connection and holds SQLite's write lock until its ``with`` block ends, so two relays never
   claim the same row; the second waits (up to ``busy_timeout``) and then sees the rows
@@ -52,16 +48,16 @@ from ultimat3.jobs.dialects.sqlite import (
     autocommits,
     close_quietly,
     connect,
-    connection_file,
     disown,
     dt,
     dt_or_none,
     file_identity,
+    file_path,
     hold_own,
     is_busy,
+    joined_file,
     now_us,
     pending_versions,
-    plain_rows,
     printable_migrations,
     retry_busy,
     transaction,
@@ -162,18 +158,12 @@ class SqliteOutboxStore(OneConnection):
         wait_clock: Clock | None = None,
         lock_watch: LockWatch | None = None,
     ) -> None:
-        raw = os.fspath(path)
-        if not raw or raw == ":memory:" or raw.startswith("file:"):
-            raise ConfigurationError(
-                f"the SQLite outbox store needs a file path, not {raw!r}",
-                fix="pass the path of the SQLite file your business transactions write to",
-            )
-        if not busy_timeout >= 0:
-            raise ConfigurationError(
-                f"busy_timeout={busy_timeout!r} must be a number of seconds >= 0",
-                fix="pass busy_timeout=30.0, or another number of seconds",
-            )
-        self.path = os.path.abspath(raw)
+        self.path = file_path(
+            path,
+            busy_timeout,
+            owner="the SQLite outbox store",
+            fix="pass the path of the SQLite file your business transactions write to",
+        )
         self.display_url = f"sqlite:///{self.path}"
         self._busy_timeout = float(busy_timeout)
         self._wait_clock = wait_clock or SystemClock()
@@ -344,22 +334,12 @@ class SqliteOutboxStore(OneConnection):
             ):
                 return connection
             connection = connection.connection
-        if not isinstance(connection, sqlite3.Connection):
-            raise ConfigurationError(
-                f"the SQLite outbox store can only join a sqlite3.Connection, "
-                f"not {type(connection).__name__}",
-                fix=f"open the connection with sqlite3.connect({self.path!r})",
-            )
-        try:
-            main = connection_file(connection)
-            with plain_rows(connection):
-                has_table = connection.execute(_Q["table_exists"]).fetchone() is not None
-        except sqlite3.Error as exc:
-            raise ConfigurationError(
-                f"cannot inspect the connection to join it ({exc})",
-                fix="pass an open sqlite3.Connection (made in this thread, or with "
-                "check_same_thread=False)",
-            ) from exc
+        main, has_table = joined_file(
+            connection,
+            owner="the SQLite outbox store",
+            fix=f"open the connection with sqlite3.connect({self.path!r})",
+            probe=_Q["table_exists"],
+        )
         if not main or file_identity(main) != self.identity():
             raise ConfigurationError(
                 f"the connection opens {main or 'an in-memory database'}, but the outbox "

@@ -17,26 +17,19 @@ What it guarantees:
   writes vanish, and jobs it had claimed come back once their lease expires.
 - **One schema.** Migrations are numbered ``.sql`` files applied inside ``BEGIN IMMEDIATE``,
   recorded in ``x_migrations``; any number of processes may migrate an empty file at once.
-- **Transactional enqueue on the caller's connection.** ``executor=`` runs the insert (or the
-  completion) inside a ``SAVEPOINT`` of the caller's transaction, always, so a failure rolls
-  back all of our part and nothing of the caller's (a ``RAISE(FAIL)`` trigger keeps what its
-  statement did; the insert and its count are two statements), and the rows become visible
-  if and only if the caller commits. The error says so, and is not retryable inside that
-  transaction (``errors.in_callers_transaction``), unless SQLite itself rolled the whole
-  transaction back (a full disk, an I/O error), which it then says. An adopted
-  connection in Python's legacy transaction mode (``isolation_level`` not None, the default of
-  ``sqlite3.connect``) that has no transaction open gets the ``BEGIN`` its own INSERT would have
-  issued (as ``BEGIN IMMEDIATE``) and the transaction is left open: the job is visible once the
-  caller calls ``commit()``, and gone on ``rollback()`` or close. A connection in autocommit mode
-  (``isolation_level=None``) outside a transaction commits our write at once, as its own INSERT
-  would.
+- **Transactional enqueue on the caller's connection.** ``executor=`` runs the insert as part
+  of the caller's transaction (``dialects.sqlite.write_in``: in a savepoint of an open one; the
+  ``BEGIN`` a legacy-mode connection's own INSERT would have issued; a transaction of its own
+  in autocommit), so the rows become visible if and only if the caller commits. A failure
+  rolls back all of our part and nothing of the caller's, and says so: it is not retryable
+  inside that transaction (``errors.in_callers_transaction``), unless SQLite itself rolled the
+  whole transaction back (a full disk, an I/O error), which it then says.
 - **Limits** (``ultimat3.jobs.limits``): a limited claim counts each key's running jobs and
   recent starts under the write lock it already holds, so the counts are exact; a unique key is
   a partial unique index (``x_jobs_unique``) named as a second ``ON CONFLICT`` target.
-- **Wake-ups across processes.** ``wait_for_jobs`` polls ``PRAGMA data_version`` on a
-  connection of its own: every 1 ms for a second after the last change, then every 4 ms (an
-  idle worker, all its threads together, used 1.5% of a core here; a commit is noticed within
-  4 ms).
+- **Wake-ups across processes.** ``wait_for_jobs`` reads ``PRAGMA data_version`` on a
+  connection of its own, sleeping between looks on a watch of the ``-wal`` file (Linux) or
+  polling every 1-4 ms elsewhere (``wait``).
 
 Storage: times are INTEGER microseconds since the epoch (UTC), ids and tokens TEXT, the error
 history a JSON array, ``tenant_id`` NULL for "no tenant" (``''`` is a tenant like any other; a
@@ -61,13 +54,9 @@ Limits:
 - The application's own connection in this process holding the write lock (a SQLAlchemy
   session after ``flush()``, a ``sqlite3`` connection in a transaction, not joined with
   ``using``) while an enqueue, ``transaction()``, a migration or the set-up of a new file waits
-  for it: told by a ``ConfigurationError`` saying so (``dialects.sqlite.blocked_here``: the
-  lock's owner is read from Linux's ``/proc/locks``, and none of the library's connections in
-  this process is in a transaction on the file). In about half a second when the waiting
-  thread is the process's only one (the lock can then only be its own, and never freed while
-  it waits); with other threads running, the lock may be another thread's ordinary
-  transaction: the call waits as for any writer, logs one WARNING, and raises that error
-  instead of "busy" at ``busy_timeout``. Elsewhere than Linux the call waits as for any writer.
+  for it: told by a ``ConfigurationError`` saying so, in about half a second when no other
+  thread could release it, else at ``busy_timeout`` (``dialects.sqlite.HolderWatch``; Linux
+  only, elsewhere the call waits as for any writer).
 - Connections are per thread (``threading.local``), closed when the thread ends or by
   ``close()``; call ``close()`` only once the threads using the driver have stopped.
 - WAL needs shared memory between processes: the file must be on a local filesystem (a network
@@ -85,7 +74,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ultimat3.jobs.clock import Clock, SystemClock, frame_reader
-from ultimat3.jobs.dialects.sqlite import MICROSECOND, SYNCHRONOUS, LockWatch
+from ultimat3.jobs.dialects.sqlite import MICROSECOND, SYNCHRONOUS, LockWatch, file_path
 from ultimat3.jobs.dialects.sqlite import dt as _dt
 from ultimat3.jobs.dialects.sqlite import now_us as _now_us
 from ultimat3.jobs.dialects.sqlite import us as _us
@@ -160,24 +149,19 @@ class SqliteDriver(Connections):
         lock_watch: LockWatch | None = None,
         batch_text: int = 4 << 20,
     ) -> None:
-        raw = os.fspath(path)
-        if not raw or raw == ":memory:" or raw.startswith("file:"):
-            raise ConfigurationError(
-                f"the SQLite driver needs a file path, not {raw!r}",
-                fix="pass a path such as 'jobs.db' (several processes share it); "
-                "for jobs that live only in this process, use the memory driver",
-            )
+        self.path = file_path(
+            path,
+            busy_timeout,
+            owner="the SQLite driver",
+            fix="pass a path such as 'jobs.db' (several processes share it); "
+            "for jobs that live only in this process, use the memory driver",
+        )
         level = synchronous.upper()
         if level not in SYNCHRONOUS:
             raise ConfigurationError(
                 f"synchronous={synchronous!r} is not a SQLite synchronous level",
                 fix='use "FULL" (durable, the default) or "NORMAL" (faster, may lose the last '
                 'commits on power loss); "OFF" and "EXTRA" also exist',
-            )
-        if not busy_timeout >= 0:
-            raise ConfigurationError(
-                f"busy_timeout={busy_timeout!r} must be a number of seconds >= 0",
-                fix="pass busy_timeout=30.0, or another number of seconds",
             )
         if sqlite3.sqlite_version_info < _MIN_VERSION:
             raise DriverUnavailableError(
@@ -186,7 +170,6 @@ class SqliteDriver(Connections):
                 fix="use a Python built against a newer SQLite (python.org builds, "
                 "Debian 12, Ubuntu 22.04 or later), or the PostgreSQL driver",
             )
-        self.path = os.path.abspath(raw)
         self.display_url = f"sqlite:///{self.path}"
         self._synchronous = level
         self._busy_timeout = float(busy_timeout)

@@ -24,11 +24,11 @@ from ultimat3.jobs.dialects.sqlite import (
     check_unconverted,
     close_quietly,
     connect,
-    connection_file,
     disown,
     file_identity,
     hold_own,
     is_busy,
+    joined_file,
     once,
     pending_versions,
     plain_rows,
@@ -527,22 +527,13 @@ class Connections:
                     )
                 return connection
             connection = connection.connection
-        if not isinstance(connection, sqlite3.Connection):
-            raise ConfigurationError(
-                f"the SQLite driver can only join a sqlite3.Connection, "
-                f"not {type(connection).__name__}",
-                fix=f"open the connection with sqlite3.connect({self.path!r}); a connection to "
-                "another database cannot share a transaction with the job file, so enqueue "
-                "through the outbox instead",
-            )
-        try:
-            main = connection_file(connection)
-        except sqlite3.Error as exc:
-            raise ConfigurationError(
-                f"cannot inspect the connection to join it ({exc})",
-                fix="pass an open sqlite3.Connection (made in this thread, or with "
-                "check_same_thread=False)",
-            ) from exc
+        main, _ = joined_file(
+            connection,
+            owner="the SQLite driver",
+            fix=f"open the connection with sqlite3.connect({self.path!r}); a connection to "
+            "another database cannot share a transaction with the job file, so enqueue "
+            "through the outbox instead",
+        )
         if not main or file_identity(main) != self.identity():
             where = main or "an in-memory or temporary database"
             raise ConfigurationError(

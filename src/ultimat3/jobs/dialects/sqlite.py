@@ -40,7 +40,11 @@ from typing import Protocol, TypeVar
 
 from ultimat3.jobs.clock import Backoff, Clock, SystemClock, wall_ns
 from ultimat3.jobs.driver import DatabaseId
-from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
+from ultimat3.jobs.errors import (
+    ConfigurationError,
+    DriverUnavailableError,
+    in_callers_transaction,
+)
 from ultimat3.jobs.sql import queries
 
 __all__ = [
@@ -59,6 +63,7 @@ __all__ = [
     "file_identity",
     "file_path",
     "hold_own",
+    "in_callers",
     "is_busy",
     "joined_file",
     "now_us",
@@ -97,6 +102,7 @@ MICROSECOND = timedelta(microseconds=1)
 ERROR = 1
 BUSY = 5
 LOCKED = 6
+CONSTRAINT = 19
 READONLY = 8
 IOERR = 10
 CORRUPT = 11
@@ -258,12 +264,13 @@ def unavailable(
     busy_timeout: float,
     tables: str,
     migrate: str,
+    refused: str = "a constraint or trigger added to the tables refused it",
 ) -> DriverUnavailableError:
     """``exc`` as the library's ``DriverUnavailableError``, chosen by SQLite's result code
     (``sqlite_errorcode``, ``sqlite_errorname``): the one translation of the driver and the
     outbox store. ``tables`` names the missing tables ("the job tables"), ``migrate`` how to
-    create them. Busy, full and I/O errors can pass (``retryable``); a bad file, missing
-    tables, a refused row or a bug cannot."""
+    create them, ``refused`` why a row is refused. Busy, full and I/O errors can pass
+    (``retryable``); a bad file, missing tables, a refused row or a bug cannot."""
     code = primary_code(exc)
     name = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
     folder = os.path.dirname(path)
@@ -308,6 +315,9 @@ def unavailable(
     elif code == IOERR:
         cause = f"SQLite hit an I/O error on {path} ({exc})"
         fix = "check the disk and the filesystem; network filesystems break SQLite locking"
+    elif code == CONSTRAINT:
+        cause = f"SQLite refused a row in {path}: {exc}"
+        fix = refused
     elif code == ERROR and str(exc).startswith("no such table"):
         # SQLite gives a missing table no code of its own: SQLITE_ERROR, from the prepare.
         cause = f"{tables} do not exist in {path} ({exc})"
@@ -583,6 +593,59 @@ class HolderWatch:
         if self._throughout and blocked_here(self.path):
             return self.held_here()
         return None
+
+
+def in_callers(
+    exc: sqlite3.Error,
+    conn: sqlite3.Connection,
+    *,
+    opened: bool,
+    translated: DriverUnavailableError,
+    path: str,
+    driver: str,
+) -> DriverUnavailableError:
+    """The error of a write of ours made as part of the caller's transaction on ``conn``
+    (``write_in``) that failed with ``exc`` (``translated``: as ``unavailable`` gives it).
+    Outside a transaction the caller had open (``opened`` False) the write was a transaction of
+    its own: ``translated``. Inside, our savepoint was rolled back and the transaction goes
+    on, unless SQLite ended it (``errors.in_callers_transaction``: not retryable, the
+    transaction is the caller's). A busy refusal means the caller's transaction could not take
+    the write lock: it should begin with ``BEGIN IMMEDIATE``, and once SQLite refused the
+    upgrade (``SQLITE_BUSY_SNAPSHOT``) it can no longer write at all."""
+    if not (is_busy(exc) and conn.in_transaction):
+        if not opened:
+            return translated
+        kept = conn.in_transaction
+        return in_callers_transaction(
+            translated.cause, driver=driver, fix=translated.fix, kept=kept
+        )
+    snapshot = getattr(exc, "sqlite_errorcode", 0) == BUSY_SNAPSHOT
+    if snapshot:
+        cause = (
+            f"your transaction on {path} read before enqueueing, and another process "
+            "wrote in between, so SQLite refused to let it write (SQLITE_BUSY_SNAPSHOT)"
+        )
+    else:
+        cause = (
+            f"your transaction on {path} could not take the write lock from another writer ({exc})"
+        )
+    fix = (
+        "start write transactions with BEGIN IMMEDIATE (sqlite3.connect(..., "
+        "isolation_level='IMMEDIATE')) so they hold the lock from the start, and retry the "
+        "whole transaction"
+    )
+    if getattr(conn, "autocommit", None) is False:
+        # Python 3.12's autocommit=False opens every transaction with a plain BEGIN, and
+        # isolation_level is not used: that fix would change nothing.
+        fix = (
+            "with autocommit=False, sqlite3 opens each transaction with a plain BEGIN, "
+            "which takes the write lock only at the first write: write before you read in "
+            "the transaction, or connect with autocommit=sqlite3.LEGACY_TRANSACTION_CONTROL "
+            "and isolation_level='IMMEDIATE'; and retry the whole transaction"
+        )
+    if snapshot:  # it can no longer write
+        return DriverUnavailableError(cause, driver=driver, fix=fix, retryable=False)
+    return in_callers_transaction(cause, driver=driver, fix=fix)
 
 
 def connect(path: str, *, busy_timeout: float) -> sqlite3.Connection:

@@ -45,7 +45,6 @@ from ultimat3.jobs.dialects.sqlite import (
     HolderWatch,
     LockWatch,
     apply_migrations,
-    autocommits,
     close_quietly,
     connect,
     disown,
@@ -54,6 +53,7 @@ from ultimat3.jobs.dialects.sqlite import (
     file_identity,
     file_path,
     hold_own,
+    in_callers,
     is_busy,
     joined_file,
     now_us,
@@ -73,7 +73,6 @@ from ultimat3.jobs.driver import (
 from ultimat3.jobs.errors import (
     ConfigurationError,
     DriverUnavailableError,
-    in_callers_transaction,
 )
 from ultimat3.jobs.outbox_store import OutboxRecord, OutboxStore
 from ultimat3.jobs.records import NewJob
@@ -274,6 +273,7 @@ class SqliteOutboxStore(OneConnection):
             busy_timeout=self._busy_timeout,
             tables="the outbox table x_outbox",
             migrate="run store.migrate() (App(outbox=...) migrates it on first use)",
+            refused="stage each job once: its id is the outbox row's key",
         )
 
     def close(self) -> None:
@@ -372,31 +372,10 @@ class SqliteOutboxStore(OneConnection):
         try:
             write_in(conn, body, retry=lambda attempt: attempt())
         except sqlite3.Error as exc:
-            if not opened and autocommits(conn):  # its own transaction, over: not the caller's
-                raise self._unavailable(exc) from exc
-            raise self._in_callers_transaction(exc, conn, len(rows)) from exc
-
-    def _in_callers_transaction(
-        self, exc: sqlite3.Error, conn: sqlite3.Connection, count: int
-    ) -> DriverUnavailableError:
-        """A stage that failed in the caller's transaction (``errors.in_callers_transaction``,
-        as the PostgreSQL store): its savepoint was rolled back and the transaction goes on,
-        unless SQLite ended it (``kept``: a full disk, an I/O error)."""
-        if is_busy(exc):
-            fix = (
-                "start write transactions with BEGIN IMMEDIATE (sqlite3.connect(..., "
-                "isolation_level='IMMEDIATE')) so they hold the write lock from the start"
-            )
-        elif isinstance(exc, sqlite3.IntegrityError):
-            fix = "stage each job once: its id is the outbox row's key"
-        else:
-            fix = "check the file and the error above"
-        return in_callers_transaction(
-            f"SQLite refused to stage {count} job(s) in the outbox in {self.path}: {exc}",
-            driver=_NAME,
-            fix=fix,
-            kept=conn.in_transaction,
-        )
+            translated = self._unavailable(exc)
+            raise in_callers(
+                exc, conn, opened=opened, translated=translated, path=self.path, driver=_NAME
+            ) from exc
 
     # -- the relay's side --------------------------------------------------------------------
 

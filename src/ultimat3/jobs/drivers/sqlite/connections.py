@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 
 from ultimat3.jobs.clock import Clock, Frame
 from ultimat3.jobs.dialects.sqlite import (
-    BUSY_SNAPSHOT,
     HolderWatch,
     LockWatch,
     apply_migrations,
@@ -27,6 +26,7 @@ from ultimat3.jobs.dialects.sqlite import (
     disown,
     file_identity,
     hold_own,
+    in_callers,
     is_busy,
     joined_file,
     once,
@@ -226,36 +226,6 @@ class Connections:
             migrate="run `ultimat3-jobs migrate` (or driver.migrate())",
         )
 
-    def _caller_busy(self, exc: sqlite3.Error, conn: sqlite3.Connection) -> DriverUnavailableError:
-        """The caller's own transaction could not take the write lock: only it can retry."""
-        if getattr(exc, "sqlite_errorcode", 0) == BUSY_SNAPSHOT:
-            cause = (
-                f"your transaction on {self.path} read before enqueueing, and another process "
-                "wrote in between, so SQLite refused to let it write (SQLITE_BUSY_SNAPSHOT)"
-            )
-        else:
-            cause = (
-                f"your transaction on {self.path} could not take the write lock "
-                f"from another writer ({exc})"
-            )
-        fix = (
-            "start write transactions with BEGIN IMMEDIATE (sqlite3.connect(..., "
-            "isolation_level='IMMEDIATE')) so they hold the lock from the start, and retry the "
-            "whole transaction"
-        )
-        if getattr(conn, "autocommit", None) is False:
-            # Python 3.12's autocommit=False opens every transaction with a plain BEGIN, and
-            # isolation_level is not used: that fix would change nothing.
-            fix = (
-                "with autocommit=False, sqlite3 opens each transaction with a plain BEGIN, "
-                "which takes the write lock only at the first write: write before you read in "
-                "the transaction, or connect with autocommit=sqlite3.LEGACY_TRANSACTION_CONTROL "
-                "and isolation_level='IMMEDIATE'; and retry the whole transaction"
-            )
-        if getattr(exc, "sqlite_errorcode", 0) == BUSY_SNAPSHOT:  # it can no longer write
-            return DriverUnavailableError(cause, driver="sqlite", fix=fix, retryable=False)
-        return in_callers_transaction(cause, driver="sqlite", fix=fix)
-
     # -- retry loops -------------------------------------------------------------------------
 
     def _retry(
@@ -378,13 +348,13 @@ class Connections:
         except sqlite3.Error as exc:
             if not _translatable(exc):
                 raise
-            if is_busy(exc) and conn.in_transaction:
-                raise self._caller_busy(exc, conn) from exc
-            translated = self._unavailable(exc)
-            if not opened:
-                raise translated from exc
-            raise in_callers_transaction(
-                translated.cause, driver="sqlite", fix=translated.fix, kept=conn.in_transaction
+            raise in_callers(
+                exc,
+                conn,
+                opened=opened,
+                translated=self._unavailable(exc),
+                path=self.path,
+                driver="sqlite",
             ) from exc
         except DriverUnavailableError as exc:  # a row refused (``_insert_one``)
             if not opened:

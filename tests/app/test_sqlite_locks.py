@@ -39,7 +39,7 @@ from typing import Any
 import pytest
 
 from ultimat3.jobs import App, ConfigurationError, DriverUnavailableError, job
-from ultimat3.jobs.dialects.sqlite import LockWatch
+from ultimat3.jobs.dialects.sqlite_locks import LockWatch
 from ultimat3.jobs.drivers.sqlite import SqliteDriver
 
 #: The lock's owner is read from Linux's /proc/locks; elsewhere such a wait lasts busy_timeout.
@@ -429,7 +429,7 @@ def test_a_store_dropped_without_close_is_no_longer_counted_as_the_librarys(
     without close(): its connection is closed then, and nothing scans it any longer."""
     import gc
 
-    from ultimat3.jobs.dialects import sqlite as dialect
+    from ultimat3.jobs.dialects import sqlite_locks as dialect
     from ultimat3.jobs.outboxes.sqlite import SqliteOutboxStore
 
     path = tmp_path / "business.sqlite3"
@@ -455,7 +455,7 @@ def test_a_disowned_connection_is_no_longer_kept_by_its_owners_finalizer(
     ``hold_own`` left on the owner, so nothing of the library keeps the old connection while
     the owner lives: noted twice (a reconnect on the same slot), disowned once, it is held by
     the test alone, as a connection the library never saw is."""
-    from ultimat3.jobs.dialects import sqlite as dialect
+    from ultimat3.jobs.dialects import sqlite_locks as dialect
 
     path = tmp_path / "business.sqlite3"
 

@@ -123,7 +123,7 @@ def test_creating_the_outbox_inside_a_transaction_that_wrote_is_refused_within_a
     # The early refusal needs the waiting thread to be the process's only one: a thread left
     # by an earlier test of this run must not make it the busy timeout (the real check:
     # tests/app/test_sqlite_locks.py, test_the_early_diagnosis_in_a_process_of_one_thread).
-    from ultimat3.jobs.dialects.sqlite import LockWatch
+    from ultimat3.jobs.dialects.sqlite_locks import LockWatch
 
     business = tmp_path / "business.sqlite3"
     alone = LockWatch(alone=lambda: True)

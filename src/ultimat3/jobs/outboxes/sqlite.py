@@ -42,17 +42,12 @@ from typing import Any, TypeVar
 from ultimat3.jobs.clock import Clock, SystemClock
 from ultimat3.jobs.dialects.sqlite import (
     BEGIN_IMMEDIATE,
-    HolderWatch,
-    LockWatch,
     apply_migrations,
     close_quietly,
     connect,
-    disown,
     dt,
     dt_or_none,
-    file_identity,
     file_path,
-    hold_own,
     in_callers,
     is_busy,
     joined_file,
@@ -64,6 +59,13 @@ from ultimat3.jobs.dialects.sqlite import (
     unavailable,
     us,
     write_in,
+)
+from ultimat3.jobs.dialects.sqlite_locks import (
+    HolderWatch,
+    LockWatch,
+    disown,
+    file_identity,
+    hold_own,
 )
 from ultimat3.jobs.driver import (
     DatabaseId,

@@ -74,10 +74,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ultimat3.jobs.clock import Clock, SystemClock, frame_reader
-from ultimat3.jobs.dialects.sqlite import MICROSECOND, SYNCHRONOUS, LockWatch, file_path
+from ultimat3.jobs.dialects.sqlite import MICROSECOND, SYNCHRONOUS, file_path
 from ultimat3.jobs.dialects.sqlite import dt as _dt
 from ultimat3.jobs.dialects.sqlite import now_us as _now_us
 from ultimat3.jobs.dialects.sqlite import us as _us
+from ultimat3.jobs.dialects.sqlite_locks import LockWatch
 from ultimat3.jobs.driver import (
     DatabaseId,
     Joined,

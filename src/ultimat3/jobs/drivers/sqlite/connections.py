@@ -17,15 +17,10 @@ from typing import Any, TypeVar
 
 from ultimat3.jobs.clock import Clock, Frame
 from ultimat3.jobs.dialects.sqlite import (
-    HolderWatch,
-    LockWatch,
     apply_migrations,
     check_unconverted,
     close_quietly,
     connect,
-    disown,
-    file_identity,
-    hold_own,
     in_callers,
     is_busy,
     joined_file,
@@ -39,6 +34,13 @@ from ultimat3.jobs.dialects.sqlite import (
     unavailable,
     use_wal,
     write_in,
+)
+from ultimat3.jobs.dialects.sqlite_locks import (
+    HolderWatch,
+    LockWatch,
+    disown,
+    file_identity,
+    hold_own,
 )
 from ultimat3.jobs.driver import DatabaseId, Joined, StallTracker, current_tx
 from ultimat3.jobs.drivers.sqlite.frame import align

@@ -344,7 +344,10 @@ class SqliteDriver(Connections):
             "limit": max(0, limit),  # SQLite reads LIMIT -1 as "all"
             "isolated": None if isolated is None else int(isolated),
         }
-        rows = self._read(lambda conn: conn.execute(_Q["job_list_expired"], args).fetchall())
+        # A write transaction, though it only reads: its first step (``frame.align``) moves
+        # the stored lease expiries with a step of the host clock before they are compared
+        # with now, so a lease is judged in the time it was renewed in.
+        rows = self._write(lambda conn: conn.execute(_Q["job_list_expired"], args).fetchall())
         return reads.jobs(rows)
 
     def job_list_running(self, *, limit: int) -> list[Job]:

@@ -90,6 +90,7 @@ from ultimat3.jobs.driver import (
 from ultimat3.jobs.drivers.sqlite import cycle as cycle_
 from ultimat3.jobs.drivers.sqlite import insert, reads
 from ultimat3.jobs.drivers.sqlite.connections import Connections
+from ultimat3.jobs.drivers.sqlite.frame import unaligned_step
 from ultimat3.jobs.drivers.sqlite.wait import wait_for_jobs
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
 from ultimat3.jobs.records import (
@@ -339,16 +340,18 @@ class SqliteDriver(Connections):
     def job_list_expired(
         self, *, limit: int, now: datetime | None = None, isolated: bool | None = None
     ) -> list[Job]:
-        args = {
-            "now": _now_us(now),
-            "limit": max(0, limit),  # SQLite reads LIMIT -1 as "all"
-            "isolated": None if isolated is None else int(isolated),
-        }
-        # A write transaction, though it only reads: its first step (``frame.align``) moves
-        # the stored lease expiries with a step of the host clock before they are compared
-        # with now, so a lease is judged in the time it was renewed in.
-        rows = self._write(lambda conn: conn.execute(_Q["job_list_expired"], args).fetchall())
-        return reads.jobs(rows)
+        now_us = _now_us(now)
+        limit = max(0, limit)  # SQLite reads LIMIT -1 as "all"
+        flag = None if isolated is None else int(isolated)
+
+        def body(conn: sqlite3.Connection) -> list[Any]:
+            # The lease expiries are stored in the frame they were renewed in: judged there,
+            # across a step of the host clock that no write has moved them by yet.
+            at = now_us - unaligned_step(conn, self._frame())
+            args = {"now": at, "limit": limit, "isolated": flag}
+            return conn.execute(_Q["job_list_expired"], args).fetchall()
+
+        return reads.jobs(self._read(body))
 
     def job_list_running(self, *, limit: int) -> list[Job]:
         args = {"limit": max(0, limit)}

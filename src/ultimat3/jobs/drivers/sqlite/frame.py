@@ -16,6 +16,20 @@ _STEP_US = int(STEP * 1e6)
 _log = logging.getLogger("ultimat3.jobs.drivers.sqlite")
 
 
+def unaligned_step(conn: sqlite3.Connection, frame: Frame | None) -> int:
+    """How far (microseconds) the host's clock stepped since the frame stored in the file,
+    which no write has moved the stored times by yet: 0 within ``STEP``, after a reboot, or
+    with no frame. A read compares a stored time ``t`` with ``now - step`` where a write
+    would first move ``t`` to ``t + step`` (``align``): the same answer, without the write."""
+    if frame is None:
+        return 0
+    row = conn.execute(_Q["clock_frame"]).fetchone()
+    if row is None or row[0] != frame.boot:
+        return 0
+    by: int = frame.offset - row[1]
+    return 0 if -_STEP_US <= by <= _STEP_US else by
+
+
 def align(conn: sqlite3.Connection, frame: Frame | None, path: str) -> None:
     """First thing in every write transaction, under the write lock: compare the frame of
     the host's clock (``clock.Frame``) with the one stored in the file, and on a step (a

@@ -15,10 +15,11 @@ transaction is open":
 The bounds are loose on purpose (5 s against a busy timeout of 10 s): the diagnosis comes at
 about 0.55 s, and a loaded machine must not make it look late.
 
-The early diagnosis needs the waiting thread to be the process's only one (``_alone``). A
-daemon thread left by an earlier test in the same pytest run (a pool's, a watchdog's) would
-turn it into the busy timeout, so the tests of its message and timing take ``_alone`` as true
-(the ``alone`` fixture), and one test runs the real check in a fresh process.
+The early diagnosis needs the waiting thread to be the process's only one
+(``LockWatch.alone``). A daemon thread left by an earlier test in the same pytest run (a
+pool's, a watchdog's) would turn it into the busy timeout, so the tests of its message and
+timing give the driver a ``LockWatch`` whose ``alone`` is true (the ``alone`` fixture), and one
+test runs the real check in a fresh process.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from typing import Any
 import pytest
 
 from ultimat3.jobs import App, ConfigurationError, DriverUnavailableError, job
+from ultimat3.jobs.dialects.sqlite_locks import LockWatch
 from ultimat3.jobs.drivers.sqlite import SqliteDriver
 
 #: The lock's owner is read from Linux's /proc/locks; elsewhere such a wait lasts busy_timeout.
@@ -59,20 +61,23 @@ def module(make_module: Callable[..., types.ModuleType]) -> types.ModuleType:
 
 
 @pytest.fixture
-def alone(monkeypatch: pytest.MonkeyPatch) -> None:
+def alone() -> LockWatch:
     """The waiting thread counts as the process's only one, whatever threads earlier tests of
     this run left behind (the real check: ``test_the_early_diagnosis_in_a_process_of_one_thread``)."""
-    from ultimat3.jobs.dialects import sqlite as dialect
-
-    monkeypatch.setattr(dialect, "_alone", lambda: True)
+    return LockWatch(alone=lambda: True)
 
 
 @pytest.fixture
-def migrated(tmp_path: Path, module: types.ModuleType) -> Iterator[tuple[Path, App]]:
+def migrated(
+    tmp_path: Path, module: types.ModuleType, request: pytest.FixtureRequest
+) -> Iterator[tuple[Path, App]]:
     """A job file migrated beforehand with a business table, and an App on it with a short
-    busy timeout (a wait that should not happen fails the test quickly on the old code)."""
+    busy timeout (a wait that should not happen fails the test quickly on the old code); its
+    driver watches the lock with the test's ``alone`` when the test asks for it."""
     path = tmp_path / "jobs.sqlite3"
-    app = App(driver=SqliteDriver(path, busy_timeout=10.0), modules=[module])
+    watch = request.getfixturevalue("alone") if "alone" in request.fixturenames else None
+    driver = SqliteDriver(path, busy_timeout=10.0, lock_watch=watch)
+    app = App(driver=driver, modules=[module])
     app.open()
     with closing(sqlite3.connect(path, isolation_level=None)) as setup:
         setup.execute("CREATE TABLE orders (id integer)")
@@ -136,13 +141,13 @@ def test_a_transaction_that_read_before_the_migration_is_told_why_it_cannot_see_
 
 @linux_only
 def test_a_transaction_that_wrote_is_refused_within_a_second(
-    tmp_path: Path, module: types.ModuleType, alone: None
+    tmp_path: Path, module: types.ModuleType, alone: LockWatch
 ) -> None:
     path = tmp_path / "jobs.sqlite3"
     with closing(sqlite3.connect(path, isolation_level=None)) as setup:
         setup.execute("PRAGMA journal_mode=WAL")
         setup.execute("CREATE TABLE orders (id integer)")
-    app = App(driver=SqliteDriver(path, busy_timeout=10.0), modules=[module])
+    app = App(driver=SqliteDriver(path, busy_timeout=10.0, lock_watch=alone), modules=[module])
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute("BEGIN")
@@ -161,10 +166,10 @@ def test_a_transaction_that_wrote_is_refused_within_a_second(
 
 @linux_only
 def test_a_transaction_that_read_a_new_file_is_told_it_keeps_it_from_being_set_up(
-    tmp_path: Path, module: types.ModuleType, alone: None
+    tmp_path: Path, module: types.ModuleType, alone: LockWatch
 ) -> None:
     path = tmp_path / "jobs.sqlite3"
-    app = App(driver=SqliteDriver(path, busy_timeout=10.0), modules=[module])
+    app = App(driver=SqliteDriver(path, busy_timeout=10.0, lock_watch=alone), modules=[module])
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute("BEGIN")
@@ -188,7 +193,7 @@ def test_a_transaction_that_read_a_new_file_is_told_it_keeps_it_from_being_set_u
 
 @linux_only
 def test_the_applications_own_lock_in_this_process_is_named_within_a_second(
-    migrated: tuple[Path, App], alone: None
+    migrated: tuple[Path, App], alone: LockWatch
 ) -> None:
     path, app = migrated
     own = sqlite3.connect(path)  # Python's legacy mode: the INSERT opens a transaction
@@ -208,7 +213,8 @@ def test_the_applications_own_lock_in_this_process_is_named_within_a_second(
         own.close()
 
 
-#: Run in a fresh process, whose only thread is the one that waits: the real ``_alone``.
+#: Run in a fresh process, whose only thread is the one that waits: the real
+#: ``LockWatch.alone``.
 _ONE_THREAD = """
 import sqlite3, sys, threading, time, types
 from ultimat3.jobs import App, ConfigurationError, job
@@ -242,7 +248,7 @@ else:
 
 @linux_only
 def test_the_early_diagnosis_in_a_process_of_one_thread(tmp_path: Path) -> None:
-    """The real check that no other thread could release the lock (``_alone``, which the
+    """The real check that no other thread could release the lock (``LockWatch.alone``, which the
     other tests take as true): in a process of one thread, an enqueue that would wait for the
     application's own uncommitted write is named in about half a second."""
     path = tmp_path / "jobs.sqlite3"
@@ -262,7 +268,7 @@ def test_the_early_diagnosis_in_a_process_of_one_thread(tmp_path: Path) -> None:
 
 @linux_only
 def test_a_sqlalchemy_session_after_flush_is_named_within_a_second(
-    migrated: tuple[Path, App], alone: None
+    migrated: tuple[Path, App], alone: LockWatch
 ) -> None:
     sqlalchemy = pytest.importorskip("sqlalchemy")
     from sqlalchemy.orm import Session
@@ -423,7 +429,7 @@ def test_a_store_dropped_without_close_is_no_longer_counted_as_the_librarys(
     without close(): its connection is closed then, and nothing scans it any longer."""
     import gc
 
-    from ultimat3.jobs.dialects import sqlite as dialect
+    from ultimat3.jobs.dialects import sqlite_locks as dialect
     from ultimat3.jobs.outboxes.sqlite import SqliteOutboxStore
 
     path = tmp_path / "business.sqlite3"
@@ -449,7 +455,7 @@ def test_a_disowned_connection_is_no_longer_kept_by_its_owners_finalizer(
     ``hold_own`` left on the owner, so nothing of the library keeps the old connection while
     the owner lives: noted twice (a reconnect on the same slot), disowned once, it is held by
     the test alone, as a connection the library never saw is."""
-    from ultimat3.jobs.dialects import sqlite as dialect
+    from ultimat3.jobs.dialects import sqlite_locks as dialect
 
     path = tmp_path / "business.sqlite3"
 

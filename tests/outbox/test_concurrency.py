@@ -123,11 +123,11 @@ def test_creating_the_outbox_inside_a_transaction_that_wrote_is_refused_within_a
     # The early refusal needs the waiting thread to be the process's only one: a thread left
     # by an earlier test of this run must not make it the busy timeout (the real check:
     # tests/app/test_sqlite_locks.py, test_the_early_diagnosis_in_a_process_of_one_thread).
-    from ultimat3.jobs.dialects import sqlite as dialect
+    from ultimat3.jobs.dialects.sqlite_locks import LockWatch
 
-    monkeypatch.setattr(dialect, "_alone", lambda: True)
     business = tmp_path / "business.sqlite3"
-    store = SqliteOutboxStore(business, busy_timeout=10.0)  # never migrated
+    alone = LockWatch(alone=lambda: True)
+    store = SqliteOutboxStore(business, busy_timeout=10.0, lock_watch=alone)  # never migrated
     sys.modules[JOBS.__name__] = JOBS
     app = App(f"sqlite:///{tmp_path / 'jobs.sqlite3'}", modules=[JOBS], outbox=store)
     conn = sqlite3.connect(business, isolation_level=None)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 import pytest
 
@@ -31,8 +31,10 @@ from ultimat3.jobs.ids import uuid7
 from ultimat3.jobs.records import (
     AttemptError,
     ClaimParams,
+    Cycle,
     Failure,
     InsertResult,
+    Job,
     JobFilter,
     JobState,
     NewJob,
@@ -46,6 +48,11 @@ LEASE = timedelta(seconds=30)
 def new_job(key: str | None = None, queue: str = "default") -> NewJob:
     job_id = uuid7()
     return NewJob(job_id, "unit.job", queue, '{"n":1}', key or f"key-{job_id}", 3)
+
+
+def claim(driver: SqliteDriver, params: ClaimParams) -> list[Job]:
+    """Claim as a worker does: a cycle that only claims."""
+    return driver.job_cycle(Cycle(claim=params), now=params.now).claimed
 
 
 def other_thread(call: Callable[[], T]) -> T:
@@ -227,7 +234,7 @@ def test_a_held_write_lock_becomes_driver_unavailable_not_operational_error(path
     try:
         for write in (
             lambda: driver.job_insert_many([new_job()]),
-            lambda: driver.job_claim(ClaimParams(("default",), 1, LEASE, "w")),
+            lambda: claim(driver, ClaimParams(("default",), 1, LEASE, "w")),
             lambda: driver.queue_set_paused("q", True),
             lambda: driver.transaction().__enter__(),
         ):
@@ -456,24 +463,16 @@ def test_a_failed_insert_does_not_poison_the_callers_transaction(driver: SqliteD
 
 
 def test_one_job_in_an_open_caller_transaction_is_two_statements_in_a_savepoint(
-    driver: SqliteDriver, monkeypatch: pytest.MonkeyPatch
+    driver: SqliteDriver,
 ) -> None:
     """The usual enqueue in a caller's open transaction: the frame check, the insert and the
-    count, in a savepoint (a failure takes back both, and nothing of the caller's), and no look-up of a ``Joined`` this driver made (``_on_executor`` asks
-    ``adopt`` only about others). A job published again, a taken key and an id taken under
+    count, in a savepoint (a failure takes back both, and nothing of the caller's). A job
+    published again, a taken key and an id taken under
     another key find the stored job or name the clash, and leave the counts true."""
     taken = new_job(key="taken")
     driver.job_insert_many([taken])
     joined = driver.adopt(app_connection(driver.path, None))
     conn = joined.connection
-    adopted: list[object] = []
-    adopt = driver.adopt
-
-    def spy(connection: Any) -> Any:
-        adopted.append(connection)
-        return adopt(connection)
-
-    monkeypatch.setattr(driver, "adopt", spy)
     sent: list[str] = []
     try:
         conn.execute("BEGIN IMMEDIATE")
@@ -483,7 +482,7 @@ def test_one_job_in_an_open_caller_transaction_is_two_statements_in_a_savepoint(
         assert driver.job_insert_many([fresh], executor=joined) == [InsertResult(fresh.id, False)]
         assert len(sent) == 5, sent
         assert sent[0].startswith("SAVEPOINT") and sent[4].startswith("RELEASE")
-        assert "FROM x_clock" in sent[1]  # the frame of the host clock (a step: _align)
+        assert "FROM x_clock" in sent[1]  # the frame of the host clock (a step: frame.align)
         assert "INSERT INTO x_jobs " in sent[2] and "INSERT INTO x_job_counts " in sent[3]
         sent.clear()
         assert driver.job_insert_many([fresh], executor=joined) == [InsertResult(fresh.id, True)]
@@ -494,7 +493,6 @@ def test_one_job_in_an_open_caller_transaction_is_two_statements_in_a_savepoint(
         with pytest.raises(ValueError, match="already stored under another key"):
             driver.job_insert_many([clash], executor=joined)
         conn.set_trace_callback(None)
-        assert adopted == []
         assert conn.in_transaction
         conn.execute("COMMIT")
     finally:
@@ -631,27 +629,6 @@ def test_a_read_then_write_caller_transaction_gets_a_fix_not_busy_snapshot(
         conn.execute("ROLLBACK")
     finally:
         conn.close()
-
-
-def test_complete_on_an_adopted_connection_is_part_of_its_transaction(
-    driver: SqliteDriver,
-) -> None:
-    driver.job_insert_many([new_job()], now=T0)
-    [job] = driver.job_claim(ClaimParams(("default",), 1, LEASE, "w", now=T0))
-    joined = driver.adopt(app_connection(driver.path, None))
-    conn = joined.connection
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        assert driver.job_complete_many([job.lease], executor=joined, now=T0) == {job.id}
-        conn.execute("ROLLBACK")
-        still = driver.job_get(job.id)
-        assert still is not None
-        assert still.state is JobState.RUNNING
-    finally:
-        conn.close()
-
-
-# -- connections -----------------------------------------------------------------------------------
 
 
 def test_close_closes_the_connections_of_every_thread(driver: SqliteDriver) -> None:
@@ -806,7 +783,7 @@ def test_kill_9_inside_a_write_transaction_leaves_the_file_intact(driver: Sqlite
         assert quick.job_fail_many([Failure(expired.lease, lost, timedelta(0))], now=later) == {
             kept.id
         }
-        again = quick.job_claim(ClaimParams(("default",), 10, LEASE, "w2", now=later))
+        again = claim(quick, ClaimParams(("default",), 10, LEASE, "w2", now=later))
         assert {job.id for job in again} == {kept.id, extra.id}
         assert next(job for job in again if job.id == kept.id).attempt == 2
     finally:
@@ -921,21 +898,22 @@ def _kept_counts_agree(path: str) -> None:
 
 @pytest.mark.parametrize("text_limit", [None, 1_000])
 def test_a_batch_of_one_enqueue_stores_each_jobs_own_fields_exactly(
-    driver: SqliteDriver, path: str, monkeypatch: pytest.MonkeyPatch, text_limit: int | None
+    path: str, text_limit: int | None
 ) -> None:
     """The jobs of one enqueue go as one JSON array of their own fields (``job_insert_batch``),
-    or as several past ``_BATCH_TEXT``: each stored input, key, trace context and limit key is
+    or as several past ``batch_text``: each stored input, key, trace context and limit key is
     the job's own, character for character, and the shared fields are the template's."""
-    import ultimat3.jobs.drivers.sqlite as sqlite_driver
+    from ultimat3.jobs.drivers.sqlite.insert import batches as batches_of
+
+    driver = SqliteDriver(path) if text_limit is None else SqliteDriver(path, batch_text=text_limit)
+    driver.migrate()
 
     template = NewJob(
         "", "unit.batch", "batch", "", "", 7, run_at=T0 + timedelta(hours=1), priority=3,
         limit_max=2,
     )  # fmt: skip
     jobs = [_sibling(template, n) for n in range(60)]
-    if text_limit is not None:
-        monkeypatch.setattr(sqlite_driver, "_BATCH_TEXT", text_limit)
-    batches = sqlite_driver._batches(jobs, 0)
+    batches = batches_of(jobs, 0, text_limit or 4 << 20)
     assert batches is not None and (len(batches) == 1) == (text_limit is None)
     results = driver.job_insert_many(jobs, now=T0)
     assert results == [InsertResult(job.id, False) for job in jobs]
@@ -950,6 +928,7 @@ def test_a_batch_of_one_enqueue_stores_each_jobs_own_fields_exactly(
     # The same batch again: every job deduped, by its key or its id, and nothing counted twice.
     assert driver.job_insert_many(jobs, now=T0) == [InsertResult(job.id, True) for job in jobs]
     _kept_counts_agree(path)
+    driver.close()
 
 
 def test_a_batch_whose_jobs_differ_in_a_shared_field_is_stored_row_by_row_as_given(
@@ -957,11 +936,11 @@ def test_a_batch_whose_jobs_differ_in_a_shared_field_is_stored_row_by_row_as_giv
 ) -> None:
     """Jobs of several enqueues in one call (a relay's publish): no shared template, so the
     batch goes as rows; each keeps its own queue and name, and the counts follow."""
-    import ultimat3.jobs.drivers.sqlite as sqlite_driver
+    from ultimat3.jobs.drivers.sqlite.insert import batches
 
     jobs = [new_job(queue=f"q{n % 3}") for n in range(9)]
     jobs.append(NewJob(uuid7(), "unit.other", "q0", "{}", "key-other", 3))
-    assert sqlite_driver._batches(jobs, 0) is None
+    assert batches(jobs, 0, 4 << 20) is None
     assert driver.job_insert_many(jobs, now=T0) == [InsertResult(j.id, False) for j in jobs]
     stored = _stored(path)
     assert {job_id: row[4:6] for job_id, row in stored.items()} == {
@@ -983,8 +962,8 @@ def test_claiming_several_queues_merges_them_in_claim_order(driver: SqliteDriver
     driver.job_insert_many([a_old, a_new, b_high, b_mid, c_top], now=T0)
     driver.queue_set_paused("c", True)
     params = ClaimParams(("a", "b", "c", "a"), 3, LEASE, "w", now=T0)
-    claimed = driver.job_claim(params)
+    claimed = claim(driver, params)
     assert [j.id for j in claimed] == [b_high.id, b_mid.id, a_old.id]
     assert {j.lease_token for j in claimed} != {None}
-    assert [j.id for j in driver.job_claim(params)] == [a_new.id]
-    assert driver.job_claim(params) == []
+    assert [j.id for j in claim(driver, params)] == [a_new.id]
+    assert claim(driver, params) == []

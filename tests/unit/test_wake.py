@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import select
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -70,7 +69,7 @@ def test_file_watch_of_a_missing_directory_is_none(tmp_path: Path) -> None:
 
 @linux_only
 def test_sqlite_waiter_sleeps_in_the_kernel_and_wakes_on_another_process_commit(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     """With a ``Wake``, an idle wait reads ``data_version`` a handful of times, not once per
     millisecond; a commit by another process still ends it at once."""
@@ -78,16 +77,14 @@ def test_sqlite_waiter_sleeps_in_the_kernel_and_wakes_on_another_process_commit(
     driver = SqliteDriver(str(path))
     driver.migrate()
     looks = 0
-    real = SqliteDriver._data_version
 
-    def counted(self: SqliteDriver, conn: sqlite3.Connection) -> int | None:
+    def counted(statement: str) -> None:
         nonlocal looks
-        looks += 1
-        return real(self, conn)
+        looks += statement.startswith("PRAGMA data_version")
 
-    monkeypatch.setattr(SqliteDriver, "_data_version", counted)
     wake = Wake()
     driver.wait_for_jobs(0.0, wake)  # first use: opens the watch, records the version
+    driver._local.waiter.conn.set_trace_callback(counted)  # the waiting thread's connection
     looks = 0
     started = time.monotonic()
     driver.wait_for_jobs(1.0, wake)

@@ -1,70 +1,75 @@
 """SQLite plumbing shared by the job driver and the outbox store.
 
 - Times are INTEGER microseconds since the epoch, UTC (``us``, ``now_us``, ``dt``).
-- A database is identified by its file's device and inode (``file_identity``), so two paths
-  to one file (a symlink, ``./jobs.db`` and ``/srv/app/jobs.db``) are one database.
 - ``write_in`` runs a write as part of a caller's transaction on their own connection, with
   the rules of Python's ``sqlite3`` transaction modes (see its docstring).
+- One of each for the driver and the outbox store: ``connect`` (the library's own
+  connection: autocommit, SQLite's busy handler for ``INNER_BUSY_MS``), ``transaction`` (a
+  ``BEGIN IMMEDIATE`` ... ``COMMIT``), ``savepoint``, ``snapshot`` (a read transaction),
+  ``retry_busy`` and ``unavailable`` (a sqlite3 error as the library's error, by its result
+  code).
 - Migrations are numbered ``.sql`` files split into statements (``executescript`` would COMMIT
   the transaction they run in) and recorded in a ledger table; ``pending_versions`` is a read.
 - A busy database is waited for by ``retry_busy``: SQLite's own busy handler absorbs only the
   first ``INNER_BUSY_MS``, and the attempt is run again after a short jittered pause until the
   timeout. Whoever holds a Python lock around one attempt releases it for the pause, so no lock
   of ours is held across a wait on the database.
-- Who holds a file's write lock is asked of the operating system (``write_lock_holders``), and
-  which connections of this process are the library's own is kept in a registry
-  (``hold_own``), so a write blocked by the application's own connection in this process is
-  told apart from one blocked by another process (see ``blocked_here``).
+- Who holds a file's write lock, and which file a path is: ``dialects.sqlite_locks``.
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import random
 import sqlite3
-import sys
-import threading
-import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
+from pathlib import Path
 from typing import Protocol, TypeVar
 
-from ultimat3.jobs.clock import Clock, SystemClock, wall_ns
-from ultimat3.jobs.driver import DatabaseId
-from ultimat3.jobs.errors import ConfigurationError
+from ultimat3.jobs.clock import Backoff, Clock, SystemClock, wall_ns
+from ultimat3.jobs.dialects.sqlite_locks import write_lock_holders
+from ultimat3.jobs.errors import (
+    ConfigurationError,
+    DriverUnavailableError,
+    in_callers_transaction,
+)
+from ultimat3.jobs.sql import queries
 
 __all__ = [
+    "BEGIN_IMMEDIATE",
     "INNER_BUSY_MS",
-    "HolderWatch",
     "apply_migrations",
     "autocommits",
-    "blocked_here",
     "check_unconverted",
     "close_quietly",
-    "connection_file",
-    "disown",
+    "connect",
     "dt",
-    "file_identity",
-    "hold_own",
-    "holder_watch",
+    "file_path",
+    "in_callers",
     "is_busy",
+    "joined_file",
     "now_us",
     "pending_versions",
     "plain_rows",
-    "primary_code",
+    "printable_migrations",
     "retry_busy",
     "rollback_quietly",
-    "same_file",
+    "savepoint",
+    "snapshot",
+    "sqlite_path",
+    "transaction",
+    "unavailable",
     "us",
+    "use_wal",
     "write_in",
-    "write_lock_holders",
 ]
 
 _T = TypeVar("_T")
 _U = TypeVar("_U")
+
+_Q = queries("sqlite", "ultimat3.jobs.dialects")
 
 
 class Retrier(Protocol):
@@ -77,8 +82,10 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MICROSECOND = timedelta(microseconds=1)
 
 # SQLite primary result codes (extended code & 0xFF).
+ERROR = 1
 BUSY = 5
 LOCKED = 6
+CONSTRAINT = 19
 READONLY = 8
 IOERR = 10
 CORRUPT = 11
@@ -111,35 +118,78 @@ def dt_or_none(micros: int | None) -> datetime | None:
     return None if micros is None else dt(micros)
 
 
-def same_file(a: str, b: str) -> bool:
+def sqlite_path(url: str, *, fix: str) -> Path:
+    """The file a ``sqlite://`` URL names (``sqlite:///rel`` relative, ``sqlite:////abs``):
+    the one rule of the job drivers' and the outbox stores' URLs. ``fix`` says which URLs
+    the caller takes."""
+    rest = url[len("sqlite://") :]
+    if not rest.startswith("/") or rest in ("/", ""):
+        raise ConfigurationError(f"the SQLite URL {url!r} names no file", fix=fix)
+    return Path(rest[1:].split("?", 1)[0]).expanduser()
+
+
+def file_path(path: str | os.PathLike[str], busy_timeout: float, *, owner: str, fix: str) -> str:
+    """The absolute path of the file ``path`` names, for ``owner`` (the driver, the outbox
+    store); a ``ConfigurationError`` (with ``fix``) for an in-memory or URI database, or for a
+    ``busy_timeout`` that is not a number of seconds >= 0."""
+    raw = os.fspath(path)
+    if not raw or raw == ":memory:" or raw.startswith("file:"):
+        raise ConfigurationError(f"{owner} needs a file path, not {raw!r}", fix=fix)
+    if not busy_timeout >= 0:
+        raise ConfigurationError(
+            f"busy_timeout={busy_timeout!r} must be a number of seconds >= 0",
+            fix="pass busy_timeout=30.0, or another number of seconds",
+        )
+    return os.path.abspath(raw)
+
+
+def joined_file(
+    connection: object, *, owner: str, fix: str, probe: str | None = None
+) -> tuple[str, bool]:
+    """The main database file of a caller's connection to be joined ('' for an in-memory or
+    temporary one), and whether ``probe`` (a query) finds a row on it; a
+    ``ConfigurationError`` when it is not a ``sqlite3.Connection`` (``fix``: what to pass) or
+    cannot be read."""
+    if not isinstance(connection, sqlite3.Connection):
+        raise ConfigurationError(
+            f"{owner} can only join a sqlite3.Connection, not {type(connection).__name__}",
+            fix=fix,
+        )
     try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return os.path.realpath(a) == os.path.realpath(b)
+        with plain_rows(connection):
+            rows = connection.execute(_Q["database_list"]).fetchall()
+            found = probe is not None and connection.execute(probe).fetchone() is not None
+    except sqlite3.Error as exc:
+        raise uninspectable(exc) from exc
+    return next((str(row[2]) for row in rows if row[1] == "main"), ""), found
 
 
-def file_identity(path: str) -> DatabaseId:
-    """The identity of the database file at ``path`` (device and inode once it exists)."""
+def check_usable(connection: sqlite3.Connection) -> None:
+    """Refuse a connection that is closed or not usable in this thread, and one that would
+    read our columns through a converter: the checks every join runs, also when the
+    connection's file is already known."""
     try:
-        st = os.stat(path)
-    except OSError:
-        return DatabaseId("sqlite", ("path", os.path.realpath(path)), path)
-    return DatabaseId("sqlite", (st.st_dev, st.st_ino), path)
+        connection.cursor().close()
+    except sqlite3.Error as exc:
+        raise uninspectable(exc) from exc
+    check_unconverted(connection)
 
 
-def connection_file(conn: sqlite3.Connection) -> str:
-    """The file of a connection's main database ('' for an in-memory or temporary one)."""
-    with plain_rows(conn):
-        rows = conn.execute("PRAGMA database_list").fetchall()
-    return next((str(row[2]) for row in rows if row[1] == "main"), "")
+def uninspectable(exc: sqlite3.Error) -> ConfigurationError:
+    """A caller's connection that cannot be read to join it (closed, another thread's)."""
+    return ConfigurationError(
+        f"cannot inspect the connection to join it ({exc})",
+        fix="pass an open sqlite3.Connection (made in this thread, or with "
+        "check_same_thread=False)",
+    )
 
 
 #: The declared types of our columns, and a statement reading a column of each, to see whether
 #: a connection reads it through a converter. ``sqlite_schema`` declares ``type`` as text;
 #: ``x_migrations`` exists once the job file is migrated (before that, nothing of ours is read).
 _CONVERTIBLE = (
-    ("TEXT", "SELECT type FROM sqlite_schema LIMIT 1", str),
-    ("INTEGER", "SELECT version FROM x_migrations LIMIT 1", int),
+    ("TEXT", _Q["probe_text"], str),
+    ("INTEGER", _Q["probe_integer"], int),
 )
 
 
@@ -187,15 +237,86 @@ def plain_rows(conn: sqlite3.Connection) -> Iterator[None]:
 
 
 def primary_code(exc: sqlite3.Error) -> int:
+    """SQLite's primary result code of ``exc`` (0 for an error raised by Python's sqlite3
+    itself, such as a closed connection: it carries none)."""
     return int(getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF
 
 
 def is_busy(exc: sqlite3.Error) -> bool:
-    if primary_code(exc) in (BUSY, LOCKED):
-        return True
-    # Some paths raise without an error code; the message is stable across versions.
-    text = str(exc)
-    return "database is locked" in text or "database table is locked" in text
+    return primary_code(exc) in (BUSY, LOCKED)
+
+
+def unavailable(
+    exc: sqlite3.Error,
+    *,
+    path: str,
+    driver: str,
+    busy_timeout: float,
+    tables: str,
+    migrate: str,
+    refused: str = "a constraint or trigger added to the tables refused it",
+) -> DriverUnavailableError:
+    """``exc`` as the library's ``DriverUnavailableError``, chosen by SQLite's result code
+    (``sqlite_errorcode``, ``sqlite_errorname``): the one translation of the driver and the
+    outbox store. ``tables`` names the missing tables ("the job tables"), ``migrate`` how to
+    create them, ``refused`` why a row is refused. Busy, full and I/O errors can pass
+    (``retryable``); a bad file, missing tables, a refused row or a bug cannot."""
+    code = primary_code(exc)
+    name = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
+    folder = os.path.dirname(path)
+    if code in (BUSY, LOCKED):
+        others = sorted((write_lock_holders(path) or frozenset()) - {os.getpid()})
+        by = f" (process {', '.join(map(str, others))})" if others else ""
+        cause = (
+            f"the SQLite database {path} stayed locked by another writer{by} for more than "
+            f"{busy_timeout:g}s ({exc})"
+        )
+        fix = (
+            "find what holds a long write transaction on that file (a stuck process, a "
+            "database browser or `sqlite3` shell with an open BEGIN) and end it; or raise "
+            "busy_timeout"
+        )
+    elif code == CANTOPEN:
+        cause = f"SQLite cannot open {path} ({exc})"
+        if not os.path.isdir(folder):
+            fix = f"create the folder {folder} (SQLite creates the file, not its folders)"
+        elif os.path.isdir(path):
+            fix = f"{path} is a folder; point the driver at a file path inside it"
+        else:
+            fix = f"make {folder} readable and writable by this user"
+    elif code == NOTADB:
+        cause = f"{path} is not a SQLite database ({exc})"
+        fix = "point the driver at a SQLite database, or at a path that does not exist yet"
+    elif code == READONLY:
+        cause = f"SQLite cannot write to {path} ({exc})"
+        fix = (
+            f"make the file and its folder {folder} writable by this user: SQLite also "
+            "creates the -wal and -shm files next to it"
+        )
+    elif code == CORRUPT:
+        cause = f"the SQLite database {path} is damaged ({exc})"
+        fix = (
+            "stop every process using it, run `sqlite3 FILE 'PRAGMA integrity_check'`, and "
+            "restore from a backup if it reports errors"
+        )
+    elif code == FULL:
+        cause = f"the disk holding {path} is full ({exc})"
+        fix = "free disk space, or prune finished jobs sooner"
+    elif code == IOERR:
+        cause = f"SQLite hit an I/O error on {path} ({exc})"
+        fix = "check the disk and the filesystem; network filesystems break SQLite locking"
+    elif code == CONSTRAINT:
+        cause = f"SQLite refused a row in {path}: {exc}"
+        fix = refused
+    elif code == ERROR and str(exc).startswith("no such table"):
+        # SQLite gives a missing table no code of its own: SQLITE_ERROR, from the prepare.
+        cause = f"{tables} do not exist in {path} ({exc})"
+        fix = f"{migrate} once before using it"
+    else:
+        cause = f"SQLite failed on {path} ({name}): {exc}"
+        fix = f"check the file and the error above; {migrate} if it is new"
+    retryable = code in (BUSY, LOCKED, FULL, IOERR)
+    return DriverUnavailableError(cause, driver=driver, fix=fix, retryable=retryable)
 
 
 # -- waiting for a busy database ----------------------------------------------------------------
@@ -206,8 +327,7 @@ def is_busy(exc: sqlite3.Error) -> bool:
 # only the first 2 ms here; past that ``retry_busy`` polls every 0.5-2 ms with jitter, which
 # bounded the worst wait near 150-300 ms in the same test.
 INNER_BUSY_MS = 2
-_BACKOFF_FIRST = 0.0005
-_BACKOFF_CAP = 0.002
+BUSY_BACKOFF = Backoff(first=0.0005, cap=0.002, jitter=True)
 
 
 _SYSTEM = SystemClock()
@@ -221,7 +341,7 @@ def retry_busy(
     clock: Clock | None = None,
 ) -> _T:
     """Run ``attempt`` until SQLite does not refuse it as busy, for up to ``timeout`` seconds,
-    pausing 0.25-2 ms (jittered) between tries; past the timeout the last refusal is raised.
+    pausing 0.25-2 ms between tries (``BUSY_BACKOFF``); past the timeout the last refusal is raised.
     Any other error is raised at once. ``on_busy(waited)``, called after each refusal with the
     seconds waited so far, may raise to end the wait (a diagnosis of who holds the lock).
 
@@ -232,7 +352,7 @@ def retry_busy(
     clock = clock or _SYSTEM
     started = clock.monotonic()
     deadline = started + timeout
-    delay = _BACKOFF_FIRST
+    delay = BUSY_BACKOFF.after(0)
     while True:
         try:
             return attempt()
@@ -245,226 +365,167 @@ def retry_busy(
                 raise
             if on_busy is not None:
                 on_busy(now - started)
-        clock.sleep(min(left, random.uniform(delay / 2, delay)))
-        delay = min(delay * 2, _BACKOFF_CAP)
+        clock.sleep(min(left, BUSY_BACKOFF.pause(delay)))
+        delay = BUSY_BACKOFF.after(delay)
 
 
-# -- who holds the write lock ---------------------------------------------------------------------
-
-# The locks of SQLite's unix VFS, POSIX record locks (fcntl) on bytes of the files: in WAL mode
-# the write lock is byte 120 of the -shm file (the first of its lock bytes, WAL_WRITE_LOCK);
-# in rollback-journal mode a writer holds the RESERVED byte of the database, then PENDING and
-# the SHARED range to commit, and readers hold the SHARED range.
-_SHM_WRITE_BYTE = 120
-_PENDING_BYTE = 0x40000000
-_SHARED_END = _PENDING_BYTE + 2 + 510 - 1
-_PROC_LOCKS = "/proc/locks"
-
-
-def write_lock_holders(path: str) -> frozenset[int] | None:
-    """The ids of the processes whose locks on the SQLite database at ``path`` keep another
-    connection from writing: the write lock in WAL mode; in rollback-journal mode any lock a
-    writer or a reader holds. Read from Linux's ``/proc/locks`` (the owner of each POSIX
-    lock); None where there is no such list (another system). A holder in another PID
-    namespace is not listed: an empty set proves nothing."""
-    try:
-        with open(_PROC_LOCKS, encoding="ascii", errors="replace") as listing:
-            text = listing.read()
-    except OSError:
-        return None
-    files: dict[int, tuple[str, str | None]] = {}  # inode -> (which file, its device or None)
-    for name, kind in ((path, "db"), (path + "-shm", "shm")):
-        try:
-            st = os.stat(name)
-        except OSError:
-            continue
-        major, minor = os.major(st.st_dev), os.minor(st.st_dev)
-        # An anonymous device (major 0: overlayfs, a FUSE or network mount) may list its locks
-        # under the device of the file below it: match those by inode alone.
-        files[st.st_ino] = (kind, f"{major:02x}:{minor:02x}" if major else None)
-    found: list[tuple[str, str, int, int, int]] = []  # (file, READ/WRITE, pid, start, end)
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) < 8 or fields[1] != "POSIX":  # "->" marks a waiter, not a holder
-            continue
-        device, _, inode = fields[5].rpartition(":")
-        if not inode.isdigit() or int(inode) not in files:
-            continue
-        kind, want = files[int(inode)]
-        if want is not None and device != want:
-            continue
-        try:
-            pid, start = int(fields[4]), int(fields[6])
-            end = _SHARED_END if fields[7] == "EOF" else int(fields[7])
-        except ValueError:
-            continue
-        found.append((kind, fields[3], pid, start, end))
-    if any(kind == "shm" for kind, *_ in found):  # WAL: every open connection locks the -shm
-        return frozenset(
-            pid
-            for kind, mode, pid, start, end in found
-            if kind == "shm" and mode == "WRITE" and start <= _SHM_WRITE_BYTE <= end
+def in_callers(
+    exc: sqlite3.Error,
+    conn: sqlite3.Connection,
+    *,
+    opened: bool,
+    translated: DriverUnavailableError,
+    path: str,
+    driver: str,
+) -> DriverUnavailableError:
+    """The error of a write of ours made as part of the caller's transaction on ``conn``
+    (``write_in``) that failed with ``exc`` (``translated``: as ``unavailable`` gives it).
+    Outside a transaction the caller had open (``opened`` False) the write was a transaction of
+    its own: ``translated``. Inside, our savepoint was rolled back and the transaction goes
+    on, unless SQLite ended it (``errors.in_callers_transaction``: not retryable, the
+    transaction is the caller's). A busy refusal means the caller's transaction could not take
+    the write lock: it should begin with ``BEGIN IMMEDIATE``, and once SQLite refused the
+    upgrade (``SQLITE_BUSY_SNAPSHOT``) it can no longer write at all."""
+    if not (is_busy(exc) and conn.in_transaction):
+        if not opened:
+            return translated
+        kept = conn.in_transaction
+        return in_callers_transaction(
+            translated.cause, driver=driver, fix=translated.fix, kept=kept
         )
-    return frozenset(
-        pid
-        for kind, _, pid, start, end in found
-        if kind == "db" and start <= _SHARED_END and end >= _PENDING_BYTE
+    snapshot = getattr(exc, "sqlite_errorcode", 0) == BUSY_SNAPSHOT
+    if snapshot:
+        cause = (
+            f"your transaction on {path} read before enqueueing, and another process "
+            "wrote in between, so SQLite refused to let it write (SQLITE_BUSY_SNAPSHOT)"
+        )
+    else:
+        cause = (
+            f"your transaction on {path} could not take the write lock from another writer ({exc})"
+        )
+    fix = (
+        "start write transactions with BEGIN IMMEDIATE (sqlite3.connect(..., "
+        "isolation_level='IMMEDIATE')) so they hold the lock from the start, and retry the "
+        "whole transaction"
+    )
+    if getattr(conn, "autocommit", None) is False:
+        # Python 3.12's autocommit=False opens every transaction with a plain BEGIN, and
+        # isolation_level is not used: that fix would change nothing.
+        fix = (
+            "with autocommit=False, sqlite3 opens each transaction with a plain BEGIN, "
+            "which takes the write lock only at the first write: write before you read in "
+            "the transaction, or connect with autocommit=sqlite3.LEGACY_TRANSACTION_CONTROL "
+            "and isolation_level='IMMEDIATE'; and retry the whole transaction"
+        )
+    if snapshot:  # it can no longer write
+        return DriverUnavailableError(cause, driver=driver, fix=fix, retryable=False)
+    return in_callers_transaction(cause, driver=driver, fix=fix)
+
+
+def connect(path: str, *, busy_timeout: float) -> sqlite3.Connection:
+    """A connection of the library's own to ``path``: autocommit (every transaction is one
+    of ours, begun by ``transaction``), usable from any thread (its owner serialises it),
+    and SQLite's busy handler waiting only the first ``INNER_BUSY_MS`` (``retry_busy`` waits
+    the rest, with no lock of ours held)."""
+    return sqlite3.connect(
+        path,
+        timeout=min(INNER_BUSY_MS / 1000, busy_timeout),
+        isolation_level=None,
+        check_same_thread=False,
+        cached_statements=256,
     )
 
 
-#: The connections the library opened on SQLite files, in this process: id -> (connection,
-#: the file's identity key, the process that opened it, the finalizer that disowns it when its
-#: owner is collected: detached by ``disown``, so it holds the connection no longer).
-_Own = tuple[
-    sqlite3.Connection, tuple[object, ...], int, "weakref.finalize[[sqlite3.Connection], object]"
-]
-_own: dict[int, _Own] = {}
-#: Reentrant: a driver's connection is disowned by a finalizer, which the garbage collector may
-#: run on a thread that holds it already.
-_own_lock = threading.RLock()
+#: The synchronous levels, each a statement of its own.
+SYNCHRONOUS = {
+    level: _Q[f"synchronous_{level.lower()}"] for level in ("OFF", "NORMAL", "FULL", "EXTRA")
+}
 
 
-def hold_own(conn: sqlite3.Connection, path: str, owner: object) -> None:
-    """Note ``conn`` as one of the library's connections to the file at ``path``, so that
-    ``blocked_here`` can tell them from the application's, until ``disown`` or until
-    ``owner`` (the object that keeps ``conn``: a store, a thread's slot) is collected, closed
-    or not (a ``sqlite3.Connection`` takes no weak reference, so the registry's is strong)."""
-    pid = os.getpid()
-    key = file_identity(path).key
-    with _own_lock:
-        for known in [known for known, entry in _own.items() if entry[2] != pid]:
-            del _own[known]  # a forked child's copy of its parent's: never used here
-        disown(conn)  # noted again: its old finalizer goes
-        _own[id(conn)] = (conn, key, pid, weakref.finalize(owner, disown, conn))
+def use_wal(conn: sqlite3.Connection, synchronous: str, *, path: str, driver: str) -> None:
+    """Put ``conn``'s file in WAL mode (once per file; it needs every other connection out of
+    it) with ``synchronous``; raise ``DriverUnavailableError`` when SQLite will not."""
+    mode = conn.execute(_Q["journal_wal"]).fetchone()[0]
+    if str(mode).lower() != "wal":
+        raise DriverUnavailableError(
+            f"SQLite would not put {path} in WAL mode (journal_mode is {mode})",
+            driver=driver,
+            fix="put the file on a local disk (WAL needs shared memory between processes) "
+            "and let no other program force another journal mode",
+        )
+    conn.execute(SYNCHRONOUS[synchronous])
+    conn.execute(_Q["journal_size_limit"])
 
 
-def disown(conn: sqlite3.Connection) -> None:
-    """Forget ``conn`` (closed, or about to be): its finalizer is detached, so neither the
-    registry nor the finalizer keeps it or its owner's bookkeeping any longer."""
-    with _own_lock:
-        entry = _own.get(id(conn))
-        if entry is not None and entry[0] is conn:
-            del _own[id(conn)]
-            entry[3].detach()
+BEGIN_IMMEDIATE = _Q["begin_immediate"]
 
 
-def blocked_here(path: str) -> bool:
-    """True when the write lock on ``path`` is held by this very process, on a connection that
-    is not one of the library's (none of those is inside a transaction on the file): the
-    application's own, such as a SQLAlchemy session after ``flush()`` or a ``sqlite3``
-    connection in a transaction. A write of ours could only wait for it, and for ever when it
-    is on the waiting thread. False when another process holds it, or when this cannot be
-    known (``write_lock_holders`` is None)."""
-    holders = write_lock_holders(path)
-    if not holders or os.getpid() not in holders:
-        return False
-    key, pid = file_identity(path).key, os.getpid()
-    with _own_lock:
-        entries = tuple(_own.values())
-    for conn, file, opener, _ in entries:
-        if file != key or opener != pid:
-            continue
-        try:
-            if conn.in_transaction:
-                return False
-        except sqlite3.ProgrammingError:  # closed meanwhile
-            continue
-    return True
+def _run_once(attempt: Callable[[], _U]) -> _U:
+    return attempt()
 
 
-# A wait for the write lock looks at who holds it after _HELD_HERE_LOOK, then as often. Held
-# _HELD_HERE_FOR by a connection of this process that is not the library's (blocked_here), it
-# is the application's own: the wait ends there only when no other thread of this process
-# could release it (the waiting thread is the only one), else it is noted once and goes on.
-_HELD_HERE_LOOK = 0.05
-_HELD_HERE_FOR = 0.5
-
-_log = logging.getLogger("ultimat3.jobs.dialects.sqlite")
-
-
-def _alone() -> bool:
-    """True when the calling thread is the only thread of this process that runs Python: a
-    connection of this process can then be released by no one while it waits."""
-    return len(sys._current_frames()) == 1
-
-
-class HolderWatch:
-    """An ``on_busy`` for ``retry_busy`` that looks at who holds the write lock on ``path``
-    while a write waits for it, and tells a wait that cannot end from one that can.
-
-    - Held by the application's own connection in this process (``blocked_here``) at every
-      look for half a second, and the waiting thread is the process's only thread, or runs
-      inside a transaction the caller opened on its own connection (``in_callers_tx``): that
-      connection is this thread's (the caller's transaction around this call, a SQLAlchemy
-      session after ``flush()``, a ``sqlite3`` connection left in a transaction), and can only
-      be released once this call returns. ``held_here()`` is raised then, about 0.55 s in.
-    - The same with other threads running: one of them may hold it in an ordinary
-      transaction and commit, so the wait goes on; one WARNING says what it may be waiting
-      for. If the wait reaches the timeout with the lock held here at every look,
-      ``verdict()`` gives ``held_here()`` for the caller to raise instead of "busy"."""
-
-    def __init__(
-        self, path: str, held_here: Callable[[], Exception], *, in_callers_tx: bool = False
-    ) -> None:
-        self.path = path
-        self.held_here = held_here
-        #: The waiting call runs inside a transaction the caller opened on a connection of
-        #: its own (``app.using(conn)``): that connection, this thread's, is the one that can
-        #: hold the lock, so other threads running do not make the wait worth going on.
-        self.in_callers_tx = in_callers_tx
-        self._since: float | None = None
-        self._look_at = _HELD_HERE_LOOK
-        self._throughout: bool | None = None  # None: not looked yet
-        self._warned = False
-
-    def __call__(self, waited: float) -> None:
-        if waited < self._look_at:
-            return
-        self._look_at = waited + _HELD_HERE_LOOK
-        if not blocked_here(self.path):
-            self._since = None
-            self._throughout = False
-            return
-        if self._throughout is None:
-            self._throughout = True
-        if self._since is None:
-            self._since = waited
-        elif waited - self._since >= _HELD_HERE_FOR:
-            if self.in_callers_tx or _alone():
-                raise self.held_here() from None
-            if not self._warned:
-                self._warned = True
-                error = self.held_here()
-                _log.warning(
-                    "jobs.sqlite.held-here: waiting %.1fs so far for the write lock on %s, "
-                    "which this process holds on a connection that is not the library's; "
-                    "waiting on in case another thread holds it. %s",
-                    waited,
-                    self.path,
-                    error,
-                    extra={"event": "jobs.sqlite.held-here", "path": self.path},
-                )
-
-    def verdict(self) -> Exception | None:
-        """After the wait timed out: ``held_here()`` when this process held the lock on a
-        connection not the library's at every look, and still does; else None."""
-        if self._throughout and blocked_here(self.path):
-            return self.held_here()
-        return None
+@contextmanager
+def transaction(
+    conn: sqlite3.Connection,
+    *,
+    retry: Retrier = _run_once,
+    begin: Callable[[], object] | None = None,
+) -> Iterator[sqlite3.Connection]:
+    """A write transaction of ours on ``conn``: ``BEGIN IMMEDIATE`` (the write lock before any
+    read; ``begin`` runs it instead, for an owner that takes a lock of its own per attempt),
+    then ``COMMIT`` on normal exit, both run through ``retry`` while busy (a commit waits for
+    readers in rollback-journal mode); ``ROLLBACK`` on an exception, or when the commit
+    fails. A body that ended the transaction itself is left as it is."""
+    retry(begin or (lambda: conn.execute(BEGIN_IMMEDIATE)))
+    try:
+        yield conn
+        if conn.in_transaction:
+            retry(lambda: conn.execute(_Q["commit"]))
+    except BaseException:
+        rollback_quietly(conn)
+        raise
 
 
-def holder_watch(
-    path: str, held_here: Callable[[], Exception], *, in_callers_tx: bool = False
-) -> HolderWatch:
-    """A ``HolderWatch`` on ``path`` (see there)."""
-    return HolderWatch(path, held_here, in_callers_tx=in_callers_tx)
+@contextmanager
+def savepoint(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """A savepoint inside the open transaction on ``conn``: released on normal exit, rolled
+    back to (and released) on an exception, so a failure undoes all of the block and nothing
+    before it. When SQLite rolled the whole transaction back itself (a full disk, an I/O
+    error), there is nothing left to undo."""
+    conn.execute(_Q["savepoint"])
+    try:
+        yield conn
+    except BaseException:
+        if conn.in_transaction:
+            try:
+                conn.execute(_Q["savepoint_rollback"])
+                conn.execute(_Q["savepoint_release"])
+            except sqlite3.Error:
+                pass  # SQLite ended the transaction meanwhile
+        raise
+    if conn.in_transaction:
+        conn.execute(_Q["savepoint_release"])
+
+
+@contextmanager
+def snapshot(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One read transaction on ``conn`` (its reads agree with each other), unless one is open
+    already; ended afterwards, having written nothing."""
+    if conn.in_transaction:
+        yield conn
+        return
+    conn.execute(_Q["begin"])
+    try:
+        yield conn
+    finally:
+        rollback_quietly(conn)
 
 
 def rollback_quietly(conn: sqlite3.Connection) -> None:
     # SQLite rolls back by itself after some errors (disk full, I/O); then there is nothing left.
     if conn.in_transaction:
         try:
-            conn.execute("ROLLBACK")
+            conn.execute(_Q["rollback"])
         except sqlite3.Error:
             pass
 
@@ -478,14 +539,8 @@ def close_quietly(conn: sqlite3.Connection) -> None:
 
 def once(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], _T]) -> _T:
     """``body`` in its own ``BEGIN IMMEDIATE`` transaction: committed, or rolled back."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        result = body(conn)
-        conn.execute("COMMIT")
-    except BaseException:
-        rollback_quietly(conn)
-        raise
-    return result
+    with transaction(conn):
+        return body(conn)
 
 
 def autocommits(conn: sqlite3.Connection) -> bool:
@@ -499,15 +554,14 @@ def write_in(
     conn: sqlite3.Connection,
     body: Callable[[sqlite3.Connection], _T],
     *,
-    savepoint: str,
     retry: Retrier,
 ) -> _T:
     """Run ``body`` as part of the caller's transaction on their connection ``conn``.
 
-    - Inside a transaction: always in a ``SAVEPOINT`` (named ``savepoint``), so a failure
-      rolls back all of our part and nothing else, whatever failed: SQLite undoes a failed
-      statement alone only for some errors (``RAISE(FAIL)`` in a trigger keeps what the
-      statement did before it, and a body of two statements can fail at the second).
+    - Inside a transaction: always in a ``savepoint``, so a failure rolls back all of our
+      part and nothing else, whatever failed: SQLite undoes a failed statement alone only for
+      some errors (``RAISE(FAIL)`` in a trigger keeps what the statement did before it, and a
+      body of two statements can fail at the second).
     - Legacy transaction mode (``isolation_level`` not None, ``sqlite3.connect``'s default)
       with no transaction open: the ``BEGIN`` the caller's own INSERT would have issued, as
       ``BEGIN IMMEDIATE``, left open for the caller's ``commit()`` or ``rollback()``.
@@ -517,40 +571,18 @@ def write_in(
     Its statements read plain rows (``plain_rows``). sqlite3 errors are raised as they are;
     the caller translates them.
     """
-    if conn.row_factory is None and conn.text_factory is str:
-        return _write_in(conn, body, savepoint=savepoint, retry=retry)
     with plain_rows(conn):
-        return _write_in(conn, body, savepoint=savepoint, retry=retry)
-
-
-def _write_in(
-    conn: sqlite3.Connection,
-    body: Callable[[sqlite3.Connection], _T],
-    *,
-    savepoint: str,
-    retry: Retrier,
-) -> _T:
-    if not conn.in_transaction:
+        if conn.in_transaction:
+            with savepoint(conn):
+                return body(conn)
         if autocommits(conn):
             return retry(lambda: once(conn, body))
-        retry(lambda: conn.execute("BEGIN IMMEDIATE"))
+        retry(lambda: conn.execute(BEGIN_IMMEDIATE))
         try:
             return body(conn)
         except BaseException:
             rollback_quietly(conn)
             raise
-    conn.execute(f"SAVEPOINT {savepoint}")
-    try:
-        result = body(conn)
-    except BaseException:
-        try:
-            conn.execute(f"ROLLBACK TO {savepoint}")
-            conn.execute(f"RELEASE {savepoint}")
-        except sqlite3.Error:
-            pass  # SQLite already rolled the whole transaction back (disk full, I/O)
-        raise
-    conn.execute(f"RELEASE {savepoint}")
-    return result
 
 
 def pending_versions(
@@ -579,6 +611,20 @@ def apply_migrations(
         conn.execute(named["migration_record"], {"version": version})
         done.append(version)
     return done
+
+
+def printable_migrations(
+    known: Sequence[tuple[int, str]], named: Mapping[str, str]
+) -> list[tuple[int, str]]:
+    """Every migration of ``known`` followed by the ``migration_record`` of ``named`` that
+    records it, for a tool of the caller's to apply (``migrate --sql``), so that ``migrate()``
+    recognises the schema afterwards. That text is run by another tool, which binds nothing:
+    the version, an int of ours, is written in as a literal, here only."""
+    record = named["migration_record"].rstrip().rstrip(";")
+    return [
+        (version, f"{script.rstrip()}\n\n{record.replace(':version', str(int(version)))};\n")
+        for version, script in known
+    ]
 
 
 def _statements(script: str) -> Iterator[str]:

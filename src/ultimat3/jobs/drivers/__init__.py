@@ -26,6 +26,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from ultimat3.jobs.clock import Clock
 from ultimat3.jobs.dialects import canonical_url as canonical_url
+from ultimat3.jobs.dialects.sqlite import sqlite_path as dialect_sqlite_path
 from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.errors import ConfigurationError
 
@@ -39,11 +40,7 @@ def default_url(cwd: Path | None = None) -> str:
 
 def sqlite_path(url: str) -> Path:
     """The file a ``sqlite://`` URL names (``sqlite:///rel`` relative, ``sqlite:////abs``)."""
-    rest = url[len("sqlite://") :]
-    if not rest.startswith("/") or rest in ("/", ""):
-        raise ConfigurationError(f"the SQLite URL {url!r} names no file", fix=URL_HELP)
-    path = rest[1:].split("?", 1)[0]
-    return Path(path).expanduser()
+    return dialect_sqlite_path(url, fix=URL_HELP)
 
 
 def open_driver(url: str, *, clock: Clock | None = None) -> Driver:

@@ -11,10 +11,10 @@ never pulls in psycopg.
 
 from __future__ import annotations
 
-from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
 from ultimat3.jobs.dialects import canonical_url
+from ultimat3.jobs.dialects.sqlite import sqlite_path
 from ultimat3.jobs.errors import ConfigurationError
 from ultimat3.jobs.outbox_store import OutboxStore
 
@@ -24,15 +24,6 @@ URL_HELP = (
     "use sqlite:///path/to/your-data.sqlite3, postgresql://user:pass@host/db, or memory:// "
     "(the database your business transactions run on)"
 )
-
-
-def _sqlite_path(url: str) -> Path:
-    # The job drivers' URL rule (sqlite:///relative, sqlite:////absolute); not imported from
-    # there, because drivers and outbox stores are independent layers.
-    rest = url[len("sqlite://") :]
-    if not rest.startswith("/") or rest in ("/", ""):
-        raise ConfigurationError(f"the SQLite outbox URL {url!r} names no file", fix=URL_HELP)
-    return Path(rest[1:].split("?", 1)[0]).expanduser()
 
 
 def open_store(url: str) -> OutboxStore:
@@ -50,7 +41,7 @@ def open_store(url: str) -> OutboxStore:
                 fix="the only option is ?busy_timeout=SECONDS",
             )
         return SqliteOutboxStore(
-            _sqlite_path(url), busy_timeout=float(options.get("busy_timeout", 30.0))
+            sqlite_path(url, fix=URL_HELP), busy_timeout=float(options.get("busy_timeout", 30.0))
         )
     if scheme in ("postgresql", "postgres"):
         from ultimat3.jobs.dialects.postgres import (

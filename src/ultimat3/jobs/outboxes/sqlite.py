@@ -2,13 +2,9 @@
 
 What it guarantees:
 
-- **Staged in your transaction.** ``stage`` writes on your own ``sqlite3.Connection`` inside a
-  ``SAVEPOINT`` of your open transaction, so the rows exist if and only if you commit, and a
-  failed stage rolls back only its own part. A connection in Python's legacy transaction mode
-  (``isolation_level`` not None, the ``sqlite3.connect`` default) with no transaction open
-  gets the ``BEGIN`` its own INSERT would have issued (as ``BEGIN IMMEDIATE``), left open for
-  your ``commit()`` or ``rollback()``; one in autocommit mode outside a transaction commits the
-  rows at once, as its own INSERT would.
+- **Staged in your transaction.** ``stage`` writes on your own ``sqlite3.Connection`` as part
+  of your transaction, by the job driver's rules (``dialects.sqlite.write_in``), so the rows
+  exist if and only if you commit, and a failed stage rolls back only its own part.
 - **One relay at a time per batch.** A claim runs in ``BEGIN IMMEDIATE`` on the store's own
   connection and holds SQLite's write lock until its ``with`` block ends, so two relays never
   claim the same row; the second waits (up to ``busy_timeout``) and then sees the rows
@@ -43,25 +39,33 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from ultimat3.jobs.clock import Clock, SystemClock
 from ultimat3.jobs.dialects.sqlite import (
-    INNER_BUSY_MS,
+    BEGIN_IMMEDIATE,
     apply_migrations,
-    autocommits,
-    connection_file,
-    disown,
+    close_quietly,
+    connect,
     dt,
     dt_or_none,
-    file_identity,
-    hold_own,
-    holder_watch,
+    file_path,
+    in_callers,
     is_busy,
+    joined_file,
     now_us,
     pending_versions,
-    plain_rows,
+    printable_migrations,
     retry_busy,
-    rollback_quietly,
+    transaction,
+    unavailable,
     us,
     write_in,
+)
+from ultimat3.jobs.dialects.sqlite_locks import (
+    HolderWatch,
+    LockWatch,
+    disown,
+    file_identity,
+    hold_own,
 )
 from ultimat3.jobs.driver import (
     DatabaseId,
@@ -71,7 +75,6 @@ from ultimat3.jobs.driver import (
 from ultimat3.jobs.errors import (
     ConfigurationError,
     DriverUnavailableError,
-    in_callers_transaction,
 )
 from ultimat3.jobs.outbox_store import OutboxRecord, OutboxStore
 from ultimat3.jobs.records import NewJob
@@ -81,7 +84,6 @@ __all__ = ["SqliteOutboxStore"]
 
 _PACKAGE = "ultimat3.jobs.outboxes"
 _Q = queries("sqlite", _PACKAGE)
-_SAVEPOINT = "ultimat3_jobs_outbox"
 _NAME = "sqlite-outbox"
 _T = TypeVar("_T")
 
@@ -142,26 +144,31 @@ class SqliteOutboxStore(OneConnection):
     """``x_outbox`` in the SQLite file at ``path`` (your data's file, not the job file).
 
     ``busy_timeout`` is how many seconds the store's own statements wait for another writer
-    before raising ``DriverUnavailableError``.
+    before raising ``DriverUnavailableError``; ``wait_clock`` the clock they wait with (real
+    time by default: the other writer lives in real time); ``lock_watch`` how a wait for the
+    write lock looks at who holds it (``dialects.sqlite.LockWatch``).
     """
 
     name = "sqlite"
 
-    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 30.0) -> None:
-        raw = os.fspath(path)
-        if not raw or raw == ":memory:" or raw.startswith("file:"):
-            raise ConfigurationError(
-                f"the SQLite outbox store needs a file path, not {raw!r}",
-                fix="pass the path of the SQLite file your business transactions write to",
-            )
-        if not busy_timeout >= 0:
-            raise ConfigurationError(
-                f"busy_timeout={busy_timeout!r} must be a number of seconds >= 0",
-                fix="pass busy_timeout=30.0, or another number of seconds",
-            )
-        self.path = os.path.abspath(raw)
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        busy_timeout: float = 30.0,
+        wait_clock: Clock | None = None,
+        lock_watch: LockWatch | None = None,
+    ) -> None:
+        self.path = file_path(
+            path,
+            busy_timeout,
+            owner="the SQLite outbox store",
+            fix="pass the path of the SQLite file your business transactions write to",
+        )
         self.display_url = f"sqlite:///{self.path}"
         self._busy_timeout = float(busy_timeout)
+        self._wait_clock = wait_clock or SystemClock()
+        self._lock_watch = lock_watch or LockWatch()
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         self._identity: DatabaseId | None = None
@@ -184,12 +191,7 @@ class SqliteOutboxStore(OneConnection):
             try:
                 # SQLite's busy handler waits only a moment, with our lock held; the
                 # longer wait is retry_busy's, with it released.
-                self._conn = sqlite3.connect(
-                    self.path,
-                    timeout=min(INNER_BUSY_MS / 1000, self._busy_timeout),
-                    isolation_level=None,
-                    check_same_thread=False,
-                )
+                self._conn = connect(self.path, busy_timeout=self._busy_timeout)
             except sqlite3.Error as exc:
                 raise self._unavailable(exc) from exc
             self._opened(self._conn)
@@ -198,51 +200,60 @@ class SqliteOutboxStore(OneConnection):
             )  # the library's own (dialects.sqlite.blocked_here)
         return self._conn
 
-    def _begin(self) -> sqlite3.Connection:
-        """One try at ``BEGIN IMMEDIATE``: on success the connection is returned with the
-        store's lock held (the transaction is this thread's until ``_write`` releases it); on a
-        refusal the lock is released, so nothing waits on it while ``retry_busy`` pauses."""
+    def _begin(self) -> None:
+        """One try at ``BEGIN IMMEDIATE``: on success the store's lock stays held (the
+        transaction is this thread's until ``_write`` releases it); on a refusal it is
+        released, so nothing waits on it while ``retry_busy`` pauses."""
         self._lock.acquire()
         try:
-            conn = self._own()
-            conn.execute("BEGIN IMMEDIATE")
+            self._own().execute(BEGIN_IMMEDIATE)
         except BaseException:
             self._lock.release()
             raise
-        return conn
 
     @contextmanager
     def _write(
         self, held_here: Callable[[], Exception] | None = None
     ) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE`` on the store's connection: the write lock before any read. The
-        wait for it holds no lock of ours (``_begin``); with ``held_here``, a wait for a lock
-        the application's own connection in this process holds ends with that error, at once
-        when no other thread could release it, else at the timeout
-        (``dialects.sqlite.HolderWatch``)."""
-        watch = None if held_here is None else holder_watch(self.path, held_here)
+        """A ``transaction`` (``BEGIN IMMEDIATE``: the write lock before any read) on the
+        store's connection. The wait for it holds no lock of ours (``_begin``); with
+        ``held_here``, a wait for a lock the application's own connection in this process
+        holds ends with that error, at once when no other thread could release it, else at
+        the timeout (``dialects.sqlite.HolderWatch``). In rollback-journal mode a commit waits
+        for readers to leave; the transaction is ours meanwhile, so the lock stays held."""
+        watch = (
+            None
+            if held_here is None
+            else HolderWatch(self.path, held_here, settings=self._lock_watch)
+        )
+        began = False
+
+        def begin() -> None:
+            nonlocal began
+            self._begin()
+            began = True
+
+        def retry(attempt: Callable[[], _T]) -> _T:
+            on_busy = None if began else watch
+            return retry_busy(
+                attempt, timeout=self._busy_timeout, on_busy=on_busy, clock=self._wait_clock
+            )
+
+        with self._lock:
+            conn = self._own()
         try:
-            conn = retry_busy(self._begin, timeout=self._busy_timeout, on_busy=watch)
+            with transaction(conn, retry=retry, begin=begin):
+                yield conn
         except sqlite3.Error as exc:
-            held = None if watch is None or not is_busy(exc) else watch.verdict()
+            held = None if began or watch is None or not is_busy(exc) else watch.verdict()
             if held is not None:
                 raise held from exc
-            raise self._unavailable(exc) from exc
-        try:
-            yield conn
-            # In rollback-journal mode a commit waits for readers to leave; the transaction
-            # is ours meanwhile, so the lock stays held.
-            retry_busy(lambda: conn.execute("COMMIT"), timeout=self._busy_timeout)
-        except sqlite3.Error as exc:
-            rollback_quietly(conn)
-            if isinstance(exc, sqlite3.OperationalError):
+            if not began or isinstance(exc, sqlite3.OperationalError):
                 raise self._unavailable(exc) from exc
             raise
-        except BaseException:
-            rollback_quietly(conn)
-            raise
         finally:
-            self._lock.release()
+            if began:
+                self._lock.release()
 
     def _read(self, body: Callable[[sqlite3.Connection], _T]) -> _T:
         """``body`` on the store's connection, the lock held for each try only."""
@@ -252,33 +263,19 @@ class SqliteOutboxStore(OneConnection):
                 return body(self._own())
 
         try:
-            return retry_busy(attempt, timeout=self._busy_timeout)
+            return retry_busy(attempt, timeout=self._busy_timeout, clock=self._wait_clock)
         except sqlite3.Error as exc:
             raise self._unavailable(exc) from exc
 
     def _unavailable(self, exc: sqlite3.Error) -> DriverUnavailableError:
-        text = str(exc)
-        if "no such table" in text:
-            return DriverUnavailableError(
-                f"the outbox table does not exist in {self.path} ({exc})",
-                driver=_NAME,
-                fix="run store.migrate() once (App(outbox=...) migrates it on first use)",
-            )
-        if "locked" in text:
-            return DriverUnavailableError(
-                f"{self.path} stayed locked by another writer for more than "
-                f"{self._busy_timeout:g}s ({exc})",
-                driver=_NAME,
-                fix="find what holds a long write transaction on that file and end it, or "
-                "raise busy_timeout",
-            )
-        # A refused row (a duplicate id) or a bad file cannot pass by retrying; busy, full
-        # and I/O errors can.
-        return DriverUnavailableError(
-            f"SQLite failed on the outbox in {self.path}: {exc}",
+        return unavailable(
+            exc,
+            path=self.path,
             driver=_NAME,
-            fix="check the file and the error above; run store.migrate() if it is new",
-            retryable=not isinstance(exc, sqlite3.IntegrityError),
+            busy_timeout=self._busy_timeout,
+            tables="the outbox table x_outbox",
+            migrate="run store.migrate() (App(outbox=...) migrates it on first use)",
+            refused="stage each job once: its id is the outbox row's key",
         )
 
     def close(self) -> None:
@@ -286,10 +283,7 @@ class SqliteOutboxStore(OneConnection):
             self._closed = True
             if self._conn is not None:
                 disown(self._conn)
-                try:
-                    self._conn.close()
-                except sqlite3.Error:
-                    pass
+                close_quietly(self._conn)
                 self._conn = None
 
     # -- schema ------------------------------------------------------------------------------
@@ -329,11 +323,7 @@ class SqliteOutboxStore(OneConnection):
         return found
 
     def migration_sql(self) -> list[tuple[int, str]]:
-        record = _Q["migration_record"].rstrip().rstrip(";")
-        return [
-            (version, f"{script.rstrip()}\n\n{record.replace(':version', str(version))};\n")
-            for version, script in migrations("sqlite", _PACKAGE)
-        ]
+        return printable_migrations(migrations("sqlite", _PACKAGE), _Q)
 
     # -- staging on the caller's connection --------------------------------------------------
 
@@ -346,22 +336,12 @@ class SqliteOutboxStore(OneConnection):
             ):
                 return connection
             connection = connection.connection
-        if not isinstance(connection, sqlite3.Connection):
-            raise ConfigurationError(
-                f"the SQLite outbox store can only join a sqlite3.Connection, "
-                f"not {type(connection).__name__}",
-                fix=f"open the connection with sqlite3.connect({self.path!r})",
-            )
-        try:
-            main = connection_file(connection)
-            with plain_rows(connection):
-                has_table = connection.execute(_Q["table_exists"]).fetchone() is not None
-        except sqlite3.Error as exc:
-            raise ConfigurationError(
-                f"cannot inspect the connection to join it ({exc})",
-                fix="pass an open sqlite3.Connection (made in this thread, or with "
-                "check_same_thread=False)",
-            ) from exc
+        main, has_table = joined_file(
+            connection,
+            owner="the SQLite outbox store",
+            fix=f"open the connection with sqlite3.connect({self.path!r})",
+            probe=_Q["table_exists"],
+        )
         if not main or file_identity(main) != self.identity():
             raise ConfigurationError(
                 f"the connection opens {main or 'an in-memory database'}, but the outbox "
@@ -392,33 +372,12 @@ class SqliteOutboxStore(OneConnection):
 
         opened = conn.in_transaction
         try:
-            write_in(conn, body, savepoint=_SAVEPOINT, retry=lambda attempt: attempt())
+            write_in(conn, body, retry=lambda attempt: attempt())
         except sqlite3.Error as exc:
-            if not opened and autocommits(conn):  # its own transaction, over: not the caller's
-                raise self._unavailable(exc) from exc
-            raise self._in_callers_transaction(exc, conn, len(rows)) from exc
-
-    def _in_callers_transaction(
-        self, exc: sqlite3.Error, conn: sqlite3.Connection, count: int
-    ) -> DriverUnavailableError:
-        """A stage that failed in the caller's transaction (``errors.in_callers_transaction``,
-        as the PostgreSQL store): its savepoint was rolled back and the transaction goes on,
-        unless SQLite ended it (``kept``: a full disk, an I/O error)."""
-        if is_busy(exc):
-            fix = (
-                "start write transactions with BEGIN IMMEDIATE (sqlite3.connect(..., "
-                "isolation_level='IMMEDIATE')) so they hold the write lock from the start"
-            )
-        elif isinstance(exc, sqlite3.IntegrityError):
-            fix = "stage each job once: its id is the outbox row's key"
-        else:
-            fix = "check the file and the error above"
-        return in_callers_transaction(
-            f"SQLite refused to stage {count} job(s) in the outbox in {self.path}: {exc}",
-            driver=_NAME,
-            fix=fix,
-            kept=conn.in_transaction,
-        )
+            translated = self._unavailable(exc)
+            raise in_callers(
+                exc, conn, opened=opened, translated=translated, path=self.path, driver=_NAME
+            ) from exc
 
     # -- the relay's side --------------------------------------------------------------------
 

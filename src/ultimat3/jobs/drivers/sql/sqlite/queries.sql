@@ -108,7 +108,7 @@ SET state = 'running',
     lease_token = :token || '.' || id,
     lease_expires_at = :expires_at,
     worker_id = :worker_id,
-    started = :started
+    started = 1
 WHERE id IN (
     SELECT id FROM x_jobs
     WHERE queue = :queue
@@ -251,7 +251,7 @@ SET state = 'running',
     lease_token = :token || '.' || id,
     lease_expires_at = :expires_at,
     worker_id = :worker_id,
-    started = :started
+    started = 1
 WHERE id IN (SELECT value FROM json_each(:ids))
   AND state IN ('scheduled', 'available')
 RETURNING id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
@@ -263,17 +263,6 @@ RETURNING id, name, queue, input, tenant_id, idempotency_key, priority, state, a
 UPDATE x_jobs
 SET lease_expires_at = ?
 WHERE id = ? AND lease_token = ? AND state = 'running';
-
--- name: job_release_unstarted
--- Expired leases of jobs whose handler never began: back to the queue, attempt refunded.
-UPDATE x_jobs
-SET state = 'available',
-    run_at = :now,
-    attempt = max(attempt - 1, 0),
-    lease_token = NULL,
-    lease_expires_at = NULL
-WHERE state = 'running' AND lease_expires_at < :now AND started = 0
-RETURNING id;
 
 -- name: job_release_claim
 -- The jobs of one claim whose reply its worker never got, found by the claim's :token (each
@@ -352,7 +341,8 @@ WHERE id = :id
   AND (:tenant_id IS NULL OR tenant_id = :tenant_id);
 
 -- name: job_list_expired
--- Started jobs only: an unstarted one is released by job_release_unstarted instead. :isolated
+-- Started jobs only (every claim marks its jobs started; a claim whose reply was lost is
+-- released by job_release_claim). :isolated
 -- NULL lists every one, 1 those that ran alone (isolated), 0 those that ran beside others.
 SELECT id, name, queue, input, tenant_id, idempotency_key, priority, state, attempt,
        max_attempts, run_at, created_at, attempted_at, finished_at, lease_token,

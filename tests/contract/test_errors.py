@@ -130,20 +130,10 @@ CALLS: list[tuple[str, Callable[[Driver], Any]]] = [
 
 @pytest.mark.parametrize(("call", "invoke"), CALLS, ids=[c for c, _ in CALLS])
 def test_every_database_error_reaches_the_services_as_a_jobs_error(
-    driver: Driver, call: str, invoke: Callable[[Driver], Any], request: pytest.FixtureRequest
+    driver: Driver, call: str, invoke: Callable[[Driver], Any]
 ) -> None:
     if driver.name == "memory":
         pytest.skip("the memory driver has no connection to fail")
-    if driver.name == "sqlite" and call == "claim":
-        # Found when this case moved from job_claim to job_cycle: a cycle that only claims
-        # sets PRAGMA synchronous=NORMAL outside the driver's error translation.
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                raises=sqlite3.OperationalError,
-                reason="SqliteDriver.job_cycle's claim-only PRAGMA lets a raw sqlite3 error out",
-            )
-        )
     faults = SQLITE_FAULTS if driver.name == "sqlite" else _pg_faults()
     for label, error, retryable in faults:
         with _inject(driver, error), pytest.raises(JobsError) as raised:

@@ -251,11 +251,11 @@ class SqliteDriver(Connections):
         # A claim alone need not survive a power cut (losing it only gives the attempts back),
         # so it skips the fsync; WAL still makes it survive a killed process.
         conn = self._slot().conn
-        conn.execute(SYNCHRONOUS["NORMAL"])
+        self._pragma(conn, SYNCHRONOUS["NORMAL"])
         try:
             return self._write(body)
         finally:
-            conn.execute(SYNCHRONOUS[self._synchronous])
+            self._pragma(conn, SYNCHRONOUS[self._synchronous])
 
     def job_release_claim(self, token: str, *, now: datetime | None = None) -> list[str]:
         args = {"now": _now_us(now), "token": token}

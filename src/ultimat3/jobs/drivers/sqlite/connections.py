@@ -229,6 +229,13 @@ class Connections:
             migrate="run `ultimat3-jobs migrate` (or driver.migrate())",
         )
 
+    def _pragma(self, conn: sqlite3.Connection, text: str) -> None:
+        """Set a connection's pragma, its failure translated like any statement's."""
+        try:
+            conn.execute(text)
+        except sqlite3.Error as exc:
+            raise self._unavailable(exc) from exc
+
     # -- retry loops -------------------------------------------------------------------------
 
     def _retry(

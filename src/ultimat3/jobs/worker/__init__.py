@@ -1,0 +1,14 @@
+"""The worker: claims due jobs, runs them, records what happened (``service.Worker``).
+
+- ``service``: the ``Worker`` (its lifecycle, the cycle loop, the handler threads, shutdown
+  and inline draining);
+- ``handlers``: running one job and turning what happened into an ``Outcome``;
+- ``beat``: the heartbeat, renew and presence loops;
+- ``config``: ``WorkerConfig``, ``WorkerStats`` and the exit codes.
+"""
+
+from ultimat3.jobs.worker.config import FATAL_EXIT, StuckError, WorkerConfig, WorkerStats
+from ultimat3.jobs.worker.handlers import Outcome
+from ultimat3.jobs.worker.service import Worker
+
+__all__ = ["FATAL_EXIT", "Outcome", "StuckError", "Worker", "WorkerConfig", "WorkerStats"]

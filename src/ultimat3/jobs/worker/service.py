@@ -1,0 +1,840 @@
+"""The worker: claims due jobs, runs them, records what happened. Who owns a job, step by step:
+
+1. **cycle** loop (one supervised thread, ``supervise.Loop``): one transaction (``job_cycle``)
+   writes the outcomes that finished (completions and failures, each fenced by its lease; a
+   refused late write is counted in ``lost``) and claims one job per free handler, each
+   marked *started* by the claim. The rarer outcomes (snoozes, releases, cancels) follow it,
+   one write each. Each claimed job gets a ``Run`` (``ultimat3.jobs.run``), its one owner in
+   this worker, and is queued for the handlers. With nothing to write and nothing due, the
+   loop sleeps until a job is (``wait_for_jobs``); a handler whose job returns wakes it at
+   once to write the outcome, whatever the poll interval.
+2. **handlers**: ``concurrency`` threads that only run jobs. Each takes the next ready job,
+   calls its function and turns what happened into one ``Outcome`` (``handlers``, shared with
+   ``async def`` jobs, which run on one event loop), offered with ``run.settle()``: the first
+   settler wins (the handler, a lost lease, shutdown). A slot frees once its run is settled,
+   its outcome written and its handler returned, so a sync job past its timeout keeps its
+   lease until its thread ends.
+3. **heartbeat**, **renew** and **presence** loops (``beat``): timeouts, lease renewals and
+   losses, stuck threads, the worker's row.
+4. **maintenance** loop: rescue expired leases (on every worker) and prune (on the one node
+   elected for it).
+
+The worker's own lifecycle (running, draining, stopped; a hard stop; signals; names it
+skips) is one ``run.Life`` changed by one transition function (``_apply``); the threads wait
+on events that follow it.
+
+A job whose worker dies while it holds it (started, by its claim) is rescued as
+``worker_lost`` and *isolated*: a worker runs it alone (nothing else in flight) until it
+returns. Its attempt counts only if it ran alone when the worker died; one a shutdown gives
+back before a thread took it goes back with its attempt. A job whose name this worker lacks
+(a rolling deploy) is given back, its attempt refunded, and passed over by this worker's
+claims for a while (``ClaimParams.skip``); ``unknown_grace`` after it became due it is
+dead-lettered as ``unknown_job``. A critical loop that keeps failing unexpectedly stops the
+worker with ``exit_code`` 70, releasing what it holds, for its supervisor to restart it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import threading
+from collections import deque
+from collections.abc import Callable
+from datetime import timedelta
+from types import FrameType
+from typing import Any
+
+from ultimat3.jobs import events, supervise
+from ultimat3.jobs.clock import Backoff, Clock
+from ultimat3.jobs.driver import Driver
+from ultimat3.jobs.errors import JobsError
+from ultimat3.jobs.ids import token
+from ultimat3.jobs.job import Enqueuer, JobHandle
+from ultimat3.jobs.maintenance import Maintenance
+from ultimat3.jobs.presence import Presence
+from ultimat3.jobs.records import ClaimParams, Cycle, Failure, Job, Lease
+from ultimat3.jobs.run import (
+    Event,
+    Fatal,
+    Life,
+    Phase,
+    Signal,
+    Start,
+    Stop,
+    StopNow,
+    Stopped,
+    skipped,
+    transition,
+)
+from ultimat3.jobs.serialization import Serializer
+from ultimat3.jobs.supervise import Loop
+from ultimat3.jobs.wake import Wake
+from ultimat3.jobs.worker.beat import Beat
+from ultimat3.jobs.worker.config import FATAL_EXIT, WorkerConfig, WorkerStats
+from ultimat3.jobs.worker.handlers import Handlers, Held, Outcome, fields
+
+__all__ = ["Worker"]
+
+
+class Worker(Beat, Handlers):
+    """Runs jobs from a job database. Build it with ``app.worker(...)``."""
+
+    def __init__(
+        self,
+        *,
+        driver: Driver,
+        handles: Callable[[str], JobHandle[Any] | None],
+        queues: tuple[str, ...],
+        serializer: Serializer,
+        clock: Clock,
+        app: Enqueuer,
+        config: WorkerConfig | None = None,
+        registered: Callable[[], list[str]] | None = None,
+        limited: bool = False,
+        backoff: Backoff | None = None,
+        unknown_skip: float = 60.0,
+        loop_blocked_after: float = 1.0,
+    ) -> None:
+        self.driver = driver
+        #: The job names this worker can run (named by the warning for an unknown one).
+        self.registered = registered or list
+        #: Claim jobs with a concurrency limit too (some registered job has one: ``limits``).
+        self.limited = limited
+        self.handles = handles
+        self.serializer = serializer
+        self.clock = clock
+        self.app = app
+        self.config = config or WorkerConfig()
+        self.queues = queues
+        #: The back-off of every loop of this worker after a failed step (``supervise.Loop``).
+        self.backoff = backoff or supervise.BACKOFF
+        self.unknown_grace = self.config.unknown_grace
+        #: How long a worker passes over a job name it lacks (a rolling deploy) before it
+        #: claims a job of that name again (at most ``unknown_grace``).
+        self.unknown_skip = unknown_skip
+        self.loop_blocked_after = loop_blocked_after
+        self.worker_id = (
+            self.config.worker_id or f"{socket.gethostname()}:{os.getpid()}:{token()[:6]}"
+        )
+        self.stats = WorkerStats()
+        self.maintenance = Maintenance(
+            driver,
+            handles,
+            clock,
+            self.config.maintenance,
+            holder=self.worker_id,
+            grace=self.config.lease,
+            # A lease long (1 s to 15 s): a dead leader's successor takes over within a lease
+            # and a rescue interval (rescue itself runs on every worker).
+            leader_ttl=min(max(self.config.lease, timedelta(seconds=1)), timedelta(seconds=15)),
+        )
+        #: This worker's row in the workers table (``ultimat3-jobs workers``).
+        self.presence = Presence(
+            driver,
+            clock,
+            worker_id=self.worker_id,
+            queues=queues,
+            concurrency=self.config.concurrency,
+            every=self.config.heartbeat_every(),
+        )
+
+        self._life = Life()
+        self._life_lock = threading.Lock()
+        self._signals = 0  # counted by the signal handler, fed to ``_apply`` by ``run()``
+        self._lock = threading.Lock()
+        #: Handler threads wait on it for ready jobs.
+        self._cond = threading.Condition(self._lock)
+        self._held: dict[Lease, Held] = {}  # by lease: a job can have a zombie run and a new one
+        self._wake = Wake()  # wakes the cycle: an outcome, a free slot, a stop (see wake.py)
+        #: When (on ``clock.monotonic()``) the last claim's full rate window reopens: the wait
+        #: the driver measured on its own clock (``CycleResult.wake_in``) from the claim's send.
+        self._rate_wake: float | None = None
+        # Events the threads wait on, set by ``_apply`` as the lifecycle moves.
+        self._stop_claiming = threading.Event()
+        self._hard_stop = threading.Event()
+        self._stopped = threading.Event()
+        self._stopped.set()
+        self._halt = threading.Event()
+        self._reset_cycle()
+        self._handlers: list[threading.Thread] = []
+        self._loops: dict[str, Loop] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._loop_seen = clock.monotonic()
+        self._loop_blocked = False
+        self._next_isolation_check = 0.0
+        self._stuck_since: float | None = None
+        self._next_beat = 0.0
+        self._seen_step = clock.stepped_at()
+
+    def _reset_cycle(self) -> None:
+        """The cycle's state. Under ``_lock``: ``_ready``, ``_pending``, ``_busy``,
+        ``_cycle_waiting``; the rest is the cycle loop's alone."""
+        self._ready: deque[Held] = deque()  # claimed, started, waiting for a handler thread
+        self._pending: list[Held] = []  # settled, to be written by the next cycle
+        self._busy = 0  # claimed and not returned by its handler
+        self._exiting = threading.Event()  # this start's handler threads return
+        self._cycle_waiting = False  # the cycle loop waits for jobs: wake it for outcomes
+        #: Held by the cycle loop through a turn that writes and claims: the shutdown takes it
+        #: so that no claim lands after it gives back the jobs no handler took.
+        self._turn = threading.Lock()
+        self._alone: Held | None = None  # an isolated job running alone
+        self._isolating = False
+        self._maybe_due = True  # claim at once: the last claim filled up, or a wake-up came
+        self._lost_claims: list[str] = []  # tokens of claims whose reply may have been lost
+        self._cycle_loop = self._supervised("cycle", self._cycle_step, stop=threading.Event())
+        self._renew_now = threading.Event()  # the heartbeat asks the renew loop to go
+        self._clock_checked = False  # the host's clock against the database's (_presence_step)
+
+    def _supervised(
+        self,
+        name: str,
+        step: Callable[[], float],
+        *,
+        stop: threading.Event,
+        critical: bool = True,
+    ) -> Loop:
+        return Loop(
+            name,
+            step,
+            on_fatal=self._fatal if critical else None,
+            stop=stop,
+            backoff=self.backoff,
+            clock=self.clock,
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def exit_code(self) -> int:
+        """0 after a clean stop; FATAL_EXIT when a loop could not go on."""
+        return self._life.exit_code
+
+    def _apply(self, event: Event) -> tuple[Life, Life]:
+        """Move the worker's lifecycle by ``event`` (``run.transition``) and make it so: set
+        the events the threads wait on, begin the drain. Returns the states before and
+        after."""
+        with self._life_lock:
+            before = self._life
+            self._life = after = transition(before, event)
+            if after.phase is Phase.RUNNING and before.phase is Phase.STOPPED:
+                self._stopped.clear()
+                self._stop_claiming.clear()
+                self._hard_stop.clear()
+        if after.hard and not before.hard:
+            self._hard_stop.set()
+        if after.phase is Phase.DRAINING and before.phase is Phase.RUNNING:
+            self._stop_claiming.set()
+            self._wake.set()
+            threading.Thread(
+                target=self._shutdown, args=(after.grace,), name="ultimat3-jobs-stop", daemon=True
+            ).start()
+        if after.phase is Phase.STOPPED and before.phase is not Phase.STOPPED:
+            self._stopped.set()
+        return before, after
+
+    def start(self) -> None:
+        """Start claiming in background threads. Idempotent."""
+        before, _ = self._apply(Start())
+        if before.phase is not Phase.STOPPED:
+            return
+        self._halt = halt = threading.Event()
+        exiting = self._exiting
+        for n in range(self.config.concurrency):
+            thread = threading.Thread(
+                target=self._handler_thread,
+                args=(exiting,),
+                name=f"ultimat3-jobs-handler-{n}",
+                daemon=True,
+            )
+            self._handlers.append(thread)
+            thread.start()
+        self._loops = {
+            "cycle": self._cycle_loop,
+            "heartbeat": self._supervised("heartbeat", self._heartbeat_step, stop=halt),
+            "renew": self._supervised("renew", self._renew_step, stop=halt),
+            "maintenance": self._supervised(
+                "maintenance", self._maintenance_step, stop=self._stop_claiming, critical=False
+            ),
+            "presence": self._supervised(
+                "presence", self._presence_step, stop=halt, critical=False
+            ),
+        }
+        self.presence.restarted(self.clock.now())
+        for loop in self._loops.values():
+            loop.start()
+        events.info(
+            "jobs.worker.started",
+            worker_id=self.worker_id,
+            queues=",".join(self.queues),
+            concurrency=self.config.concurrency,
+        )
+
+    def _grace(self, grace: timedelta | float | None = None) -> float:
+        if grace is None:
+            return self.config.shutdown_grace.total_seconds()
+        if isinstance(grace, timedelta):
+            return grace.total_seconds()
+        return float(grace)
+
+    def stop(self, grace: timedelta | float | None = None, *, wait: bool = True) -> None:
+        """Stop claiming, let in-flight jobs finish for ``grace`` (default ``shutdown_grace``),
+        release the rest without consuming their attempt, and stop every thread."""
+        self._apply(Stop(self._grace(grace)))
+        if wait:
+            self._stopped.wait()
+
+    def stop_now(self) -> None:
+        """Release in-flight jobs at once and stop (a second SIGTERM)."""
+        self._apply(StopNow(self._grace()))
+
+    def run(self, *, install_signals: bool = True) -> WorkerStats:
+        """Run until stopped: SIGTERM/SIGINT stop gracefully, a second one at once.
+        ``exit_code`` says afterwards whether a loop could not go on."""
+        previous: dict[int, Any] = {}
+        if install_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, self._on_signal)
+        try:
+            self.start()
+            while True:
+                # The handler only counts: a transition takes the lifecycle's lock, and a
+                # signal landing inside one (on the same thread) would wait on it forever.
+                # This loop feeds each signal to the lifecycle instead, one received before
+                # the start included.
+                while self._life.signals < self._signals:
+                    self._apply(Signal(self._grace()))
+                if self.clock.sleep(0.1, self._stopped):
+                    break
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        return self.stats
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        events.warning(
+            "jobs.worker.signal",
+            signal=signum,
+            count=self._signals,
+            # Started jobs (claimed ones not begun go back at once). No lock in a signal
+            # handler: each len is atomic, and the sentence needs no more.
+            running=max(0, len(self._held) - len(self._ready)),
+            grace=self.config.shutdown_grace.total_seconds(),
+        )
+
+    def _fatal(self, loop: str, exc: BaseException) -> None:
+        """A critical loop cannot go on: release what we hold and stop, with a non-zero exit."""
+        events.error("jobs.worker.fatal", loop=loop, error=type(exc).__name__)
+        self._apply(Fatal(FATAL_EXIT, self._grace()))
+
+    def __enter__(self) -> Worker:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def inflight(self) -> int:
+        """How many claimed jobs this worker holds now (running, or about to start)."""
+        with self._lock:
+            return len(self._held)
+
+    # -- inline draining (tests, demos) ------------------------------------------------------
+
+    def drain(self, *, max_jobs: int | None = None) -> WorkerStats:
+        """Run due jobs in the calling thread until none is due; returns what happened.
+
+        Meant for tests and scripts: no threads, no heartbeats (each job runs within its
+        lease), handlers run one at a time, async ones on a private event loop. Isolated jobs
+        are run too (one at a time is isolation enough). Each batch's outcomes are written in
+        the transaction that claims the next batch, as the threaded worker does."""
+        done = 0
+        loop: asyncio.AbstractEventLoop | None = None
+        finished: list[Held] = []
+        try:
+            while True:
+                limit = self.config.concurrency
+                if max_jobs is not None:
+                    limit = min(limit, max_jobs - done)
+                if limit <= 0 and not finished:
+                    break
+                sent = self.clock.monotonic()
+                jobs = self._cycle(finished, limit)
+                finished = []
+                if not jobs and limit > 0:
+                    jobs = self._cycle([], 1, isolated=True)
+                if not jobs:
+                    break
+                for job in jobs:
+                    held = Held(job, self.handles(job.name), sent)
+                    held.run.start()
+                    if held.handle is not None and held.handle.is_async:
+                        loop = loop or asyncio.new_event_loop()
+                        outcome = loop.run_until_complete(self._run_async(held))
+                    else:
+                        outcome = self._run_sync(held)
+                    if outcome is not None and held.run.settle(outcome):
+                        finished.append(held)
+                    done += 1
+        finally:
+            if finished:
+                self._cycle(finished, 0)
+            if loop is not None:
+                loop.close()
+        return self.stats
+
+    # -- the cycle: settle and claim -----------------------------------------------------------
+
+    def _cycle(self, finished: list[Held], limit: int, *, isolated: bool = False) -> list[Job]:
+        """One turn in one transaction (``job_cycle``): write the completions and failures of
+        ``finished`` and claim up to ``limit`` jobs for handlers free now (marked started).
+        The rarer outcomes (snoozes, releases, cancels) are written after it, one by one."""
+        done: list[Held] = []
+        fails: list[Held] = []
+        failures: list[Failure] = []
+        rare: list[Held] = []
+        results: dict[str, str] = {}
+        for held in finished:
+            outcome = held.run.outcome
+            assert outcome is not None
+            if outcome.kind == "complete":
+                done.append(held)
+                if outcome.result is not None:
+                    results[held.lease.id] = outcome.result
+            elif outcome.kind == "fail":
+                assert outcome.failure is not None
+                fails.append(held)
+                failures.append(outcome.failure)
+            else:
+                rare.append(held)
+        self._release_lost_claims()
+        claim = None
+        if limit > 0:
+            claim = ClaimParams(
+                queues=self.queues,
+                limit=limit,
+                lease_for=self.config.lease,
+                worker_id=self.worker_id,
+                now=self.clock.pinned(),
+                isolated=isolated,
+                token=token(),
+                limited=self.limited,
+                skip=self._skipped() if self._life.skipping else (),
+            )
+        sent = self.clock.monotonic()  # the driver's now is no earlier than this
+        try:
+            result = self.driver.job_cycle(
+                Cycle(
+                    completes=[h.lease for h in done],
+                    failures=failures,
+                    claim=claim,
+                    results=results,
+                ),
+                now=self.clock.pinned(),
+            )
+        except BaseException:
+            # The claim may have committed with its reply lost: its jobs, which this worker
+            # never saw, go back (attempt refunded) before the next claim.
+            if claim is not None:
+                self._lost_claims.append(claim.token)
+            raise
+        self.stats.claimed += len(result.claimed)
+        wake_in = result.wake_in
+        self._rate_wake = None if wake_in is None else sent + wake_in.total_seconds()
+        if done:
+            self.stats.completed += len(result.completed)
+            self._note_lost([h for h in done if h.job.id not in result.completed])
+            if events.wanted("jobs.job.completed", events.INFO):  # `-v`: every completion
+                for h in done:
+                    if h.job.id in result.completed:
+                        events.info("jobs.job.completed", h.job, **fields(h))
+        if fails:
+            self._failed_written(fails, result.failed)
+        self._write_rare(rare)
+        return result.claimed
+
+    def _skipped(self) -> tuple[str, ...]:
+        """The job names this worker passes over now (``_unknown`` adds them)."""
+        return skipped(self._life, self.clock.monotonic())
+
+    def _release_lost_claims(self) -> None:
+        while self._lost_claims:
+            released = self.driver.job_release_claim(self._lost_claims[0], now=self.clock.pinned())
+            self._lost_claims.pop(0)
+            if released:
+                events.warning(
+                    "jobs.worker.claim-released", jobs=",".join(released), count=len(released)
+                )
+
+    def _cycle_step(self) -> float:
+        """One turn of the cycle loop: write the outcomes that arrived and claim for the free
+        handlers, in one transaction, then queue the claimed jobs for the handlers. With
+        nothing to write and nothing due, wait for a commit or a wake-up instead."""
+        with self._turn:
+            limit, isolated = (0, False) if self._stop_claiming.is_set() else self._claim_limit()
+            with self._lock:
+                finished, self._pending = self._pending, []
+                idle = not (finished or (limit and self._maybe_due))
+                if idle:
+                    # Under the lock that outcomes are queued under: one queued from now on
+                    # sees the flag and sets _wake, so the wait below cannot sleep through it.
+                    self._cycle_waiting = True
+                    self._wake.clear()
+            if not idle:
+                self._turn_once(finished, limit, isolated)
+                return 0.0
+        poll = self.config.poll_interval.total_seconds()
+        wake_at = self._rate_wake
+        if wake_at is not None:  # a rate window reopens then: no later than that
+            left = wake_at - self.clock.monotonic()
+            poll = min(poll, max(0.01, left + 0.002))
+        try:
+            if limit:
+                self.driver.wait_for_jobs(poll, self._wake)  # a commit, or a wake-up
+            else:
+                self.clock.sleep(poll, self._wake)  # an outcome (an isolated job runs, say)
+        finally:
+            self._cycle_waiting = False
+        self._maybe_due = True
+        return 0.0
+
+    def _turn_once(self, finished: list[Held], limit: int, isolated: bool) -> None:
+        sent = self.clock.monotonic()  # a lease lasts from when its claim was sent
+        try:
+            jobs = self._cycle(finished, limit, isolated=isolated)
+        except BaseException:
+            with self._lock:  # written next turn, in order
+                self._pending[:0] = finished
+            raise
+        # Full: more may be due at once. Short: the queue is drained for now; wait.
+        self._maybe_due = limit > 0 and len(jobs) == limit
+        for held in finished:
+            held.run.wrote()
+        with self._lock:
+            for held in finished:
+                if held.run.free:
+                    self._held.pop(held.lease, None)
+        if jobs:
+            self._hand([Held(job, self.handles(job.name), sent) for job in jobs], isolated)
+
+    def _claim_limit(self) -> tuple[int, bool]:
+        """How many jobs to claim (one per free handler), and whether they are isolated ones:
+        none while an isolated job runs, and one isolated job alone once nothing else runs."""
+        alone = self._alone
+        if alone is not None:
+            if not alone.run.free:
+                return 0, False
+            self._alone = None
+            # Another isolated job may wait: look before claiming others, so that isolated
+            # jobs run back to back (each is exposed to a crash of the worker while it runs).
+            self._next_isolation_check = 0.0
+        with self._lock:
+            busy = self._busy
+        now = self.clock.monotonic()
+        if not self._isolating and now >= self._next_isolation_check:
+            poll = self.config.poll_interval.total_seconds()
+            self._next_isolation_check = now + min(poll, 1.0)
+            self._isolating = self.driver.job_peek_isolated(self.queues, now=self.clock.pinned())
+        if self._isolating:
+            if busy:
+                return 0, False  # let what runs finish first
+            self._isolating = False
+            return 1, True
+        return self.config.concurrency - busy, False
+
+    def _hand(self, batch: list[Held], isolated: bool) -> None:
+        """Queue claimed jobs (their starts recorded by the claim) for the handlers; async ones
+        go to the event loop."""
+        sync: list[Held] = []
+        for held in batch:
+            if isolated:
+                events.warning(
+                    "jobs.job.isolated",
+                    job_id=held.job.id,
+                    job=held.job.name,
+                    attempt=held.job.attempt,
+                )
+                self._alone = held
+            if held.handle is None or not held.handle.is_async:
+                sync.append(held)
+        with self._cond:
+            for held in batch:
+                self._held[held.lease] = held
+            self._busy += len(batch)
+            self._ready.extend(sync)
+            self._cond.notify(len(sync))
+        for held in batch:
+            if held.handle is not None and held.handle.is_async:
+                held.run.start()
+                loop = self._event_loop()
+                held.task = asyncio.run_coroutine_threadsafe(self._async_handler(held), loop)
+
+    # -- handlers ------------------------------------------------------------------------------
+
+    def _handler_thread(self, exiting: threading.Event) -> None:
+        """A handler: runs the next ready job, queues its outcome for the cycle loop and wakes
+        it. ``exiting`` is this start's: a thread that outlives its worker's stop (a job past
+        the shutdown grace) leaves the state of a restarted worker alone."""
+        while True:
+            with self._cond:
+                while not self._ready:
+                    if exiting.is_set():
+                        return
+                    self._cond.wait()
+                held = self._ready.popleft()
+            queued = self._run_held(held)
+            with self._cond:
+                if exiting.is_set():
+                    return
+                self._busy -= 1
+                if queued:
+                    self._pending.append(held)
+                if self._cycle_waiting:
+                    self._wake.set()  # write the outcome, or claim for the free slot, now
+            if not queued:
+                self._maybe_free(held)  # its lease was lost, say: nothing to write
+
+    def _run_held(self, held: Held) -> bool:
+        """Run a ready job on this thread; True when its outcome is this thread's to queue."""
+        held.run.start()  # the shutdown releases only what is still in ``_ready``
+        outcome: Outcome | None
+        try:
+            prepared = self._prepare(held)
+            if isinstance(prepared, Outcome):
+                outcome = prepared
+            else:
+                timeout = held.handle.timeout if held.handle is not None else None
+                held.started_at = started = self.clock.monotonic()
+                if timeout is not None:
+                    held.deadline = started + timeout.total_seconds()
+                outcome = self._call_sync(held, *prepared)
+                if held.run.timed_out:
+                    outcome = self._timeout_outcome(held)
+        except BaseException as exc:  # outcome_of catches all; this is the last resort
+            outcome = self._failed(held, exc)
+        won = held.run.settle(outcome)
+        held.run.returned()
+        return won
+
+    async def _async_handler(self, held: Held) -> None:
+        try:
+            held.started_at = self.clock.monotonic()
+            outcome = await self._run_async(held)
+            self._settle(held, outcome)
+        except BaseException as exc:
+            self._settle(held, self._failed(held, exc))
+        finally:
+            self._returned(held)
+
+    def _returned(self, held: Held) -> None:
+        """An async job is done: its slot (and outcome, if any) is the cycle's."""
+        held.run.returned()
+        with self._cond:
+            self._busy -= 1
+        self._maybe_free(held, wake=False)
+        if self._cycle_waiting:
+            self._wake.set()
+
+    def _settle(self, held: Held, outcome: Outcome | None) -> None:
+        """Offer the run's outcome; the first settler's is queued for the next cycle."""
+        if outcome is not None and held.run.settle(outcome):
+            with self._cond:
+                self._pending.append(held)
+
+    def _maybe_free(self, held: Held, *, wake: bool = True) -> None:
+        """Free the slot once nothing runs for the job and its outcome is written (or moot)."""
+        if held.run.free:
+            self._free(held, wake=wake)
+
+    def _free(self, held: Held, *, wake: bool = True) -> None:
+        with self._lock:
+            self._held.pop(held.lease, None)
+        if wake:
+            self._wake.set()
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(
+                    target=loop.run_forever, name="ultimat3-jobs-asyncio", daemon=True
+                )
+                thread.start()
+                self._loop, self._loop_thread = loop, thread
+                self._loop_seen = self.clock.monotonic()
+            return self._loop
+
+    # -- writing outcomes ----------------------------------------------------------------------
+
+    def _write_rare(self, batch: list[Held]) -> None:
+        """Snoozes, releases and cancels: one write each, after the cycle's transaction."""
+        now = self.clock.pinned()
+        for h in batch:
+            outcome = h.run.outcome
+            assert outcome is not None
+            if outcome.kind in ("snooze", "release"):
+                if self.driver.job_snooze(h.lease, outcome.delay, now=now):
+                    if outcome.kind == "snooze":
+                        self.stats.snoozed += 1
+                        events.info("jobs.job.snoozed", h.job, **fields(h))
+                    else:
+                        self.stats.released += 1
+                else:
+                    self._note_lost([h])
+            else:
+                if self.driver.job_cancel(h.job.id, reason=outcome.reason, lease=h.lease, now=now):
+                    self.stats.cancelled += 1
+                    events.info("jobs.job.cancelled", h.job, **fields(h), reason=outcome.reason)
+                else:
+                    self._note_lost([h])
+
+    def _failed_written(self, fails: list[Held], failed: set[str]) -> None:
+        self._note_lost([h for h in fails if h.job.id not in failed])
+        drops = []
+        for h in fails:
+            outcome = h.run.outcome
+            assert outcome is not None and outcome.failure is not None
+            if h.job.id not in failed:
+                continue
+            if outcome.drop:
+                drops.append(h.job.id)
+            if outcome.failure.retry_in is None:
+                self.stats.dead += 1
+                events.warning(
+                    "jobs.job.dead",
+                    h.job,
+                    **fields(h),
+                    error=outcome.failure.error.kind,
+                    dropped=outcome.drop,
+                )
+            else:
+                self.stats.failed += 1
+                events.info(
+                    "jobs.job.retried",
+                    h.job,
+                    **fields(h),
+                    # The worker's reading of the due time the database computed.
+                    retry_at=(self.clock.now() + outcome.failure.retry_in).isoformat(),
+                    error=outcome.failure.error.kind,
+                )
+        if drops:
+            self.driver.job_discard(drops)
+
+    def _note_lost(self, refused: list[Held]) -> None:
+        """Writes that fencing refused: the lease had been lost (rescued, cancelled)."""
+        for h in refused:
+            if not h.run.lose(Outcome("release")):  # the renew loop may have given it up
+                continue
+            with self._lock:
+                self.stats.lost += 1
+            events.warning("jobs.lease.lost", job_id=h.job.id, job=h.job.name, late_write=True)
+
+    # -- maintenance ---------------------------------------------------------------------------
+
+    def _maintenance_step(self) -> float:
+        rescued = self.maintenance.tick(
+            rescue_every=self.config.rescue_interval.total_seconds(),
+            prune_every=self.config.prune_interval.total_seconds(),
+        )
+        self.stats.rescued += rescued
+        if rescued:  # claim what came back now, and look for isolated jobs at once
+            self._next_isolation_check = 0.0
+            self._wake.set()
+        return self.maintenance.next_in()
+
+    # -- shutdown ------------------------------------------------------------------------------
+
+    def _shutdown(self, grace: float) -> None:
+        deadline = self.clock.monotonic() + grace
+        # Hold the turn: no cycle runs, so no claim lands after the release below.
+        held_turn = self._await(lambda: self._turn.acquire(blocking=False))
+        try:
+            with self._cond:
+                release = Outcome("release")
+                waiting = [h for h in self._ready if h.run.release(release)]  # never began
+                self._ready.clear()
+                self._busy -= len(waiting)
+                self._pending.extend(waiting)  # back at once, by the cycle loop
+        finally:
+            if held_turn:
+                self._turn.release()
+        self._wake.set()
+        while self.inflight and self.clock.monotonic() < deadline:
+            if self.clock.sleep(0.05, self._hard_stop):
+                break
+        with self._lock:
+            remaining = [h for h in self._held.values() if not h.run.settled]
+        for h in remaining:
+            h.cancelled.set()
+            if h.task is not None:
+                h.task.cancel()
+            if h.run.timed_out:
+                self._settle(h, self._timeout_outcome(h))
+            else:
+                self._settle(h, Outcome("release"))
+        # Handlers still running past the grace period keep running on daemon threads; their
+        # outcomes are fenced because their jobs were released.
+        self._cycle_loop.stopping.set()
+        self._wake.set()
+        self._await(self._cycle_loop.done.is_set)
+        self._final_writes()
+        with self._cond:
+            self._exiting.set()
+            self._cond.notify_all()
+        maintenance = self._loops.get("maintenance")
+        if maintenance is not None:
+            maintenance.join(30.0)
+        self.maintenance.resign()
+        self._halt.set()
+        self._renew_now.set()
+        for name in ("heartbeat", "renew", "presence"):
+            beating = self._loops.get(name)
+            if beating is not None:
+                beating.join(5.0)
+        self.presence.leave()
+        if self._loop is not None and self._loop_thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop_thread.join(timeout=5.0)
+            if not self._loop.is_running():
+                self._loop.close()
+        events.info("jobs.worker.stopped", worker_id=self.worker_id, released=len(remaining))
+        with self._lock:
+            self._loops = {}
+            self._handlers = []
+            self._loop = None
+            self._held = {}
+            self._reset_cycle()
+        self._apply(Stopped())
+
+    def _await(self, ready: Callable[[], bool]) -> bool:
+        """Poll ``ready`` until it is true; 5 s at most after a hard stop (a cycle stuck in a
+        database call is not waited for). Returns whether it became true."""
+        end = self.clock.monotonic() + 5.0
+        while not ready():
+            if self._hard_stop.is_set() and self.clock.monotonic() >= end:
+                return False
+            self.clock.sleep(0.05)
+        return True
+
+    def _final_writes(self) -> None:
+        """Write what is left: retried while the database is away, until a hard stop."""
+        wait = 0.0
+        while True:
+            with self._lock:
+                batch, self._pending = self._pending, []
+            if not batch:
+                return
+            try:
+                self._cycle(batch, 0)
+            except JobsError as exc:
+                if self._hard_stop.is_set():
+                    return
+                events.warning("jobs.loop.failed", loop="shutdown", error=type(exc).__name__)
+                with self._lock:
+                    self._pending[:0] = batch
+                wait = self.backoff.after(wait)
+                self.clock.sleep(wait, self._hard_stop)

@@ -566,7 +566,8 @@ class Worker(Beat, Handlers):
                 self._held[held.lease] = held
             self._busy += len(batch)
             self._ready.extend(sync)
-            self._cond.notify(len(sync))
+            if sync:
+                self._cond.notify()  # the thread that takes it wakes the next one (below)
         for held in batch:
             if held.handle is not None and held.handle.is_async:
                 held.run.start()
@@ -586,6 +587,8 @@ class Worker(Beat, Handlers):
                         return
                     self._cond.wait()
                 held = self._ready.popleft()
+                if self._ready:
+                    self._cond.notify()  # the next ready job starts beside this one
             queued = self._run_held(held)
             with self._cond:
                 if exiting.is_set():

@@ -418,20 +418,6 @@ def test_a_worker_that_does_not_lead_maintenance_rescues_too(app: App, clock: Fa
     assert [e.kind for e in rescued.errors] == ["worker_lost"]
 
 
-def test_a_claim_that_never_started_gets_its_attempt_back(app: App, clock: FakeClock) -> None:
-    result = record.enqueue({"n": 1})
-    worker = app.worker()
-    app.driver.job_claim(
-        ClaimParams(("default",), 1, timedelta(seconds=30), worker_id="gone", now=clock.now())
-    )
-    clock.advance("31s")  # the worker died between the claim and the start
-    assert worker.maintenance.rescue() == []
-    released = app.get_job(result.id)
-    assert (released.state, released.attempt, released.errors) == (JobState.AVAILABLE, 0, ())
-    drain(app)
-    assert app.get_job(result.id).attempt == 1
-
-
 def test_paused_queues_are_not_claimed(app: App) -> None:
     record.enqueue({"n": 1})
     app.pause_queue("default")

@@ -108,7 +108,8 @@ class Worker(Beat, Handlers):
         self.app = app
         self.config = config or WorkerConfig()
         self.queues = queues
-        #: The back-off of every loop of this worker after a failed step (``supervise.Loop``).
+        #: The back-off of every loop of this worker after a failed step (``supervise.Loop``),
+        #: and of the shutdown's last writes; read when the worker starts.
         self.backoff = backoff or supervise.BACKOFF
         self.unknown_grace = self.config.unknown_grace
         #: How long a worker passes over a job name it lacks (a rolling deploy) before it
@@ -162,6 +163,7 @@ class Worker(Beat, Handlers):
         self._loops: dict[str, Loop] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
+        self._loop_done = threading.Event()  # set when the event loop's thread ends
         self._loop_seen = clock.monotonic()
         self._loop_blocked = False
         self._next_isolation_check = 0.0
@@ -184,7 +186,6 @@ class Worker(Beat, Handlers):
         self._isolating = False
         self._maybe_due = True  # claim at once: the last claim filled up, or a wake-up came
         self._lost_claims: list[str] = []  # tokens of claims whose reply may have been lost
-        self._cycle_loop = self._supervised("cycle", self._cycle_step, stop=threading.Event())
         self._renew_now = threading.Event()  # the heartbeat asks the renew loop to go
         self._clock_checked = False  # the host's clock against the database's (_presence_step)
 
@@ -241,6 +242,7 @@ class Worker(Beat, Handlers):
         if before.phase is not Phase.STOPPED:
             return
         self._halt = halt = threading.Event()
+        self._cycle_loop = self._supervised("cycle", self._cycle_step, stop=threading.Event())
         exiting = self._exiting
         for n in range(self.config.concurrency):
             thread = threading.Thread(
@@ -663,9 +665,15 @@ class Worker(Beat, Handlers):
         with self._lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
-                thread = threading.Thread(
-                    target=loop.run_forever, name="ultimat3-jobs-asyncio", daemon=True
-                )
+                self._loop_done = done = threading.Event()
+
+                def run() -> None:
+                    try:
+                        loop.run_forever()
+                    finally:
+                        done.set()
+
+                thread = threading.Thread(target=run, name="ultimat3-jobs-asyncio", daemon=True)
                 thread.start()
                 self._loop, self._loop_thread = loop, thread
                 self._loop_seen = self.clock.monotonic()
@@ -801,7 +809,7 @@ class Worker(Beat, Handlers):
         self.presence.leave()
         if self._loop is not None and self._loop_thread is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
-            self._loop_thread.join(timeout=5.0)
+            self.clock.sleep(5.0, self._loop_done)
             if not self._loop.is_running():
                 self._loop.close()
         events.info("jobs.worker.stopped", worker_id=self.worker_id, released=len(remaining))

@@ -2,8 +2,9 @@
 
 - ``service``: the ``Worker`` (its lifecycle, the cycle loop, the handler threads, shutdown
   and inline draining);
+- ``writes``: the one transaction of a turn (write outcomes, claim), and the rarer writes;
 - ``handlers``: running one job and turning what happened into an ``Outcome``;
-- ``beat``: the heartbeat, renew and presence loops;
+- ``beat``: the heartbeat and renew loops, and the presence step;
 - ``config``: ``WorkerConfig``, ``WorkerStats`` and the exit codes.
 """
 

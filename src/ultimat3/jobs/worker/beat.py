@@ -10,8 +10,8 @@
 - **renew**: renews every held lease (``lease_extend``); a lease the database no longer
   grants is lost (``jobs.lease.lost``). A renewal stalled on the database blocks this loop
   only.
-- **presence**: writes the worker's row, and compares the host's clock with the database's
-  once.
+- **presence** (a step of the maintenance loop): writes the worker's row, and compares the
+  host's clock with the database's once.
 
 It reads the worker's held runs and changes them only through their ``Run`` events.
 """

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -47,22 +48,6 @@ class Outcome:
     result: str | None = None
 
 
-class _Flag:
-    """A flag that is set once and read often (``ctx.cancelled``): a bool, without the lock
-    and condition of a ``threading.Event``, since nothing waits on it."""
-
-    __slots__ = ("_set",)
-
-    def __init__(self) -> None:
-        self._set = False
-
-    def set(self) -> None:
-        self._set = True
-
-    def is_set(self) -> bool:
-        return self._set
-
-
 class Held:
     """A job this worker holds: its ``Run`` (the state the threads share, under its lock) and
     what its handler thread alone writes (its deadline, start, duration and task)."""
@@ -86,7 +71,7 @@ class Held:
         #: ``claimed_at``: when the claim was sent (monotonic seconds), the lease's first
         #: confirmation (``Run.confirm``).
         self.run: Run[Outcome] = Run(confirmed=claimed_at)
-        self.cancelled = _Flag()
+        self.cancelled = threading.Event()
         self.deadline: float | None = None
         self.started_at: float | None = None
         self.duration: float | None = None  # seconds the function ran, once it returned

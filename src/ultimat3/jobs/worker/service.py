@@ -14,10 +14,10 @@
    settler wins (the handler, a lost lease, shutdown). A slot frees once its run is settled,
    its outcome written and its handler returned, so a sync job past its timeout keeps its
    lease until its thread ends.
-3. **heartbeat**, **renew** and **presence** loops (``beat``): timeouts, lease renewals and
-   losses, stuck threads, the worker's row.
+3. **heartbeat** and **renew** loops (``beat``): timeouts, lease renewals and losses, stuck
+   threads.
 4. **maintenance** loop: rescue expired leases (on every worker) and prune (on the one node
-   elected for it).
+   elected for it) until the drain begins; the worker's row (``presence``) until it stops.
 
 The worker's own lifecycle (running, draining, stopped; a hard stop; signals; names it
 skips) is one ``run.Life`` changed by one transition function (``_apply``); the threads wait
@@ -49,12 +49,11 @@ from typing import Any
 from ultimat3.jobs import events, supervise
 from ultimat3.jobs.clock import Backoff, Clock
 from ultimat3.jobs.driver import Driver
-from ultimat3.jobs.errors import JobsError
 from ultimat3.jobs.ids import token
 from ultimat3.jobs.job import Enqueuer, JobHandle
 from ultimat3.jobs.maintenance import Maintenance
 from ultimat3.jobs.presence import Presence
-from ultimat3.jobs.records import ClaimParams, Cycle, Failure, Job, Lease
+from ultimat3.jobs.records import Lease
 from ultimat3.jobs.run import (
     Event,
     Fatal,
@@ -65,7 +64,6 @@ from ultimat3.jobs.run import (
     Stop,
     StopNow,
     Stopped,
-    skipped,
     transition,
 )
 from ultimat3.jobs.serialization import Serializer
@@ -73,12 +71,13 @@ from ultimat3.jobs.supervise import Loop
 from ultimat3.jobs.wake import Wake
 from ultimat3.jobs.worker.beat import Beat
 from ultimat3.jobs.worker.config import FATAL_EXIT, WorkerConfig, WorkerStats
-from ultimat3.jobs.worker.handlers import Handlers, Held, Outcome, fields
+from ultimat3.jobs.worker.handlers import Handlers, Held, Outcome
+from ultimat3.jobs.worker.writes import Writer
 
 __all__ = ["Worker"]
 
 
-class Worker(Beat, Handlers):
+class Worker(Beat, Handlers, Writer):
     """Runs jobs from a job database. Build it with ``app.worker(...)``."""
 
     def __init__(
@@ -258,12 +257,10 @@ class Worker(Beat, Handlers):
             "heartbeat": self._supervised("heartbeat", self._heartbeat_step, stop=halt),
             "renew": self._supervised("renew", self._renew_step, stop=halt),
             "maintenance": self._supervised(
-                "maintenance", self._maintenance_step, stop=self._stop_claiming, critical=False
-            ),
-            "presence": self._supervised(
-                "presence", self._presence_step, stop=halt, critical=False
+                "maintenance", self._maintenance_step, stop=halt, critical=False
             ),
         }
+        self._presence_due = 0.0
         self.presence.restarted(self.clock.now())
         for loop in self._loops.values():
             loop.start()
@@ -389,88 +386,7 @@ class Worker(Beat, Handlers):
                 loop.close()
         return self.stats
 
-    # -- the cycle: settle and claim -----------------------------------------------------------
-
-    def _cycle(self, finished: list[Held], limit: int, *, isolated: bool = False) -> list[Job]:
-        """One turn in one transaction (``job_cycle``): write the completions and failures of
-        ``finished`` and claim up to ``limit`` jobs for handlers free now (marked started).
-        The rarer outcomes (snoozes, releases, cancels) are written after it, one by one."""
-        done: list[Held] = []
-        fails: list[Held] = []
-        failures: list[Failure] = []
-        rare: list[Held] = []
-        results: dict[str, str] = {}
-        for held in finished:
-            outcome = held.run.outcome
-            assert outcome is not None
-            if outcome.kind == "complete":
-                done.append(held)
-                if outcome.result is not None:
-                    results[held.lease.id] = outcome.result
-            elif outcome.kind == "fail":
-                assert outcome.failure is not None
-                fails.append(held)
-                failures.append(outcome.failure)
-            else:
-                rare.append(held)
-        self._release_lost_claims()
-        claim = None
-        if limit > 0:
-            claim = ClaimParams(
-                queues=self.queues,
-                limit=limit,
-                lease_for=self.config.lease,
-                worker_id=self.worker_id,
-                now=self.clock.pinned(),
-                isolated=isolated,
-                token=token(),
-                limited=self.limited,
-                skip=self._skipped() if self._life.skipping else (),
-            )
-        sent = self.clock.monotonic()  # the driver's now is no earlier than this
-        try:
-            result = self.driver.job_cycle(
-                Cycle(
-                    completes=[h.lease for h in done],
-                    failures=failures,
-                    claim=claim,
-                    results=results,
-                ),
-                now=self.clock.pinned(),
-            )
-        except BaseException:
-            # The claim may have committed with its reply lost: its jobs, which this worker
-            # never saw, go back (attempt refunded) before the next claim.
-            if claim is not None:
-                self._lost_claims.append(claim.token)
-            raise
-        self.stats.claimed += len(result.claimed)
-        wake_in = result.wake_in
-        self._rate_wake = None if wake_in is None else sent + wake_in.total_seconds()
-        if done:
-            self.stats.completed += len(result.completed)
-            self._note_lost([h for h in done if h.job.id not in result.completed])
-            if events.wanted("jobs.job.completed", events.INFO):  # `-v`: every completion
-                for h in done:
-                    if h.job.id in result.completed:
-                        events.info("jobs.job.completed", h.job, **fields(h))
-        if fails:
-            self._failed_written(fails, result.failed)
-        self._write_rare(rare)
-        return result.claimed
-
-    def _skipped(self) -> tuple[str, ...]:
-        """The job names this worker passes over now (``_unknown`` adds them)."""
-        return skipped(self._life, self.clock.monotonic())
-
-    def _release_lost_claims(self) -> None:
-        while self._lost_claims:
-            released = self.driver.job_release_claim(self._lost_claims[0], now=self.clock.pinned())
-            self._lost_claims.pop(0)
-            if released:
-                events.warning(
-                    "jobs.worker.claim-released", jobs=",".join(released), count=len(released)
-                )
+    # -- the cycle loop: settle and claim --------------------------------------------------------
 
     def _cycle_step(self) -> float:
         """One turn of the cycle loop: write the outcomes that arrived and claim for the free
@@ -679,74 +595,17 @@ class Worker(Beat, Handlers):
                 self._loop_seen = self.clock.monotonic()
             return self._loop
 
-    # -- writing outcomes ----------------------------------------------------------------------
-
-    def _write_rare(self, batch: list[Held]) -> None:
-        """Snoozes, releases and cancels: one write each, after the cycle's transaction."""
-        now = self.clock.pinned()
-        for h in batch:
-            outcome = h.run.outcome
-            assert outcome is not None
-            if outcome.kind in ("snooze", "release"):
-                if self.driver.job_snooze(h.lease, outcome.delay, now=now):
-                    if outcome.kind == "snooze":
-                        self.stats.snoozed += 1
-                        events.info("jobs.job.snoozed", h.job, **fields(h))
-                    else:
-                        self.stats.released += 1
-                else:
-                    self._note_lost([h])
-            else:
-                if self.driver.job_cancel(h.job.id, reason=outcome.reason, lease=h.lease, now=now):
-                    self.stats.cancelled += 1
-                    events.info("jobs.job.cancelled", h.job, **fields(h), reason=outcome.reason)
-                else:
-                    self._note_lost([h])
-
-    def _failed_written(self, fails: list[Held], failed: set[str]) -> None:
-        self._note_lost([h for h in fails if h.job.id not in failed])
-        drops = []
-        for h in fails:
-            outcome = h.run.outcome
-            assert outcome is not None and outcome.failure is not None
-            if h.job.id not in failed:
-                continue
-            if outcome.drop:
-                drops.append(h.job.id)
-            if outcome.failure.retry_in is None:
-                self.stats.dead += 1
-                events.warning(
-                    "jobs.job.dead",
-                    h.job,
-                    **fields(h),
-                    error=outcome.failure.error.kind,
-                    dropped=outcome.drop,
-                )
-            else:
-                self.stats.failed += 1
-                events.info(
-                    "jobs.job.retried",
-                    h.job,
-                    **fields(h),
-                    # The worker's reading of the due time the database computed.
-                    retry_at=(self.clock.now() + outcome.failure.retry_in).isoformat(),
-                    error=outcome.failure.error.kind,
-                )
-        if drops:
-            self.driver.job_discard(drops)
-
-    def _note_lost(self, refused: list[Held]) -> None:
-        """Writes that fencing refused: the lease had been lost (rescued, cancelled)."""
-        for h in refused:
-            if not h.run.lose(Outcome("release")):  # the renew loop may have given it up
-                continue
-            with self._lock:
-                self.stats.lost += 1
-            events.warning("jobs.lease.lost", job_id=h.job.id, job=h.job.name, late_write=True)
-
     # -- maintenance ---------------------------------------------------------------------------
 
     def _maintenance_step(self) -> float:
+        """Write this worker's row when due (until it stops), and rescue and prune when due
+        (until its drain begins)."""
+        now = self.clock.monotonic()
+        if now >= self._presence_due:
+            self._presence_due = now + self._presence_step()
+        pause = self._presence_due - now
+        if self._stop_claiming.is_set():
+            return pause
         rescued = self.maintenance.tick(
             rescue_every=self.config.rescue_interval.total_seconds(),
             prune_every=self.config.prune_interval.total_seconds(),
@@ -755,7 +614,7 @@ class Worker(Beat, Handlers):
         if rescued:  # claim what came back now, and look for isolated jobs at once
             self._next_isolation_check = 0.0
             self._wake.set()
-        return self.maintenance.next_in()
+        return min(pause, self.maintenance.next_in())
 
     # -- shutdown ------------------------------------------------------------------------------
 
@@ -788,24 +647,25 @@ class Worker(Beat, Handlers):
             else:
                 self._settle(h, Outcome("release"))
         # Handlers still running past the grace period keep running on daemon threads; their
-        # outcomes are fenced because their jobs were released.
+        # outcomes are fenced because their jobs were released. The cycle loop writes what is
+        # left (backing off while the database is away) until a hard stop; then it stops.
+        self._wake.set()
+        written = self._await(self._written_all)
         self._cycle_loop.stopping.set()
+        if written:
+            self._turn.release()
         self._wake.set()
         self._await(self._cycle_loop.done.is_set)
-        self._final_writes()
         with self._cond:
             self._exiting.set()
             self._cond.notify_all()
-        maintenance = self._loops.get("maintenance")
-        if maintenance is not None:
-            maintenance.join(30.0)
-        self.maintenance.resign()
         self._halt.set()
         self._renew_now.set()
-        for name in ("heartbeat", "renew", "presence"):
-            beating = self._loops.get(name)
-            if beating is not None:
-                beating.join(5.0)
+        for name in ("maintenance", "heartbeat", "renew"):
+            loop = self._loops.get(name)
+            if loop is not None:
+                loop.join(30.0 if name == "maintenance" else 5.0)
+        self.maintenance.resign()
         self.presence.leave()
         if self._loop is not None and self._loop_thread is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
@@ -831,21 +691,12 @@ class Worker(Beat, Handlers):
             self.clock.sleep(0.05)
         return True
 
-    def _final_writes(self) -> None:
-        """Write what is left: retried while the database is away, until a hard stop."""
-        wait = 0.0
-        while True:
-            with self._lock:
-                batch, self._pending = self._pending, []
-            if not batch:
-                return
-            try:
-                self._cycle(batch, 0)
-            except JobsError as exc:
-                if self._hard_stop.is_set():
-                    return
-                events.warning("jobs.loop.failed", loop="shutdown", error=type(exc).__name__)
-                with self._lock:
-                    self._pending[:0] = batch
-                wait = self.backoff.after(wait)
-                self.clock.sleep(wait, self._hard_stop)
+    def _written_all(self) -> bool:
+        """Nothing left to write: then hold the turn (True), so no cycle starts."""
+        if not self._turn.acquire(blocking=False):
+            return False
+        with self._lock:
+            if not self._pending:
+                return True
+        self._turn.release()
+        return False

@@ -181,10 +181,12 @@ class Worker(Beat, Handlers, Writer):
         #: Held by the cycle loop through a turn that writes and claims: the shutdown takes it
         #: so that no claim lands after it gives back the jobs no handler took.
         self._turn = threading.Lock()
+        self._turned = threading.Event()  # a turn ended (the shutdown waits for the last)
         self._alone: Held | None = None  # an isolated job running alone
         self._isolating = False
         self._maybe_due = True  # claim at once: the last claim filled up, or a wake-up came
         self._lost_claims: list[str] = []  # tokens of claims whose reply may have been lost
+        self._cycle_loop = self._supervised("cycle", self._cycle_step, stop=threading.Event())
         self._renew_now = threading.Event()  # the heartbeat asks the renew loop to go
         self._clock_checked = False  # the host's clock against the database's (_presence_step)
 
@@ -241,7 +243,7 @@ class Worker(Beat, Handlers, Writer):
         if before.phase is not Phase.STOPPED:
             return
         self._halt = halt = threading.Event()
-        self._cycle_loop = self._supervised("cycle", self._cycle_step, stop=threading.Event())
+        self._cycle_loop.backoff = self.backoff
         exiting = self._exiting
         for n in range(self.config.concurrency):
             thread = threading.Thread(
@@ -428,6 +430,8 @@ class Worker(Beat, Handlers, Writer):
             with self._lock:  # written next turn, in order
                 self._pending[:0] = finished
             raise
+        finally:
+            self._turned.set()
         # Full: more may be due at once. Short: the queue is drained for now; wait.
         self._maybe_due = limit > 0 and len(jobs) == limit
         for held in finished:
@@ -621,7 +625,7 @@ class Worker(Beat, Handlers, Writer):
     def _shutdown(self, grace: float) -> None:
         deadline = self.clock.monotonic() + grace
         # Hold the turn: no cycle runs, so no claim lands after the release below.
-        held_turn = self._await(lambda: self._turn.acquire(blocking=False))
+        held_turn = self._await(self._take_turn, self._turned)
         try:
             with self._cond:
                 release = Outcome("release")
@@ -650,12 +654,12 @@ class Worker(Beat, Handlers, Writer):
         # outcomes are fenced because their jobs were released. The cycle loop writes what is
         # left (backing off while the database is away) until a hard stop; then it stops.
         self._wake.set()
-        written = self._await(self._written_all)
+        written = self._await(self._written_all, self._turned)
         self._cycle_loop.stopping.set()
         if written:
             self._turn.release()
         self._wake.set()
-        self._await(self._cycle_loop.done.is_set)
+        self._await(self._cycle_loop.done.is_set, self._cycle_loop.done)
         with self._cond:
             self._exiting.set()
             self._cond.notify_all()
@@ -681,19 +685,25 @@ class Worker(Beat, Handlers, Writer):
             self._reset_cycle()
         self._apply(Stopped())
 
-    def _await(self, ready: Callable[[], bool]) -> bool:
-        """Poll ``ready`` until it is true; 5 s at most after a hard stop (a cycle stuck in a
-        database call is not waited for). Returns whether it became true."""
+    def _await(self, ready: Callable[[], bool], wake: threading.Event) -> bool:
+        """Look at ``ready`` whenever ``wake`` is set (at least every 50 ms) until it is true;
+        5 s at most after a hard stop (a cycle stuck in a database call is not waited for).
+        Returns whether it became true."""
         end = self.clock.monotonic() + 5.0
         while not ready():
             if self._hard_stop.is_set() and self.clock.monotonic() >= end:
                 return False
-            self.clock.sleep(0.05)
+            self.clock.sleep(0.05, wake)
         return True
+
+    def _take_turn(self) -> bool:
+        """Hold the turn if no cycle runs now."""
+        self._turned.clear()
+        return self._turn.acquire(blocking=False)
 
     def _written_all(self) -> bool:
         """Nothing left to write: then hold the turn (True), so no cycle starts."""
-        if not self._turn.acquire(blocking=False):
+        if not self._take_turn():
             return False
         with self._lock:
             if not self._pending:

@@ -458,42 +458,23 @@ def test_pruner_removes_old_finished_jobs(app: App, clock: FakeClock) -> None:
     assert app.driver.job_get(first.id) is None
 
 
-def test_one_loop_writes_and_claims_and_the_handler_threads_only_run_jobs(
+def test_a_worker_runs_its_handlers_and_three_loops(
     make_app: Callable[..., App], make_module: Any
 ) -> None:
-    """Every cycle (the transaction that writes outcomes and claims) runs on the worker's one
-    cycle loop; a handler thread only runs jobs. (Before, the handler threads took turns at
-    leading the cycle.) The worker's threads: the handlers, the cycle, heartbeat, renew and
-    maintenance loops."""
+    """A worker's threads: its handlers (which take turns at leading the cycle) and the
+    heartbeat, renew and maintenance loops; the worker's row is a step of the maintenance
+    loop, not a thread of its own (before, a presence loop ran beside them)."""
     app = make_app(make_module(record=record))
-    worker = app.worker(concurrency=3, poll_interval="50ms")
-    driver = worker.driver
-    cycled_on: set[str] = set()
-
-    class Watched:
-        def __getattr__(self, name: str) -> Any:
-            return getattr(driver, name)
-
-        def job_cycle(self, cycle: Cycle, **kwargs: Any) -> Any:
-            cycled_on.add(threading.current_thread().name)
-            return driver.job_cycle(cycle, **kwargs)
-
-    worker.driver = Watched()  # type: ignore[assignment]
     ids = [record.enqueue({"n": n}).id for n in range(30)]
-    with worker:
+    with app.worker(concurrency=3, poll_interval="50ms"):
         deadline = time.monotonic() + 30
         while app.count_jobs(state="completed") < len(ids) and time.monotonic() < deadline:
             time.sleep(0.01)
         mine = sorted(t.name for t in threading.enumerate() if t.name.startswith("ultimat3-jobs-"))
     assert app.count_jobs(state="completed") == len(ids)
-    assert cycled_on == {"ultimat3-jobs-cycle"}
-    loops = [n for n in mine if not n.startswith("ultimat3-jobs-handler-")]
-    assert sorted(
-        set(loops) & {f"ultimat3-jobs-{n}" for n in ("cycle", "heartbeat", "renew", "maintenance")}
-    ) == [
-        "ultimat3-jobs-cycle",
-        "ultimat3-jobs-heartbeat",
-        "ultimat3-jobs-maintenance",
-        "ultimat3-jobs-renew",
-    ]
-    assert len([n for n in mine if n.startswith("ultimat3-jobs-handler-")]) == 3
+    handlers = [n for n in mine if n.startswith("ultimat3-jobs-handler-")]
+    loops = {n for n in mine if n not in handlers} - {"ultimat3-jobs-stop"}
+    worker_loops = {f"ultimat3-jobs-{n}" for n in ("heartbeat", "renew", "maintenance")}
+    assert len(handlers) == 3
+    assert worker_loops <= loops
+    assert "ultimat3-jobs-presence" not in loops

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import deque
 from typing import Any
 
 from ultimat3.jobs import events
@@ -49,6 +50,10 @@ class Beat:
     _held: dict[Lease, Held]
     _halt: threading.Event
     _renew_now: threading.Event
+    _cond: threading.Condition
+    _ready: deque[Held]
+    _pending: list[Held]
+    _leading: bool
     _next_beat: float
     _seen_step: float
     _stuck_since: float | None
@@ -77,6 +82,13 @@ class Beat:
                     job=h.job.name,
                     timeout=str(h.handle.timeout if h.handle else None),
                 )
+        with self._cond:
+            if self._ready:  # a job waits behind a long one on an awake thread: wake the rest
+                self._cond.notify_all()
+            elif self._pending and not self._leading:
+                # Outcomes wait behind a long job on the thread that queued them (short jobs
+                # run back to back on one thread): a sleeping thread leads and writes them.
+                self._cond.notify()
         self._check_stuck(held, now)
         self._check_event_loop(held, now)
         self._check_leases(held, now)

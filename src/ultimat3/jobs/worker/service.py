@@ -1,19 +1,23 @@
 """The worker: claims due jobs, runs them, records what happened. Who owns a job, step by step:
 
-1. **cycle** loop (one supervised thread, ``supervise.Loop``): one transaction (``job_cycle``)
-   writes the outcomes that finished (completions and failures, each fenced by its lease; a
-   refused late write is counted in ``lost``) and claims one job per free handler, each
-   marked *started* by the claim. The rarer outcomes (snoozes, releases, cancels) follow it,
-   one write each. Each claimed job gets a ``Run`` (``ultimat3.jobs.run``), its one owner in
-   this worker, and is queued for the handlers. With nothing to write and nothing due, the
-   loop sleeps until a job is (``wait_for_jobs``); a handler whose job returns wakes it at
-   once to write the outcome, whatever the poll interval.
-2. **handlers**: ``concurrency`` threads that only run jobs. Each takes the next ready job,
-   calls its function and turns what happened into one ``Outcome`` (``handlers``, shared with
-   ``async def`` jobs, which run on one event loop), offered with ``run.settle()``: the first
-   settler wins (the handler, a lost lease, shutdown). A slot frees once its run is settled,
-   its outcome written and its handler returned, so a sync job past its timeout keeps its
-   lease until its thread ends.
+1. **cycle**: one transaction (``job_cycle``) writes the outcomes that finished (completions
+   and failures, each fenced by its lease; a refused late write is counted in ``lost``) and
+   claims one job per free handler, each marked *started* by the claim. The rarer outcomes
+   (snoozes, releases, cancels) follow it, one write each (``writes``). Each claimed job gets
+   a ``Run`` (``ultimat3.jobs.run``), its one owner in this worker.
+2. **handlers**: ``concurrency`` threads. Each takes the next ready job, calls its function
+   and turns what happened into one ``Outcome`` (``handlers``, shared with ``async def``
+   jobs, which run on one event loop), offered with ``run.settle()``: the first settler wins
+   (the handler, a lost lease, shutdown). A thread with no ready job *leads*: it runs the
+   next cycle under the cycle's ``supervise.Loop`` policy (``Loop.once``), so a short job's
+   thread writes its outcome, claims the next job and runs it with no hand-off between
+   threads; while jobs are long (``short_job``), each ready job wakes a thread of its own. A
+   leader with nothing to write and nothing due sleeps until a job is (``wait_for_jobs``); a
+   thread whose job returns wakes it at once to write the outcome, whatever the poll
+   interval. Outcomes that wait behind a long job on the thread that queued them are handed
+   to a sleeping thread by the heartbeat (within 100 ms). A slot frees once its run is
+   settled, its outcome written and its handler returned, so a sync job past its timeout
+   keeps its lease until its thread ends.
 3. **heartbeat** and **renew** loops (``beat``): timeouts, lease renewals and losses, stuck
    threads.
 4. **maintenance** loop: rescue expired leases (on every worker) and prune (on the one node
@@ -49,6 +53,7 @@ from typing import Any
 from ultimat3.jobs import events, supervise
 from ultimat3.jobs.clock import Backoff, Clock
 from ultimat3.jobs.driver import Driver
+from ultimat3.jobs.errors import JobsError
 from ultimat3.jobs.ids import token
 from ultimat3.jobs.job import Enqueuer, JobHandle
 from ultimat3.jobs.maintenance import Maintenance
@@ -95,6 +100,7 @@ class Worker(Beat, Handlers, Writer):
         backoff: Backoff | None = None,
         unknown_skip: float = 60.0,
         loop_blocked_after: float = 1.0,
+        short_job: float = 0.002,
     ) -> None:
         self.driver = driver
         #: The job names this worker can run (named by the warning for an unknown one).
@@ -115,6 +121,9 @@ class Worker(Beat, Handlers, Writer):
         #: claims a job of that name again (at most ``unknown_grace``).
         self.unknown_skip = unknown_skip
         self.loop_blocked_after = loop_blocked_after
+        #: A job shorter than this on average runs on the thread that took it without waking
+        #: another for the next one (see ``_handler_thread``).
+        self.short_job = short_job
         self.worker_id = (
             self.config.worker_id or f"{socket.gethostname()}:{os.getpid()}:{token()[:6]}"
         )
@@ -172,20 +181,19 @@ class Worker(Beat, Handlers, Writer):
 
     def _reset_cycle(self) -> None:
         """The cycle's state. Under ``_lock``: ``_ready``, ``_pending``, ``_busy``,
-        ``_cycle_waiting``; the rest is the cycle loop's alone."""
+        ``_leading``; the rest is the leader's alone."""
         self._ready: deque[Held] = deque()  # claimed, started, waiting for a handler thread
         self._pending: list[Held] = []  # settled, to be written by the next cycle
         self._busy = 0  # claimed and not returned by its handler
+        self._leading = False  # a thread runs the cycle (or the shutdown holds it)
         self._exiting = threading.Event()  # this start's handler threads return
-        self._cycle_waiting = False  # the cycle loop waits for jobs: wake it for outcomes
-        #: Held by the cycle loop through a turn that writes and claims: the shutdown takes it
-        #: so that no claim lands after it gives back the jobs no handler took.
-        self._turn = threading.Lock()
-        self._turned = threading.Event()  # a turn ended (the shutdown waits for the last)
+        self._leader_waiting = False  # the leader waits for jobs: wake it for outcomes
         self._alone: Held | None = None  # an isolated job running alone
         self._isolating = False
         self._maybe_due = True  # claim at once: the last claim filled up, or a wake-up came
         self._lost_claims: list[str] = []  # tokens of claims whose reply may have been lost
+        self._avg_run = 1.0  # seconds; starts long, so that threads wake for each job at first
+        #: The cycle's policy (``Loop.once``): the handler threads take turns at leading it.
         self._cycle_loop = self._supervised("cycle", self._cycle_step, stop=threading.Event())
         self._renew_now = threading.Event()  # the heartbeat asks the renew loop to go
         self._clock_checked = False  # the host's clock against the database's (_presence_step)
@@ -255,7 +263,6 @@ class Worker(Beat, Handlers, Writer):
             self._handlers.append(thread)
             thread.start()
         self._loops = {
-            "cycle": self._cycle_loop,
             "heartbeat": self._supervised("heartbeat", self._heartbeat_step, stop=halt),
             "renew": self._supervised("renew", self._renew_step, stop=halt),
             "maintenance": self._supervised(
@@ -391,38 +398,34 @@ class Worker(Beat, Handlers, Writer):
     # -- the cycle loop: settle and claim --------------------------------------------------------
 
     def _cycle_step(self) -> float:
-        """One turn of the cycle loop: write the outcomes that arrived and claim for the free
-        handlers, in one transaction, then queue the claimed jobs for the handlers. With
-        nothing to write and nothing due, wait for a commit or a wake-up instead."""
-        with self._turn:
-            limit, isolated = (0, False) if self._stop_claiming.is_set() else self._claim_limit()
-            with self._lock:
-                finished, self._pending = self._pending, []
-                idle = not (finished or (limit and self._maybe_due))
-                if idle:
-                    # Under the lock that outcomes are queued under: one queued from now on
-                    # sees the flag and sets _wake, so the wait below cannot sleep through it.
-                    self._cycle_waiting = True
-                    self._wake.clear()
-            if not idle:
-                self._turn_once(finished, limit, isolated)
-                return 0.0
+        """One turn of the leader (the handler thread that runs the cycle): write the outcomes
+        that arrived and claim for the free handlers, in one transaction, then queue the
+        claimed jobs for the handlers (the leader among them). With nothing to write and
+        nothing due, wait for a commit or a wake-up instead."""
         poll = self.config.poll_interval.total_seconds()
-        wake_at = self._rate_wake
-        if wake_at is not None:  # a rate window reopens then: no later than that
-            left = wake_at - self.clock.monotonic()
-            poll = min(poll, max(0.01, left + 0.002))
-        try:
-            if limit:
-                self.driver.wait_for_jobs(poll, self._wake)  # a commit, or a wake-up
-            else:
-                self.clock.sleep(poll, self._wake)  # an outcome (an isolated job runs, say)
-        finally:
-            self._cycle_waiting = False
-        self._maybe_due = True
-        return 0.0
-
-    def _turn_once(self, finished: list[Held], limit: int, isolated: bool) -> None:
+        limit, isolated = (0, False) if self._stop_claiming.is_set() else self._claim_limit()
+        with self._lock:
+            finished, self._pending = self._pending, []
+            idle = not (finished or (limit and self._maybe_due))
+            if idle:
+                # Under the lock that outcomes are queued under: one queued from now on sees
+                # the flag and sets _wake, so the wait below cannot sleep through it.
+                self._leader_waiting = True
+                self._wake.clear()
+        if idle:
+            wake_at = self._rate_wake
+            if wake_at is not None:  # a rate window reopens then: no later than that
+                left = wake_at - self.clock.monotonic()
+                poll = min(poll, max(0.01, left + 0.002))
+            try:
+                if limit:
+                    self.driver.wait_for_jobs(poll, self._wake)  # a commit, or a wake-up
+                else:
+                    self.clock.sleep(poll, self._wake)  # an outcome (an isolated job runs)
+            finally:
+                self._leader_waiting = False
+            self._maybe_due = True
+            return 0.0
         sent = self.clock.monotonic()  # a lease lasts from when its claim was sent
         try:
             jobs = self._cycle(finished, limit, isolated=isolated)
@@ -430,8 +433,6 @@ class Worker(Beat, Handlers, Writer):
             with self._lock:  # written next turn, in order
                 self._pending[:0] = finished
             raise
-        finally:
-            self._turned.set()
         # Full: more may be due at once. Short: the queue is drained for now; wait.
         self._maybe_due = limit > 0 and len(jobs) == limit
         for held in finished:
@@ -442,6 +443,7 @@ class Worker(Beat, Handlers, Writer):
                     self._held.pop(held.lease, None)
         if jobs:
             self._hand([Held(job, self.handles(job.name), sent) for job in jobs], isolated)
+        return 0.0
 
     def _claim_limit(self) -> tuple[int, bool]:
         """How many jobs to claim (one per free handler), and whether they are isolated ones:
@@ -488,8 +490,6 @@ class Worker(Beat, Handlers, Writer):
                 self._held[held.lease] = held
             self._busy += len(batch)
             self._ready.extend(sync)
-            if sync:
-                self._cond.notify()  # the thread that takes it wakes the next one (below)
         for held in batch:
             if held.handle is not None and held.handle.is_async:
                 held.run.start()
@@ -499,29 +499,74 @@ class Worker(Beat, Handlers, Writer):
     # -- handlers ------------------------------------------------------------------------------
 
     def _handler_thread(self, exiting: threading.Event) -> None:
-        """A handler: runs the next ready job, queues its outcome for the cycle loop and wakes
-        it. ``exiting`` is this start's: a thread that outlives its worker's stop (a job past
-        the shutdown grace) leaves the state of a restarted worker alone."""
+        """A handler: runs the next ready job, or, when none is ready and no other thread
+        leads, leads the cycle. A thread that ran a job queues its outcome, takes the next job
+        and wakes no other thread while jobs are short: short jobs run on the threads that are
+        awake, without a hand-off between threads for each one. ``exiting`` is this start's:
+        a thread that outlives its worker's stop (a job past the shutdown grace) leaves the
+        state of a restarted worker alone."""
+        ran: Held | None = None  # the job this thread just ran
+        queued = False  # and its outcome is for the cycle to write
         while True:
-            with self._cond:
-                while not self._ready:
-                    if exiting.is_set():
-                        return
-                    self._cond.wait()
-                held = self._ready.popleft()
-                if self._ready:
-                    self._cond.notify()  # the next ready job starts beside this one
-            queued = self._run_held(held)
             with self._cond:
                 if exiting.is_set():
                     return
-                self._busy -= 1
-                if queued:
-                    self._pending.append(held)
-                if self._cycle_waiting:
-                    self._wake.set()  # write the outcome, or claim for the free slot, now
-            if not queued:
-                self._maybe_free(held)  # its lease was lost, say: nothing to write
+                if ran is not None:
+                    self._busy -= 1
+                    if queued:
+                        self._pending.append(ran)
+                        if self._leader_waiting:
+                            # The leader sleeps until a job is due: wake it now to write this
+                            # outcome, before this thread waits below for a job or the lead
+                            # (waiting first left the outcome to the next poll).
+                            self._wake.set()
+                held = None
+                while True:
+                    if self._ready:
+                        held = self._ready.popleft()
+                        if self._ready and self._avg_run >= self.short_job:
+                            self._cond.notify()  # long jobs: the next thread takes the next one
+                        break
+                    if exiting.is_set():
+                        return
+                    if not self._leading and self._leader_wanted():
+                        self._leading = True
+                        break
+                    self._cond.wait()
+            if ran is not None and not queued:
+                self._maybe_free(ran)  # its lease was lost, say: nothing to write
+            ran = None
+            if held is None:
+                self._lead()
+            else:
+                queued = self._run_held(held)
+                ran = held
+
+    def _leader_wanted(self) -> bool:
+        """Under ``_lock``: is there a cycle to run (outcomes to write, or handlers to claim
+        for)?"""
+        if self._halt.is_set():
+            return False
+        if self._pending:
+            return True
+        return not self._stop_claiming.is_set() and self._busy < self.config.concurrency
+
+    def _lead(self) -> None:
+        pause: float | None = 0.0
+        try:
+            pause = self._cycle_loop.once()
+            if pause:  # a backoff: keep the lead meanwhile, so no other thread retries sooner
+                self.clock.sleep(pause, self._halt)
+        finally:
+            with self._cond:
+                self._leading = False
+                if (self._ready and self._avg_run >= self.short_job) or (
+                    self._pending and not self._halt.is_set()
+                ):
+                    # Long jobs: the next thread takes the next one. Outcomes queued during
+                    # this turn: a waiting thread leads to write them now, as this one may
+                    # take a ready job first.
+                    self._cond.notify()
 
     def _run_held(self, held: Held) -> bool:
         """Run a ready job on this thread; True when its outcome is this thread's to queue."""
@@ -537,6 +582,10 @@ class Worker(Beat, Handlers, Writer):
                 if timeout is not None:
                     held.deadline = started + timeout.total_seconds()
                 outcome = self._call_sync(held, *prepared)
+                assert held.duration is not None  # set by _call_sync
+                # Unsynchronised on purpose: an average that loses an update now and then is
+                # fine.
+                self._avg_run = self._avg_run * 0.9 + held.duration * 0.1
                 if held.run.timed_out:
                     outcome = self._timeout_outcome(held)
         except BaseException as exc:  # outcome_of catches all; this is the last resort
@@ -556,12 +605,14 @@ class Worker(Beat, Handlers, Writer):
             self._returned(held)
 
     def _returned(self, held: Held) -> None:
-        """An async job is done: its slot (and outcome, if any) is the cycle's."""
+        """An async job is done: its slot (and outcome, if any) is the cycle's, and a handler
+        thread is woken to write it (handler threads do this themselves)."""
         held.run.returned()
         with self._cond:
             self._busy -= 1
+            self._cond.notify()
         self._maybe_free(held, wake=False)
-        if self._cycle_waiting:
+        if self._leader_waiting:
             self._wake.set()
 
     def _settle(self, held: Held, outcome: Outcome | None) -> None:
@@ -624,19 +675,16 @@ class Worker(Beat, Handlers, Writer):
 
     def _shutdown(self, grace: float) -> None:
         deadline = self.clock.monotonic() + grace
-        # Hold the turn: no cycle runs, so no claim lands after the release below.
-        held_turn = self._await(self._take_turn, self._turned)
-        try:
-            with self._cond:
-                release = Outcome("release")
-                waiting = [h for h in self._ready if h.run.release(release)]  # never began
-                self._ready.clear()
-                self._busy -= len(waiting)
-                self._pending.extend(waiting)  # back at once, by the cycle loop
-        finally:
-            if held_turn:
-                self._turn.release()
-        self._wake.set()
+        # Hold the lead: no cycle runs, so no claim lands after the release below.
+        self._take_lead()
+        with self._cond:
+            release = Outcome("release")
+            waiting = [h for h in self._ready if h.run.release(release)]  # never began
+            self._ready.clear()
+            self._busy -= len(waiting)
+            self._pending.extend(waiting)  # back at once
+            self._leading = False  # handlers may write outcomes meanwhile (claims are over)
+            self._cond.notify_all()
         while self.inflight and self.clock.monotonic() < deadline:
             if self.clock.sleep(0.05, self._hard_stop):
                 break
@@ -651,15 +699,9 @@ class Worker(Beat, Handlers, Writer):
             else:
                 self._settle(h, Outcome("release"))
         # Handlers still running past the grace period keep running on daemon threads; their
-        # outcomes are fenced because their jobs were released. The cycle loop writes what is
-        # left (backing off while the database is away) until a hard stop; then it stops.
-        self._wake.set()
-        written = self._await(self._written_all, self._turned)
-        self._cycle_loop.stopping.set()
-        if written:
-            self._turn.release()
-        self._wake.set()
-        self._await(self._cycle_loop.done.is_set, self._cycle_loop.done)
+        # outcomes are fenced because their jobs were released.
+        self._take_lead()
+        self._final_writes()
         with self._cond:
             self._exiting.set()
             self._cond.notify_all()
@@ -685,28 +727,35 @@ class Worker(Beat, Handlers, Writer):
             self._reset_cycle()
         self._apply(Stopped())
 
-    def _await(self, ready: Callable[[], bool], wake: threading.Event) -> bool:
-        """Look at ``ready`` whenever ``wake`` is set (at least every 50 ms) until it is true;
-        5 s at most after a hard stop (a cycle stuck in a database call is not waited for).
-        Returns whether it became true."""
+    def _take_lead(self) -> None:
+        """Wait for the cycle in flight (5 s at most after a hard stop: a leader stuck in a
+        database call is not waited for), then hold the lead."""
         end = self.clock.monotonic() + 5.0
-        while not ready():
-            if self._hard_stop.is_set() and self.clock.monotonic() >= end:
-                return False
-            self.clock.sleep(0.05, wake)
-        return True
+        while True:
+            with self._cond:
+                if not self._leading or (
+                    self._hard_stop.is_set() and self.clock.monotonic() >= end
+                ):
+                    self._leading = True
+                    return
+            self.clock.sleep(0.05)
 
-    def _take_turn(self) -> bool:
-        """Hold the turn if no cycle runs now."""
-        self._turned.clear()
-        return self._turn.acquire(blocking=False)
-
-    def _written_all(self) -> bool:
-        """Nothing left to write: then hold the turn (True), so no cycle starts."""
-        if not self._take_turn():
-            return False
-        with self._lock:
-            if not self._pending:
-                return True
-        self._turn.release()
-        return False
+    def _final_writes(self) -> None:
+        """Write what is left: retried while the database is away (``backoff``), until a
+        hard stop."""
+        wait = 0.0
+        while True:
+            with self._lock:
+                batch, self._pending = self._pending, []
+            if not batch:
+                return
+            try:
+                self._cycle(batch, 0)
+            except JobsError as exc:
+                if self._hard_stop.is_set():
+                    return
+                events.warning("jobs.loop.failed", loop="shutdown", error=type(exc).__name__)
+                with self._lock:
+                    self._pending[:0] = batch
+                wait = self.backoff.after(wait)
+                self.clock.sleep(wait, self._hard_stop)

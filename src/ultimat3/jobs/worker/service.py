@@ -395,7 +395,7 @@ class Worker(Beat, Handlers, Writer):
                 loop.close()
         return self.stats
 
-    # -- the cycle loop: settle and claim --------------------------------------------------------
+    # -- the cycle: settle and claim -----------------------------------------------------------
 
     def _cycle_step(self) -> float:
         """One turn of the leader (the handler thread that runs the cycle): write the outcomes

@@ -204,28 +204,29 @@ def test_an_unexpected_claim_error_is_survived(
     app = make_app(make_module("exec_claim", noop=noop))
     ids = [noop.enqueue({}).id for _ in range(3)]
     worker = app.worker(poll_interval="50ms")
-    real = worker.driver.job_cycle
+    worker.backoff = Backoff(first=0.01, cap=5.0)
+    driver = worker.driver
     failures = [RuntimeError("a surprise"), OSError("another")]
 
-    def flaky(cycle: Any, **options: Any) -> Any:
-        if failures and cycle.claims is not None:
-            raise failures.pop(0)
-        return real(cycle, **options)
+    class Flaky:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(driver, name)
 
-    worker.driver = types.SimpleNamespace(  # type: ignore[assignment]
-        **{n: getattr(real.__self__, n) for n in dir(real.__self__) if not n.startswith("__")}
-    )
-    worker.driver.job_cycle = flaky  # type: ignore[method-assign]
+        def job_cycle(self, cycle: Any, **kwargs: Any) -> Any:
+            if failures:
+                raise failures.pop(0)
+            return driver.job_cycle(cycle, **kwargs)
+
+    worker.driver = Flaky()  # type: ignore[assignment]
     with worker:
         _wait(lambda: all(app.get_job(i).state is JobState.COMPLETED for i in ids))
+    assert not failures, "both failures were met, and survived"
     assert worker.exit_code == 0
-    assert failures == [], "both claims failed before the jobs ran"
 
 
 def test_a_critical_loop_that_keeps_crashing_stops_the_worker_non_zero(
     make_app: Callable[..., App],
     make_module: Callable[..., types.ModuleType],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     app = make_app(make_module("exec_fatal", noop=noop))
     worker = app.worker(poll_interval="50ms")
@@ -239,9 +240,7 @@ def test_a_critical_loop_that_keeps_crashing_stops_the_worker_non_zero(
             raise KeyError("a bug in the claim")
 
     worker.driver = Broken()  # type: ignore[assignment]
-    import ultimat3.jobs.supervise as supervise
-
-    monkeypatch.setattr(supervise, "BACKOFF", Backoff(first=0.01, cap=5.0))
+    worker.backoff = Backoff(first=0.01, cap=5.0)  # the setting of the worker's loops
     stats = worker.run(install_signals=False)
     assert worker.exit_code == FATAL_EXIT
     assert stats.claimed == 0

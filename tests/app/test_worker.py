@@ -456,3 +456,25 @@ def test_pruner_removes_old_finished_jobs(app: App, clock: FakeClock) -> None:
     worker = app.worker(retention="1d")
     assert worker.maintenance.prune() == 1
     assert app.driver.job_get(first.id) is None
+
+
+def test_a_worker_runs_its_handlers_and_three_loops(
+    make_app: Callable[..., App], make_module: Any
+) -> None:
+    """A worker's threads: its handlers (which take turns at leading the cycle) and the
+    heartbeat, renew and maintenance loops; the worker's row is a step of the maintenance
+    loop, not a thread of its own (before, a presence loop ran beside them)."""
+    app = make_app(make_module(record=record))
+    ids = [record.enqueue({"n": n}).id for n in range(30)]
+    with app.worker(concurrency=3, poll_interval="50ms"):
+        deadline = time.monotonic() + 30
+        while app.count_jobs(state="completed") < len(ids) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        mine = sorted(t.name for t in threading.enumerate() if t.name.startswith("ultimat3-jobs-"))
+    assert app.count_jobs(state="completed") == len(ids)
+    handlers = [n for n in mine if n.startswith("ultimat3-jobs-handler-")]
+    loops = {n for n in mine if n not in handlers} - {"ultimat3-jobs-stop"}
+    worker_loops = {f"ultimat3-jobs-{n}" for n in ("heartbeat", "renew", "maintenance")}
+    assert len(handlers) == 3
+    assert worker_loops <= loops
+    assert "ultimat3-jobs-presence" not in loops

@@ -33,8 +33,8 @@ Guarantees and limits:
   a full lease (``grace``) before it trusts an expiry, so a lease lapses only after a full
   lease in which its worker could have renewed it and did not.
 - **Only a started job loses its attempt.** A worker claims only for handlers that are free,
-  and its claim records that the jobs start (``job_cycle``); a job claimed without that
-  (``job_claim``) whose lease expired goes back to the queue with its attempt refunded.
+  and its claim records that the jobs start (``job_cycle``); one a shutdown gives back before
+  a handler took it goes back with its attempt refunded.
 - **A crash costs only the job that caused it.** A started job whose worker died while it ran
   beside other jobs cannot be told from its neighbours: it is rescued as ``worker_lost`` with
   its attempt given back (``Failure.refund``), due at once, and marked *isolated*: it is
@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -172,7 +171,7 @@ class Maintenance:
         # A standby asks again at the rescue cadence (at most a third of the leadership's
         # time to live): each ask is an upsert that waits on the leader's row.
         self._standby_every = min(rescue_every, self.leader_ttl.total_seconds() / 3)
-        now = time.monotonic()
+        now = self.clock.monotonic()
         rescued = 0
         if now >= self._next_rescue:
             self._next_rescue = now + rescue_every
@@ -193,10 +192,10 @@ class Maintenance:
         or to take it over within one cadence of its expiry (on a standby)."""
         if self._backlog:
             return 0.05
-        due = self._next_rescue - time.monotonic()
+        due = self._next_rescue - self.clock.monotonic()
         if not self.leading:
             return max(0.05, min(due, self._standby_every))
-        due = min(due, self._next_prune - time.monotonic())
+        due = min(due, self._next_prune - self.clock.monotonic())
         return max(0.05, min(due, self.leader_ttl.total_seconds() / 3))
 
     def resign(self) -> None:
@@ -303,7 +302,7 @@ class Maintenance:
     def prune(self) -> int:
         """Delete finished rows past their retention, batch after batch, within the pass's time
         budget; returns how many. ``next_in()`` is 0 while rows remain."""
-        budget_end = time.monotonic() + self.config.prune_budget.total_seconds()
+        budget_end = self.clock.monotonic() + self.config.prune_budget.total_seconds()
         # Finished times are the database's (PostgreSQL's now()): retention counts on its
         # clock, so a leader whose clock is ahead cannot prune rows (and end their dedupe
         # window, lose their results) before their time.
@@ -321,7 +320,7 @@ class Maintenance:
                 total += deleted
                 if deleted < self.config.prune_batch:
                     break
-                if time.monotonic() >= budget_end:
+                if self.clock.monotonic() >= budget_end:
                     more = True
                     break
         self._backlog = more

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 
 from ultimat3.jobs import events
-from ultimat3.jobs.clock import Backoff
+from ultimat3.jobs.clock import Backoff, Clock, SystemClock
 from ultimat3.jobs.errors import JobsError
 
 __all__ = ["Loop"]
@@ -43,6 +43,7 @@ class Loop:
         fatal_after: int = 3,
         stop: threading.Event | None = None,
         backoff: Backoff | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.name = name
         self.step = step
@@ -53,6 +54,10 @@ class Loop:
         self.backoff = backoff or BACKOFF
         self._backoff = 0.0
         self.stopping = stop or threading.Event()
+        #: Where the loop waits between steps (the system's clock by default).
+        self.clock = clock or SystemClock()
+        #: Set when ``run`` returns.
+        self.done = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -68,9 +73,14 @@ class Loop:
         self.join(timeout)
 
     def join(self, timeout: float | None = None) -> None:
+        """Wait for the loop to end (``timeout`` seconds at most, on the loop's clock)."""
         thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
+        if thread is None or thread is threading.current_thread():
+            return
+        if timeout is None:
+            self.done.wait()
+        else:
+            self.clock.sleep(timeout, self.done)
 
     @property
     def alive(self) -> bool:
@@ -79,8 +89,11 @@ class Loop:
     def run(self) -> None:
         """The loop itself (``start()`` runs it on a thread; call it to run it here)."""
         pause: float | None = 0.0
-        while pause is not None and not self.stopping.wait(pause):
-            pause = self.once()
+        try:
+            while pause is not None and not self.clock.sleep(pause, self.stopping):
+                pause = self.once()
+        finally:
+            self.done.set()
 
     def once(self) -> float | None:
         """One step under the loop's policy, on the caller's thread: the pause before the next

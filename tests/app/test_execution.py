@@ -577,9 +577,7 @@ def _new(handle: Any) -> Any:
 
 
 def test_the_scheduler_thread_survives_an_unexpected_error(
-    make_app: Callable[..., App],
-    make_module: Callable[..., types.ModuleType],
-    monkeypatch: pytest.MonkeyPatch,
+    make_app: Callable[..., App], make_module: Callable[..., types.ModuleType]
 ) -> None:
     app = make_app(make_module("exec_sched_loop", b_healthy=healthy, noop=noop))
     scheduler = app.scheduler(tick_interval="20ms")
@@ -593,9 +591,7 @@ def test_the_scheduler_thread_survives_an_unexpected_error(
         return real()
 
     scheduler.tick = flaky  # type: ignore[method-assign]
-    import ultimat3.jobs.supervise as supervise
-
-    monkeypatch.setattr(supervise, "BACKOFF", Backoff(first=0.01, cap=5.0))
+    scheduler.backoff = Backoff(first=0.01, cap=5.0)
     scheduler.start()
     _wait(lambda: len(calls) >= 3, what="ticks after the error")
     scheduler.stop()

@@ -41,8 +41,7 @@ PUBLIC_MODULES = (
 
 #: Public by name, private by nature: left out of the reference, each with the reason. A
 #: name here that stops existing fails ``test_not_api_names_exist``.
-NOT_API = {
-}
+NOT_API = {}
 
 HEADING = re.compile(r'<h[1-6] id="(?P<id>ultimat3[\w.]*)" class="doc doc-heading"')
 IMPORT = re.compile(

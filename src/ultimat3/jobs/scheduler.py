@@ -38,13 +38,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ultimat3.jobs import events
-from ultimat3.jobs.clock import STEP, Clock
+from ultimat3.jobs.clock import STEP, Backoff, Clock
 from ultimat3.jobs.driver import Driver, check_clock_skew
 from ultimat3.jobs.errors import JobsError
 from ultimat3.jobs.ids import token
 from ultimat3.jobs.job import JobHandle
 from ultimat3.jobs.records import InsertResult, NewJob, ScheduleState
-from ultimat3.jobs.supervise import Loop
+from ultimat3.jobs.supervise import BACKOFF, Loop
 from ultimat3.jobs.tasks import TaskHandle
 
 #: Builds the job row for one (handle, input) of an occurrence, with its idempotency key.
@@ -150,6 +150,7 @@ class Scheduler:
         tick_interval: timedelta = timedelta(seconds=1),
         grace: timedelta = timedelta(seconds=60),
         step_hold: timedelta = timedelta(minutes=10),
+        backoff: Backoff = BACKOFF,
     ) -> None:
         self.driver = driver
         self.tasks = dict(tasks)
@@ -159,6 +160,8 @@ class Scheduler:
         self.tick_interval = tick_interval
         self.grace = grace
         self.step_hold = step_hold
+        #: The pause after a failed tick, doubling (``supervise.Loop``'s).
+        self.backoff = backoff
         self._loop: Loop | None = None
         #: The scheduler's time is ``anchor[0] + (monotonic - anchor[1])`` (``time()``).
         self._anchor: tuple[datetime, float] | None = None
@@ -300,7 +303,7 @@ class Scheduler:
         """Tick on a supervised thread (``supervise.Loop``) until ``stop()``. Idempotent."""
         if self._loop is not None:
             return
-        self._loop = Loop("scheduler", self._step)
+        self._loop = Loop("scheduler", self._step, backoff=self.backoff)
         self._loop.start()
 
     def stop(self) -> None:

@@ -79,17 +79,6 @@ Guarantees (beyond the ``Driver`` protocol's rules, which this driver keeps):
   heals by itself: a pooled connection whose session ended (its socket turned readable while
   idle: a restart, ``pg_terminate_backend``) is replaced before use, at the cost of one
   ``poll(2)``, and new connections are made as soon as the server is back.
-- **Kept connections.** A call of ours returns its connection to a list of the driver's own
-  (last in, first out) instead of to psycopg_pool, whose ``getconn``/``putconn`` run some
-  twenty Python calls; on a small VM that sleeps between requests, each call's code runs
-  with cold caches, and those cost about 80 µs of every enqueue and claim. A kept connection
-  goes back to the pool once it left it ``_KEEP_FOR`` ago (the pool then applies its
-  lifetime to it), and at once when it is not idle (a transaction left open, a closed one) or
-  when another thread waits for the pool (it would not look at the kept list again).
-  A statement of ours that goes alone runs on a cursor kept with its connection (a new
-  cursor copies the connection's adapters: 80 µs run cold); the cursor goes with it. It holds
-  the last result it read until the next statement, or until its connection goes back to the
-  pool: at most ``pool_max`` results, for at most ``_KEEP_FOR``.
 - **Migrations** run in one transaction under ``pg_advisory_xact_lock``: any number of
   processes may migrate at once; one applies, the others find the work done.
 
@@ -189,7 +178,6 @@ from ultimat3.jobs.records import (
     JobState,
     Lease,
     NewJob,
-    NewJobs,
     QueueInfo,
     ScheduleState,
     WorkerInfo,
@@ -246,8 +234,6 @@ _WAIT_SLICE = 0.1
 #: A statement of ours slower than this has the plans of its connection made again (see
 #: ``_attempts``): their cost is then a small share of the time that set it off.
 _REPLAN_AFTER = 0.02
-#: How long a connection may go from call to call of the driver without a visit to its pool.
-_KEEP_FOR = 60.0
 #: The listener checks that it still LISTENs after this much silence.
 _PROBE_AFTER = 30.0
 _LISTEN_BACKOFF_MAX = 5.0
@@ -261,8 +247,6 @@ _POLL_SLICE = 0.05
 #: it waits for that one or a second one before it decides that a pooler does.
 _PROBE_WAIT = 1.0
 _PROBE_CONFIRM = 5.0
-#: A pool checkout's first look: a connection idle in the pool, without waiting for one.
-_NO_WAIT = 0.001
 #: How long a presence beat waits for a lease renewal on their shared connection before it
 #: takes a pooled one instead, and the longest it may run there (its statement and lock
 #: timeouts): a lease renewal waits no longer than this for a beat.
@@ -406,29 +390,6 @@ class PostgresDriver:
             name: text.replace("{schema}", quoted).encode()
             for name, text in sql_files.queries(_NAME).items()
         }
-        # Isolated jobs (rescued after their worker died) are claimed by the same statement
-        # with the opposite filter, planned against their own partial index.
-        self._q["job_claim_isolated"] = self._q["job_claim"].replace(
-            b"AND NOT j.isolated", b"AND j.isolated"
-        )
-        # A turn that only claims commits without waiting for the WAL flush (see job_cycle);
-        # alone it is one statement, which says so itself.
-        for name in ("job_claim", "job_claim_isolated", "job_claim_queue"):
-            self._q[name + "_relaxed"] = _relaxed(self._q[name])
-        # A job with a uniqueness window: job_insert_one with its two columns (its DO NOTHING
-        # takes any conflict: its idempotency key, its id, or its unique key held: see _insert).
-        unique_one = self._q["job_insert_one"]
-        for old, new in (
-            (b"rate_period)\n", b"rate_period, unique_key, unique_states)\n"),
-            (
-                b"%(rate_period)s\n",
-                b"%(rate_period)s, %(unique_key)s, %(unique_states)s\n",
-            ),
-        ):
-            assert unique_one.count(old) == 1, old
-            unique_one = unique_one.replace(old, new)
-        self._q["job_insert_unique"] = unique_one
-        self._insert_plain_sql = self._q["job_insert_plain"]
         self._migrations, self._migrate_key = migration_plan(
             sql_files.migrations(_NAME),
             quoted_schema=quoted,
@@ -460,17 +421,8 @@ class PostgresDriver:
         #: What a forked child inherited and must never use nor finish (``_after_fork``).
         self._inherited: list[Any] = []
         self._forked = False
-        #: In a call (``_checkout``), with when it left the pool.
-        self._lent: dict[Conn, float] = {}
-        #: Kept between calls, with when it left the pool; the last one kept is used first.
-        self._kept: list[tuple[Conn, float]] = []
-        #: Threads waiting for the pool (none was idle in it): while any does, a call's connection goes back to the
-        #: pool instead of the kept list, which only later calls look at.
-        self._waiting = 0
-        self._waiting_lock = threading.Lock()
-        #: A cursor of each connection of ours, used again by its statements that go alone
-        #: (``_exec``): a new one copies the connection's adapters, 80 µs run cold.
-        self._cursors: dict[Conn, psycopg.Cursor[Any]] = {}
+        #: In a call (``_checkout``): a forked child disowns them (``_after_fork``).
+        self._lent: set[Conn] = set()
         self._texts_by_limit: dict[tuple[str, int], bytes] = {}
         #: Limited claims: the last key looked at (``limits``, step 1), and the first half of
         #: the two-part advisory lock keys of this schema's limits.
@@ -530,7 +482,6 @@ class PostgresDriver:
         inherited = [
             *getattr(old, "_pool", ()),  # idle in the pool
             *self._lent,  # in a call of another thread: it does not exist in the child
-            *(conn for conn, _ in self._kept),
             self._listener,
             self._renewer,
             self._finished._conn,
@@ -546,11 +497,7 @@ class PostgresDriver:
         finally:
             os.close(devnull)
         self._inherited.append((old, inherited))
-        self._lent = {}
-        self._kept = []
-        self._waiting = 0
-        self._waiting_lock = threading.Lock()
-        self._cursors = {}
+        self._lent = set()
         self._listener = None
         self._renewer = None
         self._renew_lock = threading.Lock()
@@ -624,7 +571,6 @@ class PostgresDriver:
                 self._renew_lock.release()
         else:  # a renewal still runs: it fails, and closes its connection itself
             self._cut_renewer()
-        self._give_back_kept()
         self._pool.close(timeout=5.0)
         self._watch.close()
 
@@ -724,21 +670,6 @@ class PostgresDriver:
                     raise
         raise AssertionError("unreachable")
 
-    def _plain_params(self, job: NewJob) -> tuple[Any, ...]:
-        """The parameters of ``job_insert_plain``, in its order."""
-        return (
-            job.id,
-            job.name,
-            job.queue,
-            job.input,
-            job.tenant_id,
-            job.idempotency_key,
-            job.priority,
-            job.max_attempts,
-            job.trace_context,
-            self._channel,
-        )
-
     def _woke(self, jobs: Sequence[NewJob]) -> None:
         """Jobs of ours committed: wake this process's waiters at once when polling (with
         LISTEN, the NOTIFY does), and let the next look know they are not news."""
@@ -768,7 +699,7 @@ class PostgresDriver:
         snapshot must follow the locks)."""
         if not params.limited:
             return [self._claim_query(params, started=started)]
-        queues = _text_array(sorted(set(params.queues)))
+        queues = sorted(set(params.queues))
         lock = {
             "queues": queues,
             "now": params.now,
@@ -787,7 +718,7 @@ class PostgresDriver:
             "worker_id": params.worker_id,
             "started": started,
             "token": params.token or ids.token(),
-            "skip": _text_array(sorted(params.skip)),
+            "skip": sorted(params.skip),
         }
         return [
             (self._q["job_claim_limited_setup"], {}),
@@ -811,23 +742,21 @@ class PostgresDriver:
     ) -> tuple[bytes, dict[str, Any]]:
         """The claim statement for ``params`` and its parameters: one queue has its own,
         cheaper statement (``job_claim_queue``). ``relaxed``: the statement is a transaction
-        alone, and commits without waiting for the WAL flush (``_relaxed``)."""
+        alone, and commits without waiting for the WAL flush (see job_claim in queries.sql)."""
         values: dict[str, Any] = {
             "lease_for": params.lease_for,
             "worker_id": params.worker_id,
             "now": params.now,
             "started": started,
             "token": params.token or ids.token(),
+            "relaxed": relaxed,
         }
         queues = sorted(set(params.queues))
-        suffix = "_relaxed" if relaxed else ""
         if len(queues) == 1 and not (params.isolated or params.skip):
             values["queue"] = queues[0]
-            return self._with_limit("job_claim_queue" + suffix, params.limit), values
-        values.update(
-            queues=_text_array(queues), limit=params.limit, skip=_text_array(sorted(params.skip))
-        )
-        return self._q[("job_claim_isolated" if params.isolated else "job_claim") + suffix], values
+            return self._with_limit("job_claim_queue", params.limit), values
+        values.update(queues=queues, limit=params.limit, skip=sorted(params.skip))
+        return self._q["job_claim_isolated" if params.isolated else "job_claim"], values
 
     def _with_limit(self, name: str, limit: int) -> bytes:
         """Statement ``name`` with ``limit`` written into its text for ``{limit}`` (see
@@ -860,7 +789,7 @@ class PostgresDriver:
                 return self._cycle_queue(cycle, claim, now)
         steps: list[tuple[bytes, dict[str, Any]]] = []
         if relaxed:
-            steps.append((b"SET LOCAL synchronous_commit = off", {}))
+            steps.append((self._q["commit_relaxed"], {}))
         if cycle.completes:
             steps.append((self._q["job_complete"], self._complete_params(cycle, now)))
         if cycle.failures:
@@ -928,9 +857,7 @@ class PostgresDriver:
         )
 
     def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:
-        rows = self._fetch(
-            "job_peek_isolated", {"queues": _text_array(sorted(set(queues))), "now": now}
-        )
+        rows = self._fetch("job_peek_isolated", {"queues": sorted(set(queues)), "now": now})
         return bool(rows and rows[0][0])
 
     def lease_extend(
@@ -989,7 +916,6 @@ class PostgresDriver:
                 try:
                     self._reraise(exc, conn)
                 finally:
-                    self._cursors.pop(conn, None)
                     with self._renewer_end:
                         conn.close()
             finally:
@@ -1042,7 +968,6 @@ class PostgresDriver:
         """Close the renewals' connection; only under ``_renew_lock``, never under a statement."""
         conn, self._renewer = self._renewer, None
         if conn is not None:
-            self._cursors.pop(conn, None)
             try:
                 with self._renewer_end:
                     conn.close()
@@ -1097,14 +1022,7 @@ class PostgresDriver:
         results = cycle.results
         if results:
             ordered = sorted(lease.id for lease in cycle.completes)  # as _lease_arrays
-            params["results"] = (
-                "{"
-                + ",".join(
-                    "NULL" if (text := results.get(id_)) is None else _quoted(text)
-                    for id_ in ordered
-                )
-                + "}"
-            )
+            params["results"] = [results.get(id_) for id_ in ordered]
         return params
 
     def job_fail_many(
@@ -1131,7 +1049,7 @@ class PostgresDriver:
                     for f in ordered
                 ]
             ),
-            "ids": _text_array([f.lease.id for f in ordered]),
+            "ids": [f.lease.id for f in ordered],
             "now": now,
             "channel": self._channel,
             "finished": self._finished_channel,
@@ -1253,7 +1171,7 @@ class PostgresDriver:
             return []
         rows = self._fetch(
             "job_retry",
-            {"ids": _text_array(ids), "tenant_id": tenant_id, "now": now, "channel": self._channel},
+            {"ids": list(ids), "tenant_id": tenant_id, "now": now, "channel": self._channel},
         )
         changed = {row[0] for row in rows}
         return [job_id for job_id in dict.fromkeys(ids) if job_id in changed]
@@ -1261,7 +1179,7 @@ class PostgresDriver:
     def job_discard(self, ids: Sequence[str], *, tenant_id: str | None = None) -> list[str]:
         if not ids:
             return []
-        rows = self._fetch("job_discard", {"ids": _text_array(ids), "tenant_id": tenant_id})
+        rows = self._fetch("job_discard", {"ids": list(ids), "tenant_id": tenant_id})
         deleted = {row[0] for row in rows}
         return [job_id for job_id in dict.fromkeys(ids) if job_id in deleted]
 
@@ -1282,7 +1200,7 @@ class PostgresDriver:
         final = sorted(state.value for state in states & FINAL_STATES)
         if not final or limit <= 0:
             return 0
-        params = {"states": _text_array(final), "before": finished_before, "limit": limit}
+        params = {"states": list(final), "before": finished_before, "limit": limit}
         with self._connection() as conn:
             # The maintenance node prunes: it folds the count deltas too (see 0005).
             self._exec(conn, self._q["job_counts_fold"], {}, bounded=True)
@@ -1330,7 +1248,7 @@ class PostgresDriver:
     def schedule_read(self, tasks: Sequence[str]) -> dict[str, ScheduleState]:
         if not tasks:
             return {}
-        rows = self._fetch("schedule_read", {"tasks": _text_array(sorted(set(tasks)))})
+        rows = self._fetch("schedule_read", {"tasks": sorted(set(tasks))})
         return {
             task: ScheduleState(task, _utc(first), _utc(last) if last is not None else None)
             for task, first, last in rows
@@ -1341,7 +1259,7 @@ class PostgresDriver:
     ) -> dict[str, ScheduleState]:
         if not tasks:
             return {}
-        params = {"tasks": _text_array(sorted(set(tasks))), "now": now}
+        params = {"tasks": sorted(set(tasks)), "now": now}
         with self._connection() as conn:
             self._exec(conn, self._q["schedule_register"], params, bounded=True)
             rows = self._exec(conn, self._q["schedule_read"], params, bounded=True).fetchall()
@@ -1399,7 +1317,7 @@ class PostgresDriver:
             "id": worker.id,
             "host": worker.host,
             "pid": worker.pid,
-            "queues": _text_array(worker.queues),
+            "queues": list(worker.queues),
             "concurrency": worker.concurrency,
             "started_at": worker.started_at,
             "now": now,
@@ -1565,9 +1483,7 @@ class PostgresDriver:
 
     def _notify_probe(self, channel: str, payload: str) -> None:
         self._fetch(
-            b"SELECT pg_notify(%(channel)s, %(payload)s)",
-            {"channel": channel, "payload": payload},
-            prepare=False,
+            self._q["notify_probe"], {"channel": channel, "payload": payload}, prepare=False
         )
 
     def _direct(self, probe: Conn) -> bool:
@@ -1585,11 +1501,7 @@ class PostgresDriver:
             return False  # a Unix socket
         self._watch.arm(probe)
         try:
-            row = probe.execute(
-                "SELECT host(client_addr), client_port, host(inet_server_addr()),"
-                " inet_server_port() FROM pg_stat_activity WHERE pid = pg_backend_pid()",
-                prepare=False,
-            ).fetchone()
+            row = probe.execute(self._q["session_ends"], prepare=False).fetchone()
         finally:
             self._watch.disarm(probe)
         if row is None or any(value is None for value in row):
@@ -1659,7 +1571,7 @@ class PostgresDriver:
                 self._probe_at = time.monotonic() + _PROBE_AFTER
                 self._watch.arm(conn)
                 try:
-                    conn.execute("SELECT 1")
+                    conn.execute(self._q["ping"])
                 finally:
                     self._watch.disarm(conn)
         except psycopg.Error:
@@ -1747,21 +1659,17 @@ class PostgresDriver:
         and the caller takes the ON CONFLICT path, which dedupes. Runs inside the caller's
         transaction, in a savepoint of its own. Jobs that are built as they are read
         (``NewJobs``) are built a slice at a time, while the server stores the last one; an
-        input refused meanwhile rolls the savepoint back and raises. A plain batch is written
-        from its columns, without a ``NewJob`` per row (``_copy_columns``)."""
-        plain = jobs if isinstance(jobs, NewJobs) and jobs.template is not None else None
-        slices: Iterable[Sequence[NewJob]] = ()
-        if plain is None:
-            rest = in_slices(jobs, _COPY_SLICE)
-            head = next(rest)
-            if not _copyable(head[0]):
-                return None  # the usual case of a batch COPY cannot take: say so before any I/O
-            slices = itertools.chain((head,), rest)
+        input refused meanwhile rolls the savepoint back and raises."""
+        rest = in_slices(jobs, _COPY_SLICE)
+        head = next(rest)
+        if not _copyable(head[0]):
+            return None  # the usual case of a batch COPY cannot take: say so before any I/O
+        slices = itertools.chain((head,), rest)
         row = self._exec(conn, self._q["clock"], {"now": now}).fetchone()
         assert row is not None
         at: datetime = row[0]
         due: set[str] = set()
-        texts = _copy_lines(slices, at, due) if plain is None else _copy_columns(plain, at, due)
+        texts = _copy_lines(slices, at, due)
         encoding = conn.info.encoding
         try:
             with conn.transaction(), our_cursor(conn) as cur, cur.copy(self._q["job_copy"]) as copy:
@@ -1776,7 +1684,7 @@ class PostgresDriver:
             self._exec(
                 conn,
                 self._q["notify_queues"],
-                {"channel": self._channel, "queues": _text_array(sorted(due))},
+                {"channel": self._channel, "queues": sorted(due)},
             )
         return [InsertResult(job_id, False) for job_id in ids_of(jobs)]
 
@@ -1784,17 +1692,15 @@ class PostgresDriver:
         self, conn: Conn, jobs: Sequence[NewJob], now: datetime | None, *, bounded: bool
     ) -> list[Row]:
         query: bytes
-        params: dict[str, Any] | tuple[Any, ...]
+        params: dict[str, Any]
         if len(jobs) > 1 and any(j.unique_key is not None for j in jobs):
             # One by one: each unique key is resolved by its own statement.
             return [
                 row for j in jobs for row in self._execute_insert(conn, [j], now, bounded=bounded)
             ]
-        if len(jobs) == 1 and now is None and _plain(jobs[0]):
-            query, params = self._insert_plain_sql, self._plain_params(jobs[0])
-        elif len(jobs) == 1:
+        if len(jobs) == 1:
             [j] = jobs
-            query = self._q["job_insert_one" if j.unique_key is None else "job_insert_unique"]
+            query = self._q["job_insert_one"]
             params = {
                 "id": j.id,
                 "name": j.name,
@@ -1968,10 +1874,7 @@ class PostgresDriver:
             return our_cursor(conn).execute(query, params, prepare=prepare)
         if self._session_bounds:
             if conn not in self._rebound:  # the session's bounds: the statement goes alone
-                cursor = self._cursors.get(conn)
-                if cursor is None:
-                    cursor = self._cursors[conn] = conn.cursor()
-                return cursor.execute(query, params, prepare=prepare)
+                return conn.execute(query, params, prepare=prepare)
             with conn.pipeline():
                 conn.execute(self._bounds_session, prepare=self._prepare)
                 cursor = conn.execute(query, params, prepare=prepare)
@@ -2015,70 +1918,25 @@ class PostgresDriver:
             self._putconn(conn)
 
     def _checkout(self) -> Conn:
-        """A connection, lent until ``_putconn``: the last one kept, else the pool's."""
-        try:
-            conn, since = self._checkout_once()
-        except DriverUnavailableError:
-            self.stalls.note_failure()
-            raise
-        self._lent[conn] = since
-        return conn
-
-    def _putconn(self, conn: Conn) -> None:
-        """Keep ``conn`` for the next call, or give it back to the pool (see "Kept
-        connections" in the module docstring)."""
-        since = self._lent.pop(conn, None)
-        if (
-            since is not None
-            and not self._waiting  # a thread waits for the pool: it gets this one
-            and conn.pgconn.transaction_status == _IDLE
-            and time.monotonic() - since < _KEEP_FOR
-            and not self._closed
-        ):
-            self._kept.append((conn, since))
-            if self._closed:  # closed meanwhile: it may have given back the others already
-                self._give_back_kept()
-            return
-        self._give_back(conn)
-
-    def _give_back(self, conn: Conn) -> None:
-        self._cursors.pop(conn, None)
-        self._pool.putconn(conn)
-
-    def _give_back_kept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._kept.pop()
-            except IndexError:
-                return
-            self._give_back(conn)
-
-    def _checkout_once(self) -> tuple[Conn, float]:
+        """A pooled connection, lent until ``_putconn``. One whose session ended while it sat
+        in the pool (a server restart, ``pg_terminate_backend``) is closed, and the pool
+        replaces it."""
         if self._closed:
             raise self._closed_error()
-        while True:
-            try:
-                conn, since = self._kept.pop()
-            except IndexError:
-                break
-            if not _ended(conn):
-                return conn, since
-            conn.close()  # its session ended (see _ended): the pool replaces it
-            self._give_back(conn)
         if self._forked:  # the first call of a forked child: its own pool (_after_fork)
             self._forked = False
             self._pool.open(wait=False)  # safe to call twice, if two threads get here
         try:
             for _ in range(self._pool_max + 1):
-                conn = self._take()
+                conn = self._getconn()
                 if not _ended(conn):
-                    return conn, time.monotonic()
-                # The session ended while the connection sat in the pool (server restart,
-                # pg_terminate_backend): closing it makes the pool replace it.
+                    break
                 conn.close()
-                self._give_back(conn)
-            return self._take(), time.monotonic()
+                self._pool.putconn(conn)
+            else:
+                conn = self._getconn()
         except PoolTimeout as exc:
+            self.stalls.note_failure()
             raise DriverUnavailableError(
                 f"no free connection to PostgreSQL at {self.display_url} within "
                 f"{_POOL_WAIT:g} s, although the server accepts connections",
@@ -2088,22 +1946,15 @@ class PostgresDriver:
             ) from exc
         except PoolClosed as exc:
             raise self._closed_error() from exc
+        except DriverUnavailableError:
+            self.stalls.note_failure()
+            raise
+        self._lent.add(conn)
+        return conn
 
-    def _take(self) -> Conn:
-        """A pooled connection: one idle in the pool, else one waited for (``_getconn``),
-        counted in ``_waiting`` while this thread waits."""
-        try:
-            conn: Conn = self._pool.getconn(timeout=_NO_WAIT)
-            return conn
-        except PoolTimeout:
-            pass
-        with self._waiting_lock:
-            self._waiting += 1
-        try:
-            return self._getconn()
-        finally:
-            with self._waiting_lock:
-                self._waiting -= 1
+    def _putconn(self, conn: Conn) -> None:
+        self._lent.discard(conn)
+        self._pool.putconn(conn)
 
     def _getconn(self) -> Conn:
         """A pooled connection. When none comes quickly, the server may be down, or the pool
@@ -2257,17 +2108,6 @@ def _described(jobs: Sequence[NewJob]) -> tuple[str, str]:
     return f"the enqueue of {jobs_named(jobs)}", holder
 
 
-def _plain(job: NewJob) -> bool:
-    """Whether ``job_insert_plain`` stores ``job``: due now, with no limit and no uniqueness
-    window (the usual job)."""
-    return (
-        job.run_at is None
-        and job.delay is None
-        and job.limit_key is None
-        and job.unique_key is None
-    )
-
-
 def _copyable(job: NewJob) -> bool:
     """Whether COPY can store ``job``: no limit, no uniqueness key, no trace context."""
     return job.limit_key is None and job.unique_key is None and job.trace_context is None
@@ -2394,30 +2234,6 @@ def _replan(conn: Conn) -> None:
         conn.close()
 
 
-def _relaxed(claim: bytes) -> bytes:
-    """A claim statement that sets ``synchronous_commit`` off for its own transaction, so it
-    commits without waiting for the WAL flush: a claim lost in a crash only runs its jobs once
-    more (at least once, as always), and the next write of an outcome flushes it anyway. The
-    setting is read at commit, after the statement; the UPDATE's condition makes it run first."""
-    # The UPDATE's condition: job_claim's probe of the ids, or job_claim_queue's join.
-    [where] = [
-        w
-        for w in (b"WHERE j.id = ANY(ARRAY(SELECT id FROM due))", b"WHERE j.id = due.id")
-        if w in claim
-    ]
-    for old, new in (
-        (
-            b"WITH due AS (",
-            b"WITH relax AS (SELECT set_config('synchronous_commit', 'off', true) AS off),\n"
-            b"due AS (",
-        ),
-        (where, where + b" AND (SELECT off FROM relax) = 'off'"),
-    ):
-        assert claim.count(old) == 1, old
-        claim = claim.replace(old, new)
-    return claim
-
-
 def _job(row: Row) -> Job:
     return job_from_row(row, to_time=_utc, to_errors=_errors)
 
@@ -2515,42 +2331,6 @@ def _copy_lines(slices: Iterable[Sequence[NewJob]], at: datetime, due: set[str])
         yield "\n".join(lines)
 
 
-def _copy_columns(jobs: NewJobs, at: datetime, due: set[str]) -> Iterator[str]:
-    """The COPY text of a plain batch (``NewJobs.columns``), one text a slice: a line is the
-    id, the shape's text (the template's), the JSON text, the tenant, the id again (a plain
-    job's key) and the shape's tail. Only the JSON text is the caller's, so a slice is
-    checked whole: when it holds exactly the backslashes, tabs and newlines its shape has,
-    none of its texts needs an escape; otherwise its texts are escaped one by one. A plain
-    job is one COPY can take (no limit, uniqueness key or trace context), and its key is its
-    fresh id, which no other job of the batch has."""
-    template = jobs.template
-    assert template is not None
-    shape = _CopyShape(template, at, at.isoformat())
-    if shape.due:
-        due.add(template.queue)
-    middle, tenant, tail = shape.middle, shape.tenant, shape.tail
-    for slice_ids, texts in jobs.columns(_COPY_SLICE):
-        lines = [
-            f"{i}{middle}{text}{tenant}{i}{tail}" for i, text in zip(slice_ids, texts, strict=True)
-        ]
-        lines.append("")
-        chunk = "\n".join(lines)
-        rows = len(slice_ids)
-        if (
-            chunk.count("\\") != rows * shape.backslashes
-            or chunk.count("\t") != rows * _COPY_TABS
-            or chunk.count("\n") != rows
-            or "\r" in chunk
-        ):
-            lines = [
-                f"{i}{middle}{_escaped(t)}{tenant}{i}{tail}"
-                for i, t in zip(slice_ids, texts, strict=True)
-            ]
-            lines.append("")
-            chunk = "\n".join(lines)
-        yield chunk
-
-
 def _copy_escaped(job: NewJob, shape: _CopyShape) -> str:
     """The COPY line of a job whose id, input or key needs backslash escapes (the slow path:
     translate is slow, so lines are escaped only when their text shows a special character);
@@ -2570,39 +2350,22 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def _text_array(values: Iterable[str]) -> str:
-    """A PostgreSQL array literal (for a ``%s::text[]`` parameter) with every element quoted,
-    so any text survives. Much cheaper than psycopg's per-element list dumping."""
-    return (
-        "{"
-        + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values)
-        + "}"
-    )
-
-
-def _quoted(value: str) -> str:
-    """One element of an array literal, quoted so that any text survives."""
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _lease_arrays(leases: Sequence[Lease]) -> dict[str, str]:
+def _lease_arrays(leases: Sequence[Lease]) -> dict[str, list[str]]:
     # Sorted by id so that two batches over the same rows lock them in the same order.
     ordered = sorted(leases, key=lambda lease: lease.id)
     return {
-        "ids": _text_array(lease.id for lease in ordered),
-        "tokens": _text_array(lease.token for lease in ordered),
+        "ids": [lease.id for lease in ordered],
+        "tokens": [lease.token for lease in ordered],
     }
 
 
 def _filter_params(where: JobFilter) -> dict[str, Any]:
     return {
-        "states": _text_array(sorted(s.value for s in where.states))
-        if where.states is not None
-        else None,
+        "states": sorted(s.value for s in where.states) if where.states is not None else None,
         "queue": where.queue,
         "name": where.name,
         "tenant_id": where.tenant_id,
-        "ids": _text_array(where.ids) if where.ids is not None else None,
+        "ids": list(where.ids) if where.ids is not None else None,
         "min_id": where.min_id,
     }
 

@@ -380,7 +380,7 @@ def test_plans_dropped_again_and_again_are_made_again_each_time(pg_dsn: str) -> 
     """``_replan`` on a connection with nothing prepared yet, then with statements prepared,
     more than once: the server's prepared statements are gone each time, and psycopg, which
     knows, prepares them again instead of naming ones that no longer exist."""
-    from ultimat3.jobs.drivers.postgres import _replan
+    from ultimat3.jobs.drivers.postgres.connections import _replan
 
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         _replan(conn)
@@ -665,14 +665,23 @@ def test_a_result_waiter_returns_on_the_notification_not_at_the_end_of_its_slice
 ) -> None:
     """The thread that listens for finished jobs is a waiter too: it returns as soon as the
     NOTIFY of its job arrives, not at the end of its 100 ms listening turn."""
-    from ultimat3.jobs.drivers.pg_finished import FinishedListener
+    from ultimat3.jobs.clock import Backoff, SystemClock
+    from ultimat3.jobs.drivers.postgres.listen import Finished, Listener
+    from ultimat3.jobs.drivers.postgres.watchdog import Watchdog
 
-    listener = FinishedListener(
-        lambda: psycopg.connect(pg_dsn, autocommit=True), "u3j_test:finished"
+    clock = SystemClock()
+    listener = Listener(
+        lambda: psycopg.connect(pg_dsn, autocommit=True),
+        clock=clock,
+        backoff=Backoff(first=0.25, cap=5.0),
+        probe_after=30.0,
+        ping=b"SELECT 1",
+        watch=Watchdog(30.0, clock),
     )
+    finished = Finished(listener, "u3j_test:finished", clock, span=0.1)
     delays: list[float] = []
     try:
-        mark = listener.wait(("x",), 2.0, listener.mark())  # opens the LISTEN
+        mark = finished.wait(("x",), 2.0, finished.mark())  # opens the LISTEN
         with psycopg.connect(pg_dsn, autocommit=True) as sender:
 
             def send(job_id: str, sent: list[float]) -> None:
@@ -683,12 +692,12 @@ def test_a_result_waiter_returns_on_the_notification_not_at_the_end_of_its_slice
                 sent: list[float] = []
                 timer = threading.Timer(0.13, send, (f"job-{n}", sent))
                 timer.start()
-                mark = listener.wait((f"job-{n}",), 5.0, mark)
+                mark = finished.wait((f"job-{n}",), 5.0, mark)
                 returned = time.monotonic()
                 timer.join()
                 delays.append(returned - sent[0])
     finally:
-        listener.close()
+        listener.close(within=1.0)
     delays.sort()
     assert delays[len(delays) // 2] < 0.05, delays  # the median: a busy machine is noisy
 

@@ -44,7 +44,9 @@ from urllib.parse import urlsplit, urlunsplit
 from ultimat3.jobs.driver import DatabaseId
 from ultimat3.jobs.errors import (
     ConfigurationError,
+    DriverUnavailableError,
     EnqueueRefusedError,
+    JobsError,
     SerializationError,
     in_callers_transaction,
 )
@@ -62,6 +64,8 @@ __all__ = [
     "bounds_sql",
     "check_bounds",
     "check_joinable",
+    "connect",
+    "connect_settings",
     "first_line",
     "identify",
     "in_savepoint",
@@ -75,6 +79,7 @@ __all__ = [
     "refused",
     "seconds",
     "split_url",
+    "translate",
 ]
 
 
@@ -163,6 +168,101 @@ def apply_migrations(
             conn.execute(text.encode(), prepare=False)
             applied.append(version)
     return applied
+
+
+def connect_settings(dsn: str, application_name: str) -> dict[str, Any]:
+    """The keyword arguments of every connection of ours to ``dsn``: ``CONNECT_DEFAULTS``
+    where the DSN does not set them, and the session's ``application_name``."""
+    given = _psycopg().conninfo.conninfo_to_dict(dsn)
+    settings: dict[str, Any] = {k: v for k, v in CONNECT_DEFAULTS.items() if k not in given}
+    settings["application_name"] = application_name
+    return settings
+
+
+def connect(dsn: str, settings: dict[str, Any], *, stateless: bool = False) -> Any:
+    """A connection of our own (autocommit), for the driver's LISTEN, lease renewals and
+    pooler check and for the outbox store. ``stateless``: nothing prepared (a transaction-
+    mode pooler in between)."""
+    extra: dict[str, Any] = {"prepare_threshold": None} if stateless else {}
+    return _psycopg().connect(dsn, autocommit=True, **settings, **extra)
+
+
+#: SQLSTATE classes that mean "the server cannot serve us now": connection exception,
+#: insufficient resources, operator intervention (admin shutdown, query cancelled), system
+#: error, transaction rollback (serialization failure, deadlock).
+_RETRYABLE_CLASSES = ("08", "53", "57", "58", "40")
+#: Read-only transaction (a standby, a failover), lock not available (lock_timeout).
+_RETRYABLE_STATES = frozenset({"25006", "55P03"})
+
+
+def translate(
+    exc: Any,
+    *,
+    url: str,
+    driver: str,
+    missing: str,
+    migrate_fix: str,
+    broken: bool,
+    recovers: str,
+    cut_off: float | None = None,
+) -> JobsError:
+    """The ``JobsError`` for a psycopg error of a statement of ours (the driver's and the
+    outbox store's: the total error contract). A missing schema says to migrate (``missing``:
+    what is missing); a refused value is a ``SerializationError``; a call cut off by the
+    client's watchdog after ``cut_off`` seconds, a server that is away, read only (a
+    failover, a hot standby), out of resources, shutting down, or that cancelled the
+    statement (a timeout), a serialization failure or a deadlock is retryable (``recovers``:
+    what retries or heals by itself); anything else (a bug, a schema changed by hand) is
+    not. ``broken``: the connection is broken."""
+    pg = _psycopg()
+    state = exc.sqlstate or ""
+    message = first_line(exc)
+    if isinstance(exc, _missing_schema()):
+        return DriverUnavailableError(
+            f"{missing} in {url}: {message}",
+            driver=driver,
+            fix=migrate_fix,
+            retryable=False,
+        )
+    if isinstance(exc, pg.DataError):
+        return SerializationError(
+            f"PostgreSQL refused a value: {message}",
+            fix="pass JSON text the serializer made, and values within the documented bounds",
+        )
+    if cut_off is not None:
+        return DriverUnavailableError(
+            f"PostgreSQL at {url} sent no reply within {cut_off:g} s, so the connection was "
+            "cut off (a stalled network, proxy or pooler; the server may or may not have run "
+            "the statement)",
+            driver=driver,
+            fix="check the network path and any pooler in front of the server; the pool "
+            "replaces the connection and the worker's loops retry by themselves",
+            retryable=True,
+        )
+    if (
+        broken
+        or isinstance(exc, pg.InterfaceError)
+        or not state
+        or state.startswith(_RETRYABLE_CLASSES)
+        or state in _RETRYABLE_STATES
+    ):
+        if state == "25006":
+            cause = f"PostgreSQL at {url} is read-only: {message}"
+            fix = (
+                "the server is a standby or in a failover; point the URL at the primary "
+                f"(libpq's target_session_attrs=read-write); {recovers}"
+            )
+        else:
+            cause = f"PostgreSQL at {url} failed: {message}"
+            fix = f"check that the server is running and reachable; {recovers}"
+        return DriverUnavailableError(cause, driver=driver, fix=fix, retryable=True)
+    return DriverUnavailableError(
+        f"PostgreSQL at {url} refused a statement of ultimat3-jobs (SQLSTATE {state}): {message}",
+        driver=driver,
+        fix="check that the schema is the one `ultimat3-jobs migrate` made; if it is, "
+        "this is a bug: please report it with this message",
+        retryable=False,
+    )
 
 
 def first_line(exc: BaseException) -> str:

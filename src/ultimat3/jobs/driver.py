@@ -52,7 +52,6 @@ from ultimat3.jobs import events
 from ultimat3.jobs.clock import Clock
 from ultimat3.jobs.records import (
     FINAL_STATES,
-    ClaimParams,
     Cycle,
     CycleResult,
     Failure,
@@ -311,10 +310,6 @@ class Driver(Protocol):
         Without ``executor`` the batch commits in its own transaction before returning."""
         ...
 
-    def job_claim(self, params: ClaimParams) -> list[Job]:
-        """Claim up to ``params.limit`` due jobs from ``params.queues`` (see the module rules)."""
-        ...
-
     def job_cycle(self, cycle: Cycle, *, now: datetime | None = None) -> CycleResult:
         """A worker's turn in one transaction (one commit): complete (storing
         ``cycle.results``) and fail what finished (each write fenced by its lease), and claim
@@ -322,11 +317,6 @@ class Driver(Protocol):
         and a job whose worker dies after this is rescued as lost, not released unstarted. A
         turn that only claims may commit without waiting for the disk (losing it to a crash
         only gives the attempt back)."""
-        ...
-
-    def job_release_unstarted(self, *, now: datetime | None = None) -> list[str]:
-        """Put every running job whose lease expired before it was marked started back to
-        ``available``, its attempt refunded; return their ids."""
         ...
 
     def job_release_claim(self, token: str, *, now: datetime | None = None) -> list[str]:
@@ -350,17 +340,6 @@ class Driver(Protocol):
         self, leases: Sequence[Lease], lease_for: timedelta, *, now: datetime | None = None
     ) -> set[str]:
         """Push the expiry of held leases to ``now + lease_for``; return the ids still held."""
-        ...
-
-    def job_complete_many(
-        self,
-        leases: Sequence[Lease],
-        *,
-        executor: Executor | None = None,
-        now: datetime | None = None,
-    ) -> set[str]:
-        """Mark held jobs ``completed`` (clearing the lease), with no result; return the ids
-        changed. A worker completes through ``job_cycle``, which stores results."""
         ...
 
     def job_fail_many(

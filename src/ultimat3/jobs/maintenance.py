@@ -229,9 +229,6 @@ class Maintenance:
                 )
             return []
         self._deferred = False
-        released = self.driver.job_release_unstarted(now=self.clock.pinned())
-        for job_id in released:
-            events.warning("jobs.job.released-unstarted", job_id=job_id)
         return self._rescue(isolated=True, stepped=stepped) + self._rescue(
             isolated=False, stepped=stepped
         )

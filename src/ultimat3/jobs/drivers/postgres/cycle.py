@@ -10,7 +10,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ultimat3.jobs import ids
-from ultimat3.jobs.driver import Executor
 from ultimat3.jobs.drivers.postgres.connections import _MICROSECOND, Row, _job, _json, _utc
 from ultimat3.jobs.drivers.postgres.insert import Inserts
 from ultimat3.jobs.limits import keys_to_look
@@ -28,26 +27,13 @@ from ultimat3.jobs.records import (
 class Cycles(Inserts):
     """Claims and the writes of a running job's life."""
 
-    def job_claim(self, params: ClaimParams) -> list[Job]:
-        if params.limit <= 0 or not params.queues:
-            return []
-        self._claimed = True
-        steps = self._claim_steps(params, started=False)
-        if len(steps) == 1:
-            return [_job(row) for row in self._fetch(*steps[0])]
-        rows = self._pipelined(steps)
-        self._advance(params, rows[-2])
-        return [_job(row) for row in rows[-1]]
-
-    def _claim_steps(
-        self, params: ClaimParams, *, started: bool
-    ) -> list[tuple[bytes, dict[str, Any]]]:
+    def _claim_steps(self, params: ClaimParams) -> list[tuple[bytes, dict[str, Any]]]:
         """The claim's statements: one without limits; with them (``params.limited``), the
         planner settings (``job_claim_limited_setup``), the key locks (``job_limit_lock``) then
         the claim (``job_claim_limited``), in one transaction (see ``limits``: the claim's
         snapshot must follow the locks)."""
         if not params.limited:
-            return [self._claim_query(params, started=started)]
+            return [self._claim_query(params)]
         queues = sorted(set(params.queues))
         lock = {
             "queues": queues,
@@ -65,7 +51,6 @@ class Cycles(Inserts):
             "limit": params.limit,
             "lease_for": params.lease_for,
             "worker_id": params.worker_id,
-            "started": started,
             "token": params.token or ids.token(),
             "skip": sorted(params.skip),
         }
@@ -87,7 +72,7 @@ class Cycles(Inserts):
         return wake_in  # type: ignore[no-any-return]
 
     def _claim_query(
-        self, params: ClaimParams, *, started: bool, relaxed: bool = False
+        self, params: ClaimParams, *, relaxed: bool = False
     ) -> tuple[bytes, dict[str, Any]]:
         """The claim statement for ``params`` and its parameters: one queue has its own,
         cheaper statement (``job_claim_queue``). ``relaxed``: the statement is a transaction
@@ -96,7 +81,6 @@ class Cycles(Inserts):
             "lease_for": params.lease_for,
             "worker_id": params.worker_id,
             "now": params.now,
-            "started": started,
             "token": params.token or ids.token(),
             "relaxed": relaxed,
         }
@@ -128,7 +112,7 @@ class Cycles(Inserts):
         relaxed = not cycle.writes
         if claim is not None and not claim.limited:
             if relaxed:
-                alone = self._fetch(*self._claim_query(claim, started=True, relaxed=True))
+                alone = self._fetch(*self._claim_query(claim, relaxed=True))
                 return CycleResult(claimed=[_job(row) for row in alone])
             if (
                 not cycle.failures
@@ -144,7 +128,7 @@ class Cycles(Inserts):
         if cycle.failures:
             steps.append((self._q["job_fail"], self._failure_params(cycle.failures, now)))
         if claim is not None:
-            steps.extend(self._claim_steps(claim, started=True))
+            steps.extend(self._claim_steps(claim))
         rows = self._pipelined(steps)
         result = CycleResult()
         wake_in = None
@@ -182,10 +166,6 @@ class Cycles(Inserts):
         result.claimed.extend(_job(row[:-2]) for row in rows if row[0] is not None)
         return result
 
-    def job_release_unstarted(self, *, now: datetime | None = None) -> list[str]:
-        rows = self._fetch("job_release_unstarted", {"now": now, "channel": self._channel})
-        return sorted(row[0] for row in rows)
-
     def job_release_claim(self, token: str, *, now: datetime | None = None) -> list[str]:
         params = {"token": token, "now": now, "channel": self._channel}
         return sorted(row[0] for row in self._fetch("job_release_claim", params))
@@ -217,23 +197,6 @@ class Cycles(Inserts):
         params = {**_lease_arrays(leases), "lease_for": lease_for, "now": now}
         rows = self._on_renewer(self._q["lease_extend"], params)
         assert rows is not None  # it waited for the connection
-        return {row[0] for row in rows}
-
-    def job_complete_many(
-        self,
-        leases: Sequence[Lease],
-        *,
-        executor: Executor | None = None,
-        now: datetime | None = None,
-    ) -> set[str]:
-        if not leases:
-            return set()
-        params = self._complete_params(Cycle(completes=leases), now)
-        if executor is not None:
-            with self._joined(executor) as conn:
-                rows = self._exec(conn, self._q["job_complete"], params).fetchall()
-        else:
-            rows = self._fetch("job_complete", params)
         return {row[0] for row in rows}
 
     def _complete_params(self, cycle: Cycle, now: datetime | None) -> dict[str, Any]:

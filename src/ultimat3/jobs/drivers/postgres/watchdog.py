@@ -24,18 +24,16 @@ class Watchdog:
     def __init__(self, budget: float, clock: Clock) -> None:
         self.budget = budget
         self._clock = clock
-        # arm/disarm take the lock itself: a Condition's own ``with`` adds two Python calls.
         self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
+        self._stop = threading.Event()
         self._armed: dict[int, tuple[float, Any]] = {}
         self._fired: set[int] = set()
         self._thread: threading.Thread | None = None
-        self._closed = False
 
     def arm(self, conn: Any) -> None:
         with self._lock:
             self._armed[id(conn)] = (self._clock.monotonic() + self.budget, conn)
-            if self._thread is None and not self._closed:
+            if self._thread is None and not self._stop.is_set():
                 self._thread = threading.Thread(
                     target=self._run, name="ultimat3-jobs-pg-watchdog", daemon=True
                 )
@@ -52,23 +50,20 @@ class Watchdog:
             return id(conn) in self._fired
 
     def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
+        self._stop.set()
 
     def _run(self) -> None:
-        with self._cond:
-            while not self._closed:
-                now = self._clock.monotonic()
+        while not self._stop.is_set():
+            now = self._clock.monotonic()
+            with self._lock:
                 soonest = min((d for d, _ in self._armed.values()), default=now + self.budget)
-                if soonest > now:
-                    self._cond.wait(soonest - now)
-                    continue
                 for key, (deadline, conn) in list(self._armed.items()):
                     if deadline <= now:
                         del self._armed[key]
                         self._fired.add(key)
                         cut_off(conn)
+            if soonest > now:
+                self._clock.sleep(soonest - now, self._stop)
 
 
 def cut_off(conn: Any) -> None:

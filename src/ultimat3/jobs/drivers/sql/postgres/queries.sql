@@ -237,7 +237,7 @@ claimed AS (
         lease_token = %(token)s || '.' || j.id,
         lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease_for)s::interval,
         worker_id = %(worker_id)s,
-        started = %(started)s  -- true in a worker's cycle: its handlers are free now
+        started = true  -- claimed in a worker's cycle: its handlers are free now
     WHERE j.id = ANY(ARRAY(SELECT id FROM due)) AND (SELECT off FROM relax) IS NOT NULL
     RETURNING j.id, j.name, j.queue, j.input::text, j.tenant_id, j.idempotency_key,
               j.priority, j.state, j.attempt, j.max_attempts, j.run_at, j.created_at,
@@ -283,7 +283,7 @@ claimed AS (
         lease_token = %(token)s || '.' || j.id,
         lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease_for)s::interval,
         worker_id = %(worker_id)s,
-        started = %(started)s  -- true in a worker's cycle: its handlers are free now
+        started = true  -- claimed in a worker's cycle: its handlers are free now
     WHERE j.id = ANY(ARRAY(SELECT id FROM due)) AND (SELECT off FROM relax) IS NOT NULL
     RETURNING j.id, j.name, j.queue, j.input::text, j.tenant_id, j.idempotency_key,
               j.priority, j.state, j.attempt, j.max_attempts, j.run_at, j.created_at,
@@ -329,7 +329,7 @@ claimed AS (
         lease_token = %(token)s || '.' || j.id,
         lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease_for)s::interval,
         worker_id = %(worker_id)s,
-        started = %(started)s  -- true in a worker's cycle: its handlers are free now
+        started = true  -- claimed in a worker's cycle: its handlers are free now
     FROM due
     WHERE j.id = due.id AND (SELECT off FROM relax) IS NOT NULL
     RETURNING j.id, j.name, j.queue, j.input::text, j.tenant_id, j.idempotency_key,
@@ -392,7 +392,7 @@ claimed AS (
         lease_token = %(token)s || '.' || j.id,
         lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease_for)s::interval,
         worker_id = %(worker_id)s,
-        started = true
+        started = true  -- claimed in a worker's cycle: its handlers are free now
     FROM due
     WHERE j.id = due.id
     RETURNING j.id, j.name, j.queue, j.input::text, j.tenant_id, j.idempotency_key,
@@ -425,24 +425,6 @@ WHERE j.id = ANY(%(ids)s::text[])
   AND j.lease_token = ANY(%(tokens)s::text[])
   AND j.state = 'running'
 RETURNING j.id
-
--- name: job_release_unstarted
--- Expired leases of jobs whose handler never began: back to the queue, attempt refunded.
-WITH released AS (
-    UPDATE {schema}.x_jobs j
-    SET state = 'available',
-        run_at = coalesce(%(now)s::timestamptz, now()),
-        attempt = greatest(j.attempt - 1, 0),
-        lease_token = NULL,
-        lease_expires_at = NULL
-    WHERE j.state = 'running' AND NOT j.started
-      AND j.lease_expires_at < coalesce(%(now)s::timestamptz, now())
-    RETURNING j.id, j.queue
-),
-woken AS (
-    SELECT pg_notify(%(channel)s, q.queue) FROM (SELECT DISTINCT queue FROM released) q
-)
-SELECT r.id, (SELECT count(*) FROM woken) FROM released r
 
 -- name: job_release_claim
 -- The jobs of one claim whose reply its worker never got (the connection broke after the claim
@@ -1138,7 +1120,7 @@ claimed AS (
         lease_token = %(token)s || '.' || j.id,
         lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease_for)s::interval,
         worker_id = %(worker_id)s,
-        started = %(started)s
+        started = true
     WHERE j.id = ANY(ARRAY(SELECT id FROM due))
       AND j.state IN ('scheduled', 'available')
     RETURNING j.id, j.name, j.queue, j.input::text, j.tenant_id, j.idempotency_key,

@@ -34,7 +34,6 @@ through ``ultimat3.jobs.integrations.psycopg``.
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -50,6 +49,7 @@ from ultimat3.jobs.dialects.postgres import (
     bounds_sql,
     check_bounds,
     check_joinable,
+    check_setup,
     connect,
     connect_settings,
     identify,
@@ -87,7 +87,6 @@ __all__ = ["PostgresOutboxStore"]
 
 _PACKAGE = "ultimat3.jobs.outboxes"
 _NAME = "postgres-outbox"
-_SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _MIGRATE_FIX = "run store.migrate() once (App(outbox=...) migrates it on first use)"
 _ADOPT_FIX = (
     "pass a sync psycopg 3 Connection to the outbox's database; for an AsyncConnection use "
@@ -144,18 +143,9 @@ class PostgresOutboxStore(OneConnection):
         statement_timeout: float = STATEMENT_TIMEOUT,
         lock_timeout: float = LOCK_TIMEOUT,
     ) -> None:
-        if _MISSING is not None:
-            raise DriverUnavailableError(
-                f"the postgres outbox store needs psycopg 3: {_MISSING}",
-                driver=_NAME,
-                fix='pip install "ultimat3-jobs[postgres]"',
-            )
-        if not _SCHEMA.match(schema):
-            raise ConfigurationError(
-                f"the schema name {schema!r} is not allowed",
-                fix="use 1 to 63 lowercase letters, digits and underscores, not starting with "
-                'a digit (default "ultimat3_jobs")',
-            )
+        check_setup(
+            _MISSING, what="postgres outbox store", needs="psycopg 3", driver=_NAME, schema=schema
+        )
         check_bounds(statement_timeout, lock_timeout)
         self.display_url = masked_dsn(dsn)
         self._dsn = dsn

@@ -8,7 +8,6 @@ import hashlib
 import itertools
 import json
 import os
-import re
 import select
 import socket
 import threading
@@ -27,6 +26,7 @@ from ultimat3.jobs.dialects.postgres import (
     bounds_sql,
     check_bounds,
     check_joinable,
+    check_setup,
     connect,
     connect_settings,
     in_savepoint,
@@ -75,7 +75,6 @@ Row = tuple[Any, ...]
 _T = TypeVar("_T")
 _SYSTEM = SystemClock()
 NAME = _NAME = "postgres"
-_SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 #: How long a call waits for a pooled connection before it checks that the server is up, and
 #: then how much longer before it raises (the pool is exhausted).
 _QUICK_WAIT = 0.5
@@ -140,18 +139,13 @@ class Connections:
         probe_confirm: float = _PROBE_CONFIRM,
         beat_wait: float = _BEAT_WAIT,
     ) -> None:
-        if MISSING is not None:
-            raise DriverUnavailableError(
-                f"the postgres driver needs psycopg 3 and psycopg_pool: {MISSING}",
-                driver=_NAME,
-                fix='pip install "ultimat3-jobs[postgres]"',
-            )
-        if not _SCHEMA.match(schema):
-            raise ConfigurationError(
-                f"the schema name {schema!r} is not allowed",
-                fix="use 1 to 63 lowercase letters, digits and underscores, not starting with "
-                'a digit (default "ultimat3_jobs")',
-            )
+        check_setup(
+            MISSING,
+            what="postgres driver",
+            needs="psycopg 3 and psycopg_pool",
+            driver=_NAME,
+            schema=schema,
+        )
         if pooler not in ("none", "session", "transaction"):
             raise ConfigurationError(
                 f"pooler={pooler!r} is not a pooler mode",

@@ -197,6 +197,7 @@ class Connections:
         #: Whether to check, once, that NOTIFY reaches LISTEN (see the module docstring).
         self._probe_pooler = pooler == "none" and self._listen
         self._poll = poll
+        self._pool_max = pool_max
         #: Seconds; the server cancels a statement of ours past these.
         self.statement_timeout = statement_timeout
         self.lock_timeout = lock_timeout
@@ -457,7 +458,7 @@ class Connections:
             self._forked = False
             self._pool.open(wait=False)  # safe to call twice, if two threads get here
         try:
-            for _ in range(self._pool.max_size + 1):
+            for _ in range(self._pool_max + 1):
                 conn = self._getconn()
                 if not _ended(conn):
                     break

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
-from datetime import datetime
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 from ultimat3.jobs.clock import Backoff
@@ -149,13 +149,35 @@ class Inserts(Waiting):
         assert row is not None
         at: datetime = row[0]
         due: set[str] = set()
-        texts = _copy_lines(slices, at, due)
-        encoding = conn.info.encoding
+        keys: set[tuple[str | None, str]] = set()
         try:
             with conn.transaction(), our_cursor(conn) as cur, cur.copy(self._q["job_copy"]) as copy:
-                # Sent a slice at a time, so the server works while the next is built.
-                for text in texts:
-                    copy.write(text.encode(encoding))
+                # psycopg sends the rows as its buffer fills: the server works meanwhile.
+                for batch in slices:
+                    for j in batch:
+                        key = (j.tenant_id, j.idempotency_key)
+                        if key in keys or not _copyable(j):
+                            raise _NotCopyable
+                        keys.add(key)
+                        run_at = j.run_at or at + (j.delay or _ZERO)
+                        state = "available" if run_at <= at else "scheduled"
+                        if run_at <= at:
+                            due.add(j.queue)
+                        copy.write_row(
+                            (
+                                j.id,
+                                j.name,
+                                j.queue,
+                                j.input,
+                                j.tenant_id,
+                                j.idempotency_key,
+                                j.priority,
+                                state,
+                                j.max_attempts,
+                                run_at,
+                                at,
+                            )
+                        )
         except (_NotCopyable, pg_errors.UniqueViolation):
             return None
         except psycopg.DataError as exc:
@@ -286,97 +308,4 @@ class _NotCopyable(Exception):
     """A batch that COPY cannot store as it is (see ``PostgresDriver._copy``)."""
 
 
-_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
-
-
-#: Tabs in a COPY line of ``job_copy``'s eleven columns.
-_COPY_TABS = 10
-
-
-class _CopyShape:
-    """What the COPY lines of jobs alike share (the same name, queue, tenant, priority,
-    attempts, run_at and delay, as the jobs of one enqueue have): the text between the id
-    and the input (name, queue), around the tenant, and after the key (priority, state,
-    attempts, run_at, created_at: ``at`` is the database's clock, read in the transaction),
-    each escaped for COPY; whether such a job is due now; and how many backslashes a line of
-    theirs holds when the id, input and key need no escaping (the ``\\N`` of no tenant, and
-    the escapes of the shape's own text)."""
-
-    __slots__ = ("backslashes", "due", "middle", "tail", "tenant")
-
-    def __init__(self, job: NewJob, at: datetime, at_text: str) -> None:
-        run_at = job.run_at
-        if run_at is None and job.delay is not None:
-            run_at = at + job.delay
-        self.due = run_at is None or run_at <= at
-        self.middle = f"\t{_escaped(job.name)}\t{_escaped(job.queue)}\t"
-        self.tenant = "\t\\N\t" if job.tenant_id is None else f"\t{_escaped(job.tenant_id)}\t"
-        state = "available" if self.due else "scheduled"
-        run_at_text = at_text if run_at is None else run_at.isoformat()
-        self.tail = (
-            f"\t{int(job.priority)}\t{state}\t{int(job.max_attempts)}\t{run_at_text}\t{at_text}"
-        )
-        self.backslashes = self.middle.count("\\") + self.tenant.count("\\")
-
-
-def _copy_lines(slices: Iterable[Sequence[NewJob]], at: datetime, due: set[str]) -> Iterator[str]:
-    """The COPY text of ``slices`` of jobs, one text a slice (each slice built as it is
-    reached, when the jobs are a ``NewJobs``), adding the queue of each due job to ``due``.
-    Raises ``_NotCopyable`` at a job COPY cannot take, or a key repeated in the batch.
-
-    The jobs of one enqueue share all but their id, input and key: the rest of their line is
-    made once for each run of jobs alike (``_CopyShape``), told apart from the job before by
-    identity (a builder's jobs share the objects). This is cheaper than psycopg's
-    ``write_row``, which dumps each datetime."""
-    at_text = at.isoformat()
-    keys: set[tuple[str | None, str]] = set()
-    shape: _CopyShape | None = None
-    last: NewJob | None = None
-    for batch in slices:
-        lines = []
-        for j in batch:
-            key = (j.tenant_id, j.idempotency_key)
-            if key in keys or not _copyable(j):
-                raise _NotCopyable
-            keys.add(key)
-            if (
-                shape is None
-                or last is None
-                or j.name is not last.name
-                or j.queue is not last.queue
-                or j.tenant_id is not last.tenant_id
-                or j.priority is not last.priority
-                or j.max_attempts is not last.max_attempts
-                or j.run_at is not last.run_at
-                or j.delay is not last.delay
-            ):
-                shape = _CopyShape(j, at, at_text)
-                if shape.due:
-                    due.add(j.queue)
-            last = j
-            line = f"{j.id}{shape.middle}{j.input}{shape.tenant}{j.idempotency_key}{shape.tail}"
-            if (
-                line.count("\\") != shape.backslashes
-                or line.count("\t") != _COPY_TABS
-                or "\n" in line
-                or "\r" in line
-            ):
-                line = _copy_escaped(j, shape)
-            lines.append(line)
-        lines.append("")
-        yield "\n".join(lines)
-
-
-def _copy_escaped(job: NewJob, shape: _CopyShape) -> str:
-    """The COPY line of a job whose id, input or key needs backslash escapes (the slow path:
-    translate is slow, so lines are escaped only when their text shows a special character);
-    the shape's text is escaped already."""
-    return (
-        f"{_escaped(job.id)}{shape.middle}{_escaped(job.input)}{shape.tenant}"
-        f"{_escaped(job.idempotency_key)}{shape.tail}"
-    )
-
-
-def _escaped(text: str) -> str:
-    """``text`` as a COPY text value: backslashes, tabs and line ends escaped."""
-    return text.translate(_COPY_ESCAPES)
+_ZERO = timedelta(0)

@@ -163,21 +163,8 @@ class Inserts(Waiting):
                         state = "available" if run_at <= at else "scheduled"
                         if run_at <= at:
                             due.add(j.queue)
-                        copy.write_row(
-                            (
-                                j.id,
-                                j.name,
-                                j.queue,
-                                j.input,
-                                j.tenant_id,
-                                j.idempotency_key,
-                                j.priority,
-                                state,
-                                j.max_attempts,
-                                run_at,
-                                at,
-                            )
-                        )
+                        named = (j.id, j.name, j.queue, j.input, j.tenant_id, j.idempotency_key)
+                        copy.write_row((*named, j.priority, state, j.max_attempts, run_at, at))
         except (_NotCopyable, pg_errors.UniqueViolation):
             return None
         except psycopg.DataError as exc:

@@ -11,7 +11,12 @@ from typing import Any
 import pytest
 
 from pgwait import interrupt_when_waiting  # tests/ is on the path, as for pgcluster
-from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError, EnqueueRefusedError
+from ultimat3.jobs.errors import (
+    ConfigurationError,
+    DriverUnavailableError,
+    EnqueueRefusedError,
+    JobsError,
+)
 from ultimat3.jobs.outboxes import open_store
 from ultimat3.jobs.records import NewJob
 
@@ -363,3 +368,20 @@ def test_pg_a_failed_stage_on_a_connection_in_pipeline_mode(spec: StoreSpec) -> 
         spec.store.stage(executor, [new_job(2)])
         assert conn.execute("SELECT 1").fetchone() == (1,)
     assert _staged_ids(spec) == ["job-0001", "job-0002"]
+
+
+def test_pg_a_statement_the_server_refuses_raises_a_jobs_error(spec: StoreSpec) -> None:
+    """A statement of the store's own that PostgreSQL refuses (here a column dropped by hand)
+    raises the library's error with its cause and fix, never psycopg's own."""
+    _pg(spec)
+    import psycopg
+
+    stage(spec, new_job(1))
+    with psycopg.connect(spec.url, autocommit=True) as admin:
+        admin.execute("ALTER TABLE ultimat3_jobs.x_outbox DROP COLUMN priority")
+    with pytest.raises(JobsError) as caught, spec.store.claim(10):
+        pass
+    assert isinstance(caught.value, DriverUnavailableError)
+    assert isinstance(caught.value.__cause__, psycopg.errors.UndefinedColumn)
+    assert "SQLSTATE 42703" in caught.value.cause and caught.value.retryable is False
+    assert spec.store.pending_count() == 1  # the store goes on

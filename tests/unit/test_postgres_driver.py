@@ -64,7 +64,7 @@ def claim(
     driver: Any, now: datetime | None = T0, limit: int = 10, queue: str = "default"
 ) -> list[Any]:
     params = ClaimParams(queues=(queue,), limit=limit, lease_for=LEASE, worker_id="w", now=now)
-    result: list[Any] = driver.job_claim(params)
+    result: list[Any] = driver.job_cycle(Cycle(claim=params)).claimed
     return result
 
 
@@ -287,6 +287,7 @@ def test_claims_use_the_partial_index_with_a_large_finished_backlog(
         # Plans as a prepared statement runs them: generic, values unknown.
         conn.execute("SET plan_cache_mode = force_generic_plan")
         values = {"lease_for": LEASE, "worker_id": "w", "now": T0, "started": True, "token": "t"}
+        values["relaxed"] = False
         plans = [
             conn.execute(
                 b"EXPLAIN " + driver._with_limit("job_claim_queue", 10),
@@ -322,12 +323,15 @@ def test_a_one_queue_claim_probes_the_primary_key_on_a_table_never_analyzed(
         values = {"lease_for": LEASE, "worker_id": "w", "now": T0, "started": True, "token": "t"}
         values |= {"queue": "default", "finished": "f", "ids": [], "tokens": [], "results": []}
         statements = {
-            "claim": driver._with_limit("job_claim_queue", 10),
-            "relaxed claim": driver._with_limit("job_claim_queue_relaxed", 10),
-            "cycle": driver._with_limit("job_cycle_queue", 10),
+            "claim": (driver._with_limit("job_claim_queue", 10), False),
+            "relaxed claim": (driver._with_limit("job_claim_queue", 10), True),
+            "cycle": (driver._with_limit("job_cycle_queue", 10), False),
         }
-        for name, statement in statements.items():
-            plan = "\n".join(row[0] for row in conn.execute(b"EXPLAIN " + statement, values))
+        for name, (statement, relaxed) in statements.items():
+            explain = b"EXPLAIN " + statement
+            plan = "\n".join(
+                row[0] for row in conn.execute(explain, {**values, "relaxed": relaxed})
+            )
             assert "Seq Scan on x_jobs" not in plan, (name, plan)
             assert "Index Scan using x_jobs_pkey" in plan, (name, plan)
 
@@ -376,7 +380,7 @@ def test_plans_dropped_again_and_again_are_made_again_each_time(pg_dsn: str) -> 
     """``_replan`` on a connection with nothing prepared yet, then with statements prepared,
     more than once: the server's prepared statements are gone each time, and psycopg, which
     knows, prepares them again instead of naming ones that no longer exist."""
-    from ultimat3.jobs.drivers.postgres import _replan
+    from ultimat3.jobs.drivers.postgres.connections import _replan
 
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         _replan(conn)
@@ -428,7 +432,7 @@ def test_retry_resume_and_snooze_notify(driver: Any, listener: Any) -> None:
 
 
 #: ``now`` of an insert: pinned (a test clock), or None, the database's clock, as the usual
-#: enqueue passes (``job_insert_plain`` for one due job).
+#: enqueue passes.
 NOWS = pytest.mark.parametrize("now", [T0, None], ids=["pinned", "database-clock"])
 
 
@@ -509,18 +513,6 @@ def test_an_autocommit_connection_commits_the_insert_on_its_own(driver: Any, pg_
         ]
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     assert driver.job_get(job.id) is not None
-
-
-def test_completion_joins_the_callers_transaction(driver: Any, pg_dsn: str) -> None:
-    driver.job_insert_many([new_job()], now=T0)
-    [job] = claim(driver)
-    with psycopg.connect(pg_dsn) as conn:
-        assert driver.job_complete_many([job.lease], executor=driver.adopt(conn), now=T0) == {
-            job.id
-        }
-        assert driver.job_get(job.id).state is JobState.RUNNING
-        conn.commit()
-    assert driver.job_get(job.id).state is JobState.COMPLETED
 
 
 def test_adopt_refuses_other_databases_and_unusable_connections(
@@ -661,14 +653,23 @@ def test_a_result_waiter_returns_on_the_notification_not_at_the_end_of_its_slice
 ) -> None:
     """The thread that listens for finished jobs is a waiter too: it returns as soon as the
     NOTIFY of its job arrives, not at the end of its 100 ms listening turn."""
-    from ultimat3.jobs.drivers.pg_finished import FinishedListener
+    from ultimat3.jobs.clock import Backoff, SystemClock
+    from ultimat3.jobs.drivers.postgres.listen import Finished, Listener
+    from ultimat3.jobs.drivers.postgres.watchdog import Watchdog
 
-    listener = FinishedListener(
-        lambda: psycopg.connect(pg_dsn, autocommit=True), "u3j_test:finished"
+    clock = SystemClock()
+    listener = Listener(
+        lambda: psycopg.connect(pg_dsn, autocommit=True),
+        clock=clock,
+        backoff=Backoff(first=0.25, cap=5.0),
+        probe_after=30.0,
+        ping=b"SELECT 1",
+        watch=Watchdog(30.0, clock),
     )
+    finished = Finished(listener, "u3j_test:finished", clock, span=0.1)
     delays: list[float] = []
     try:
-        mark = listener.wait(("x",), 2.0, listener.mark())  # opens the LISTEN
+        mark = finished.wait(("x",), 2.0, finished.mark())  # opens the LISTEN
         with psycopg.connect(pg_dsn, autocommit=True) as sender:
 
             def send(job_id: str, sent: list[float]) -> None:
@@ -679,12 +680,12 @@ def test_a_result_waiter_returns_on_the_notification_not_at_the_end_of_its_slice
                 sent: list[float] = []
                 timer = threading.Timer(0.13, send, (f"job-{n}", sent))
                 timer.start()
-                mark = listener.wait((f"job-{n}",), 5.0, mark)
+                mark = finished.wait((f"job-{n}",), 5.0, mark)
                 returned = time.monotonic()
                 timer.join()
                 delays.append(returned - sent[0])
     finally:
-        listener.close()
+        listener.close(within=1.0)
     delays.sort()
     assert delays[len(delays) // 2] < 0.05, delays  # the median: a busy machine is noisy
 
@@ -735,33 +736,10 @@ def _backend_pid(drv: Any) -> int:
     return pid
 
 
-def test_a_kept_connection_still_ends_at_the_pools_lifetime(
-    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Calls reuse the connection the driver kept from the call before, without its pool; it
-    goes back to the pool once it left it ``_KEEP_FOR`` ago, so the pool's ``max_lifetime``
-    still replaces it."""
-    monkeypatch.setattr("ultimat3.jobs.drivers.postgres._KEEP_FOR", 1.0)
-    drv = PostgresDriver(pg_dsn, pool_min=0, pool_max=2)
-    drv._pool.max_lifetime = 1.5  # read when the pool makes a connection: none is made yet
-    try:
-        first = _backend_pid(drv)
-        requested = drv._pool.get_stats().get("requests_num", 0)
-        assert [_backend_pid(drv) for _ in range(5)] == [first] * 5
-        assert drv._pool.get_stats().get("requests_num", 0) == requested, "kept, not pooled"
-        time.sleep(1.7)  # past both
-        pids = [_backend_pid(drv) for _ in range(3)]
-        assert pids[0] == first  # still kept: this call gives it back, and the pool retires it
-        assert pids[1] != first and pids[2] == pids[1], pids
-    finally:
-        drv.close()
-
-
-def test_close_ends_the_session_the_driver_kept(pg_dsn: str) -> None:
-    name = f"u3j-kept-{uuid7()[-8:]}"
+def test_close_ends_every_session_of_the_driver(pg_dsn: str) -> None:
+    name = f"u3j-close-{uuid7()[-8:]}"
     drv = PostgresDriver(pg_dsn, pool_min=0, application_name=name)
     drv.job_insert_many([new_job()], now=T0)
-    assert drv._kept, "the insert's connection is kept for the next call"
     drv.close()
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         deadline = time.monotonic() + 10
@@ -950,9 +928,9 @@ def test_ids_with_any_characters_survive_the_array_parameters(driver: Any) -> No
     assert sorted(job.id for job in listed) == sorted(odd)
     claimed = claim(driver, limit=len(odd))
     assert driver.lease_extend([job.lease for job in claimed], LEASE, now=T0) == set(odd)
-    assert driver.job_complete_many([job.lease for job in claimed[:4]], now=T0) == {
-        job.id for job in claimed[:4]
-    }
+    assert driver.job_cycle(
+        Cycle(completes=[job.lease for job in claimed[:4]]), now=T0
+    ).completed == {job.id for job in claimed[:4]}
     for job in claimed[4:]:
         assert driver.job_cancel(job.id, reason="odd", now=T0)
     rest = [job.id for job in claimed[4:]]
@@ -1258,9 +1236,6 @@ def test_the_one_statement_turn_repeats_the_completion_and_the_claim_word_for_wo
             q["job_complete"] if "completed" in start else q["job_claim_queue"], start, end
         )
         ours = block(q["job_cycle_queue"], start, end)
-        if "'running'" in start:  # the turn's claim always marks its jobs started
-            theirs = theirs.replace(
-                "started = %(started)s  -- true in a worker's cycle: its handlers are free now",
-                "started = true",
-            )
+        if "'running'" in start:  # the turn writes: it never relaxes its commit
+            theirs = theirs.replace(" AND (SELECT off FROM relax) IS NOT NULL", "")
         assert ours == theirs

@@ -67,7 +67,7 @@ def test_a_limited_completion_wakes_waiters_an_unlimited_one_does_not(
     leases = {j.id: j.lease for j in claimed}
     with psycopg.connect(pg_dsn, autocommit=True) as listener:
         listener.execute("LISTEN ultimat3_jobs")
-        driver.job_complete_many([leases[plain.id]], now=NOW)
+        driver.job_cycle(Cycle(completes=[leases[plain.id]]), now=NOW)
         assert _payloads(listener) == []
         driver.job_cycle(Cycle(completes=[leases[lim.id]]), now=NOW)
         assert _payloads(listener) == ["default"]

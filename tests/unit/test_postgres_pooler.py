@@ -34,7 +34,7 @@ from ultimat3.jobs import App, ConfigurationError, DriverUnavailableError
 from ultimat3.jobs.drivers import open_driver
 from ultimat3.jobs.drivers.postgres import PostgresDriver
 from ultimat3.jobs.outboxes.postgres import PostgresOutboxStore
-from ultimat3.jobs.records import ClaimParams, NewJob
+from ultimat3.jobs.records import ClaimParams, Cycle, NewJob
 
 pytestmark = pytest.mark.postgres
 _LEASE = timedelta(seconds=30)
@@ -83,7 +83,7 @@ def test_a_default_url_behind_pgbouncer_is_detected_and_warned(
         for _ in range(12):
             driver.job_insert_many([_job()])
             params = ClaimParams(queues=("default",), limit=1, lease_for=_LEASE, worker_id="w")
-            assert len(driver.job_claim(params)) == 1
+            assert len(driver.job_cycle(Cycle(claim=params)).claimed) == 1
         started = time.monotonic()
         driver.wait_for_jobs(0.3, threading.Event())
         assert time.monotonic() - started >= 0.25, "polls; no LISTEN to return early"

@@ -132,34 +132,6 @@ def test_a_beat_while_a_renewal_holds_its_connection_takes_a_pooled_one(driver: 
     assert [w.id for w in driver.worker_list()] == [worker.id]
 
 
-def test_a_checkout_that_finds_an_idle_connection_does_not_stop_others_keeping_theirs(
-    driver: Any,
-) -> None:
-    """Only a thread that waits for the pool makes a call give its connection back (see
-    "Kept connections" in the driver's docstring); another checkout under way does not."""
-    mine = driver._checkout()
-    driver._putconn(driver._checkout())  # a second one idle in the pool... or kept
-    driver._give_back_kept()  # ...in the pool
-    entered, go_on = threading.Event(), threading.Event()
-    getconn = driver._pool.getconn
-
-    def held_getconn(*args: Any, **kwargs: Any) -> Any:
-        entered.set()
-        go_on.wait(30)
-        return getconn(*args, **kwargs)
-
-    driver._pool.getconn = held_getconn
-    got: list[Any] = []
-    thread, failed = _run(lambda: got.append(driver._checkout()))
-    assert entered.wait(30)
-    driver._putconn(mine)  # while the other thread's checkout is under way
-    go_on.set()
-    thread.join(30)
-    assert not failed
-    assert [conn for conn, _ in driver._kept] == [mine]
-    driver._putconn(got[0])
-
-
 def test_a_beat_stuck_on_its_row_lock_holds_the_renewals_connection_one_second_at_most(
     pg_dsn: str,
 ) -> None:

@@ -44,7 +44,9 @@ from urllib.parse import urlsplit, urlunsplit
 from ultimat3.jobs.driver import DatabaseId
 from ultimat3.jobs.errors import (
     ConfigurationError,
+    DriverUnavailableError,
     EnqueueRefusedError,
+    JobsError,
     SerializationError,
     in_callers_transaction,
 )
@@ -62,6 +64,9 @@ __all__ = [
     "bounds_sql",
     "check_bounds",
     "check_joinable",
+    "check_setup",
+    "connect",
+    "connect_settings",
     "first_line",
     "identify",
     "in_savepoint",
@@ -71,10 +76,8 @@ __all__ = [
     "migration_plan",
     "our_adapters",
     "our_cursor",
-    "pooler_mode",
     "refused",
-    "seconds",
-    "split_url",
+    "translate",
 ]
 
 
@@ -163,6 +166,101 @@ def apply_migrations(
             conn.execute(text.encode(), prepare=False)
             applied.append(version)
     return applied
+
+
+def connect_settings(dsn: str, application_name: str) -> dict[str, Any]:
+    """The keyword arguments of every connection of ours to ``dsn``: ``CONNECT_DEFAULTS``
+    where the DSN does not set them, and the session's ``application_name``."""
+    given = _psycopg().conninfo.conninfo_to_dict(dsn)
+    settings: dict[str, Any] = {k: v for k, v in CONNECT_DEFAULTS.items() if k not in given}
+    settings["application_name"] = application_name
+    return settings
+
+
+def connect(dsn: str, settings: dict[str, Any], *, stateless: bool = False) -> Any:
+    """A connection of our own (autocommit), for the driver's LISTEN, lease renewals and
+    pooler check and for the outbox store. ``stateless``: nothing prepared (a transaction-
+    mode pooler in between)."""
+    extra: dict[str, Any] = {"prepare_threshold": None} if stateless else {}
+    return _psycopg().connect(dsn, autocommit=True, **settings, **extra)
+
+
+#: SQLSTATE classes that mean "the server cannot serve us now": connection exception,
+#: insufficient resources, operator intervention (admin shutdown, query cancelled), system
+#: error, transaction rollback (serialization failure, deadlock).
+_RETRYABLE_CLASSES = ("08", "53", "57", "58", "40")
+#: Read-only transaction (a standby, a failover), lock not available (lock_timeout).
+_RETRYABLE_STATES = frozenset({"25006", "55P03"})
+
+
+def translate(
+    exc: Any,
+    *,
+    url: str,
+    driver: str,
+    missing: str,
+    migrate_fix: str,
+    broken: bool,
+    recovers: str,
+    cut_off: float | None = None,
+) -> JobsError:
+    """The ``JobsError`` for a psycopg error of a statement of ours (the driver's and the
+    outbox store's: the total error contract). A missing schema says to migrate (``missing``:
+    what is missing); a refused value is a ``SerializationError``; a call cut off by the
+    client's watchdog after ``cut_off`` seconds, a server that is away, read only (a
+    failover, a hot standby), out of resources, shutting down, or that cancelled the
+    statement (a timeout), a serialization failure or a deadlock is retryable (``recovers``:
+    what retries or heals by itself); anything else (a bug, a schema changed by hand) is
+    not. ``broken``: the connection is broken."""
+    pg = _psycopg()
+    state = exc.sqlstate or ""
+    message = first_line(exc)
+    if isinstance(exc, _missing_schema()):
+        return DriverUnavailableError(
+            f"{missing} in {url}: {message}",
+            driver=driver,
+            fix=migrate_fix,
+            retryable=False,
+        )
+    if isinstance(exc, pg.DataError):
+        return SerializationError(
+            f"PostgreSQL refused a value: {message}",
+            fix="pass JSON text the serializer made, and values within the documented bounds",
+        )
+    if cut_off is not None:
+        return DriverUnavailableError(
+            f"PostgreSQL at {url} sent no reply within {cut_off:g} s, so the connection was "
+            "cut off (a stalled network, proxy or pooler; the server may or may not have run "
+            "the statement)",
+            driver=driver,
+            fix="check the network path and any pooler in front of the server; the pool "
+            "replaces the connection and the worker's loops retry by themselves",
+            retryable=True,
+        )
+    if (
+        broken
+        or isinstance(exc, pg.InterfaceError)
+        or not state
+        or state.startswith(_RETRYABLE_CLASSES)
+        or state in _RETRYABLE_STATES
+    ):
+        if state == "25006":
+            cause = f"PostgreSQL at {url} is read-only: {message}"
+            fix = (
+                "the server is a standby or in a failover; point the URL at the primary "
+                f"(libpq's target_session_attrs=read-write); {recovers}"
+            )
+        else:
+            cause = f"PostgreSQL at {url} failed: {message}"
+            fix = f"check that the server is running and reachable; {recovers}"
+        return DriverUnavailableError(cause, driver=driver, fix=fix, retryable=True)
+    return DriverUnavailableError(
+        f"PostgreSQL at {url} refused a statement of ultimat3-jobs (SQLSTATE {state}): {message}",
+        driver=driver,
+        fix="check that the schema is the one `ultimat3-jobs migrate` made; if it is, "
+        "this is a bug: please report it with this message",
+        retryable=False,
+    )
 
 
 def first_line(exc: BaseException) -> str:
@@ -318,112 +416,31 @@ _IDENTIFIED: weakref.WeakKeyDictionary[Any, dict[str, tuple[Any, ...]]] = (
 _IDENTIFIED_LOCK = threading.Lock()
 
 
-#: Options of ours that a PostgreSQL URL may carry; every other query parameter goes to libpq.
-URL_OPTIONS = (
-    "schema",
-    "listen",
-    "pooler",
-    "pool_min",
-    "pool_max",
-    "poll",
-    "statement_timeout",
-    "lock_timeout",
-)
-#: The options an outbox store's URL may carry.
-OUTBOX_URL_OPTIONS = ("schema", "pooler", "statement_timeout", "lock_timeout")
 #: Defaults: a statement of ours that runs (or waits for a row lock) longer than this is
 #: cancelled by the server; both are well under the shortest sensible lease.
 STATEMENT_TIMEOUT = 10.0
 LOCK_TIMEOUT = 5.0
 
-
-def split_url(url: str, *, allowed: tuple[str, ...] = URL_OPTIONS) -> tuple[str, dict[str, str]]:
-    """Split our options (``?schema=``, ``?listen=false``, ``?pool_max=``) off a libpq URL and
-    return the DSN for libpq, its query re-encoded, so ``?password=p%26q%3Dr`` reaches libpq as
-    ``p&q=r``."""
-    from urllib.parse import parse_qsl, quote, urlencode
-
-    parts = urlsplit(url)
-    ours: dict[str, str] = {}
-    theirs: list[tuple[str, str]] = []
-    for key, value in parse_qsl(parts.query, keep_blank_values=True):
-        if key in allowed:
-            ours[key] = value
-        else:
-            theirs.append((key, value))
-    return urlunsplit(parts._replace(query=urlencode(theirs, quote_via=quote))), ours
+_SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
-def flag(options: dict[str, str], name: str, default: bool) -> bool:
-    value = options.get(name)
-    if value is None:
-        return default
-    if value.lower() in ("1", "true", "yes", "on"):
-        return True
-    if value.lower() in ("0", "false", "no", "off"):
-        return False
-    raise ConfigurationError(
-        f"?{name}={value} is not true or false", fix=f"write ?{name}=true or ?{name}=false"
-    )
-
-
-def listens(options: dict[str, str]) -> bool:
-    """Whether the driver may LISTEN and prepare statements: not behind a transaction-mode
-    pooler (``?pooler=transaction``, PgBouncer's ``pool_mode = transaction``), whose server
-    connections change between transactions, nor with ``?listen=false``."""
-    pooler = pooler_mode(options)
-    default = pooler != "transaction"
-    if pooler == "transaction" and flag(options, "listen", False):
-        raise ConfigurationError(
-            "?pooler=transaction with ?listen=true cannot work: a transaction-mode pooler "
-            "delivers no notifications",
-            fix="drop ?listen=true; the worker polls",
+def check_setup(
+    missing: ImportError | None, *, what: str, needs: str, driver: str, schema: str
+) -> None:
+    """Refuse a driver or store (``what``) without psycopg (``missing``: the import's error;
+    ``needs``: what it needs), or with a schema name we would not quote safely."""
+    if missing is not None:
+        raise DriverUnavailableError(
+            f"the {what} needs {needs}: {missing}",
+            driver=driver,
+            fix='pip install "ultimat3-jobs[postgres]"',
         )
-    return flag(options, "listen", default)
-
-
-def whole(options: dict[str, str], name: str, default: int) -> int:
-    value = options.get(name)
-    if value is None:
-        return default
-    try:
-        return int(value)
-    except ValueError:
+    if not _SCHEMA.match(schema):
         raise ConfigurationError(
-            f"?{name}={value} is not a whole number", fix=f"write ?{name}=10, for example"
-        ) from None
-
-
-def pooler_mode(options: dict[str, str]) -> str:
-    """``?pooler=``: "none" (the default), "session" or "transaction"."""
-    pooler = options.get("pooler", "none").lower()
-    if pooler not in ("none", "session", "transaction"):
-        raise ConfigurationError(
-            f"?pooler={options['pooler']} is not a pooler mode",
-            fix="write ?pooler=transaction behind PgBouncer in transaction mode (or a managed "
-            "service's transaction pooler), ?pooler=session or leave it out otherwise",
+            f"the schema name {schema!r} is not allowed",
+            fix="use 1 to 63 lowercase letters, digits and underscores, not starting with "
+            'a digit (default "ultimat3_jobs")',
         )
-    return pooler
-
-
-def seconds(options: dict[str, str], name: str, default: float) -> float:
-    """A duration option (``?statement_timeout=10s``, ``500ms``; a bare number is seconds)."""
-    from ultimat3.jobs.duration import to_timedelta
-    from ultimat3.jobs.errors import DurationError
-
-    value = options.get(name)
-    if value is None:
-        return default
-    try:
-        parsed = to_timedelta(float(value) if _NUMBER.match(value) else value, name=name)
-    except DurationError as exc:
-        raise ConfigurationError(
-            f"?{name}={value} is not a duration: {exc.cause}", fix=f"write ?{name}=5s, for example"
-        ) from None
-    return parsed.total_seconds()
-
-
-_NUMBER = re.compile(r"^\d+(\.\d+)?$")
 
 
 def check_bounds(statement_timeout: float, lock_timeout: float) -> None:

@@ -73,9 +73,8 @@ def open_driver(url: str, *, clock: Clock | None = None) -> Driver:
             clock=clock,
         )
     if scheme in ("postgresql", "postgres"):
-        from ultimat3.jobs.dialects.postgres import (
-            LOCK_TIMEOUT,
-            STATEMENT_TIMEOUT,
+        from ultimat3.jobs.dialects.postgres import LOCK_TIMEOUT, STATEMENT_TIMEOUT
+        from ultimat3.jobs.dialects.postgres_url import (
             listens,
             pooler_mode,
             seconds,

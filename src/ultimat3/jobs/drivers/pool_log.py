@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 from ultimat3.jobs import events
+from ultimat3.jobs.clock import SystemClock
 
 __all__ = ["OWNER", "PoolLog", "install"]
 
 _PREFIX = "ultimat3-jobs"
+_CLOCK = SystemClock()
 #: The records that mean the server cannot be reached; the rest (a broken connection
 #: discarded, say) are symptoms of the same outage, or of none, and are dropped quietly.
 _CANNOT_CONNECT = ("error connecting", "reconnection attempt")
@@ -64,7 +65,7 @@ class PoolLog(logging.Filter):
             if self.down:
                 return
             self.down = True
-            self._since = time.monotonic()
+            self._since = _CLOCK.monotonic()
         events.warning("jobs.database.unavailable", detail=" ".join(detail.split())[:300])
 
     def recovered(self) -> None:
@@ -72,7 +73,7 @@ class PoolLog(logging.Filter):
             if not self.down:
                 return
             self.down = False
-            seconds = time.monotonic() - self._since
+            seconds = _CLOCK.monotonic() - self._since
         events.warning("jobs.database.recovered", down_for=round(seconds, 3))
 
 

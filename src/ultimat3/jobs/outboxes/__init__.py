@@ -44,10 +44,9 @@ def open_store(url: str) -> OutboxStore:
             sqlite_path(url, fix=URL_HELP), busy_timeout=float(options.get("busy_timeout", 30.0))
         )
     if scheme in ("postgresql", "postgres"):
-        from ultimat3.jobs.dialects.postgres import (
-            LOCK_TIMEOUT,
+        from ultimat3.jobs.dialects.postgres import LOCK_TIMEOUT, STATEMENT_TIMEOUT
+        from ultimat3.jobs.dialects.postgres_url import (
             OUTBOX_URL_OPTIONS,
-            STATEMENT_TIMEOUT,
             pooler_mode,
             seconds,
             split_url,

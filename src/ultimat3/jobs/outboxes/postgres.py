@@ -34,7 +34,6 @@ through ``ultimat3.jobs.integrations.psycopg``.
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -43,7 +42,6 @@ from datetime import datetime
 from typing import Any
 
 from ultimat3.jobs.dialects.postgres import (
-    CONNECT_DEFAULTS,
     LOCK_TIMEOUT,
     STATEMENT_TIMEOUT,
     applied_versions,
@@ -51,6 +49,9 @@ from ultimat3.jobs.dialects.postgres import (
     bounds_sql,
     check_bounds,
     check_joinable,
+    check_setup,
+    connect,
+    connect_settings,
     identify,
     in_savepoint,
     jobs_named,
@@ -58,6 +59,7 @@ from ultimat3.jobs.dialects.postgres import (
     masked_dsn,
     migration_plan,
     our_cursor,
+    translate,
 )
 from ultimat3.jobs.driver import (
     DatabaseId,
@@ -67,6 +69,7 @@ from ultimat3.jobs.driver import (
 from ultimat3.jobs.errors import (
     ConfigurationError,
     DriverUnavailableError,
+    JobsError,
 )
 from ultimat3.jobs.outbox_store import OutboxRecord, OutboxStore
 from ultimat3.jobs.records import NewJob
@@ -74,9 +77,7 @@ from ultimat3.jobs.sql import migrations, queries
 
 try:
     import psycopg
-    from psycopg import errors as pg_errors
     from psycopg import sql as pg_sql
-    from psycopg.conninfo import conninfo_to_dict
 except ImportError as _exc:  # pragma: no cover - exercised only without the extra
     _MISSING: ImportError | None = _exc
 else:
@@ -86,7 +87,6 @@ __all__ = ["PostgresOutboxStore"]
 
 _PACKAGE = "ultimat3.jobs.outboxes"
 _NAME = "postgres-outbox"
-_SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _MIGRATE_FIX = "run store.migrate() once (App(outbox=...) migrates it on first use)"
 _ADOPT_FIX = (
     "pass a sync psycopg 3 Connection to the outbox's database; for an AsyncConnection use "
@@ -143,18 +143,9 @@ class PostgresOutboxStore(OneConnection):
         statement_timeout: float = STATEMENT_TIMEOUT,
         lock_timeout: float = LOCK_TIMEOUT,
     ) -> None:
-        if _MISSING is not None:
-            raise DriverUnavailableError(
-                f"the postgres outbox store needs psycopg 3: {_MISSING}",
-                driver=_NAME,
-                fix='pip install "ultimat3-jobs[postgres]"',
-            )
-        if not _SCHEMA.match(schema):
-            raise ConfigurationError(
-                f"the schema name {schema!r} is not allowed",
-                fix="use 1 to 63 lowercase letters, digits and underscores, not starting with "
-                'a digit (default "ultimat3_jobs")',
-            )
+        check_setup(
+            _MISSING, what="postgres outbox store", needs="psycopg 3", driver=_NAME, schema=schema
+        )
         check_bounds(statement_timeout, lock_timeout)
         self.display_url = masked_dsn(dsn)
         self._dsn = dsn
@@ -198,15 +189,9 @@ class PostgresOutboxStore(OneConnection):
             self._conn = None
         if self._conn is None:
             try:
-                given = conninfo_to_dict(self._dsn)
-                extra: dict[str, Any] = {
-                    k: v for k, v in CONNECT_DEFAULTS.items() if k not in given
-                }
-                self._conn = psycopg.connect(
-                    self._dsn, autocommit=True, application_name="ultimat3-jobs-outbox", **extra
-                )
+                self._conn = connect(self._dsn, connect_settings(self._dsn, "ultimat3-jobs-outbox"))
             except psycopg.Error as exc:
-                raise self._unavailable(exc) from exc
+                raise self._translate(exc, None) from exc
             self._opened(self._conn)
         return self._conn
 
@@ -221,25 +206,18 @@ class PostgresOutboxStore(OneConnection):
             except psycopg.Error as exc:
                 raise self._translate(exc, conn) from exc
 
-    def _unavailable(self, exc: psycopg.Error) -> DriverUnavailableError:
-        return DriverUnavailableError(
-            f"PostgreSQL at {self.display_url} failed: {str(exc).strip().splitlines()[0]}",
+    def _translate(self, exc: psycopg.Error, conn: psycopg.Connection[Any] | None) -> JobsError:
+        """The ``JobsError`` for a psycopg error of the store's (``dialects.postgres.translate``,
+        the driver's too); ``conn`` None: connecting failed."""
+        return translate(
+            exc,
+            url=self.display_url,
             driver=_NAME,
-            fix="check that the server is running and reachable; the store reconnects by "
-            "itself once it is back",
+            missing="the outbox table is missing",
+            migrate_fix=_MIGRATE_FIX,
+            broken=conn is None or conn.broken,
+            recovers="the store reconnects by itself once it is back",
         )
-
-    def _translate(self, exc: psycopg.Error, conn: psycopg.Connection[Any]) -> Exception:
-        if isinstance(exc, pg_errors.UndefinedTable | pg_errors.InvalidSchemaName):
-            return DriverUnavailableError(
-                f"the outbox table is missing in {self.display_url}: {exc}",
-                driver=_NAME,
-                fix=_MIGRATE_FIX,
-                retryable=False,
-            )
-        if conn.broken or isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
-            return self._unavailable(exc)
-        return exc
 
     def close(self) -> None:
         with self._lock:

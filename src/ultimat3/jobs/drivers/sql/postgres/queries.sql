@@ -82,12 +82,13 @@ SELECT i.id, (SELECT count(*) FROM woken) FROM inserted i
 -- name: job_insert_one
 -- job_insert for one job, with plain parameters: no JSON to decode, no DISTINCT to sort. Most
 -- enqueues are single jobs, and this statement costs little more than a bare INSERT. A delay
--- is added to the database's clock, never the enqueuing host's.
+-- is added to the database's clock, never the enqueuing host's. Its DO NOTHING takes any
+-- conflict: its idempotency key, its id, or its unique key held (see the driver's _insert).
 WITH inserted AS (
     INSERT INTO {schema}.x_jobs AS j
         (id, name, queue, input, tenant_id, idempotency_key, priority, state,
          max_attempts, run_at, created_at, trace_context, limit_key, limit_max, rate_max,
-         rate_period)
+         rate_period, unique_key, unique_states)
     VALUES (
         %(id)s, %(name)s, %(queue)s, %(input)s::json, %(tenant_id)s, %(key)s, %(priority)s,
         CASE WHEN coalesce(%(run_at)s::timestamptz,
@@ -99,30 +100,13 @@ WITH inserted AS (
                  coalesce(%(now)s::timestamptz, now()) + %(delay)s::interval,
                  %(now)s::timestamptz, now()),
         coalesce(%(now)s::timestamptz, now()),
-        %(trace_context)s, %(limit_key)s, %(limit_max)s, %(rate_max)s, %(rate_period)s
+        %(trace_context)s, %(limit_key)s, %(limit_max)s, %(rate_max)s, %(rate_period)s,
+        %(unique_key)s, %(unique_states)s
     )
     ON CONFLICT DO NOTHING  -- a caller's key, or the id of a keyless job (migration 9)
     RETURNING j.id, j.queue, j.state
 )
 SELECT id, CASE WHEN state = 'available' THEN pg_notify(%(channel)s, queue) END FROM inserted
-
--- name: job_insert_plain
--- job_insert_one for the usual job: due now on the database's clock, with no limit, no rate
--- and no uniqueness window. Ten parameters instead of seventeen, and no expressions to work
--- out: the enqueue inside a business transaction is where these few microseconds show. The
--- parameters are positional (no name to look up per call), in this order: id, name, queue,
--- input, tenant_id, idempotency key, priority, max_attempts, trace_context, channel.
-WITH inserted AS (
-    INSERT INTO {schema}.x_jobs AS j
-        (id, name, queue, input, tenant_id, idempotency_key, priority, state,
-         max_attempts, run_at, created_at, trace_context)
-    VALUES (
-        %s, %s, %s, %s::json, %s, %s, %s, 'available', %s, now(), now(), %s
-    )
-    ON CONFLICT DO NOTHING  -- the id of a keyless job, or a caller's key
-    RETURNING j.id, j.queue
-)
-SELECT id, pg_notify(%s, queue) FROM inserted
 
 -- name: job_unique_holder
 -- The job holding a unique key (limits.Unique): the predicate of x_jobs_unique_idx.
@@ -191,13 +175,39 @@ SELECT k.ord, j.id, j.idempotency_key
 FROM k
 JOIN {schema}.x_jobs j ON j.id = k.id
 
+-- name: commit_relaxed
+-- A worker's turn that only claims commits without waiting for the WAL flush (as `relaxed`
+-- in job_claim); the first statement of its transaction.
+SET LOCAL synchronous_commit = off
+
+-- name: notify_probe
+-- The pooler check's NOTIFY (see the driver's _check_pooler).
+SELECT pg_notify(%(channel)s, %(payload)s)
+
+-- name: session_ends
+-- Both ends of this session's socket, as the server sees them (the pooler check's _direct).
+SELECT host(client_addr), client_port, host(inet_server_addr()), inet_server_port()
+FROM pg_stat_activity WHERE pid = pg_backend_pid()
+
+-- name: ping
+SELECT 1
+
 -- name: job_claim
 -- Per queue, the due jobs in claim order, locked without waiting (SKIP LOCKED: rows another
 -- claim holds are passed over, never waited for); then the best `limit` across the queues.
 -- The UPDATE finds them by `id = ANY(ARRAY(...))`, a primary-key probe per id whatever the
 -- planner guesses about `limit`: a prepared statement's generic plan once chose a merge join
 -- that walked the primary key through every finished row.
-WITH due AS (
+-- `relaxed`: the claim is a transaction alone and commits without waiting for the WAL flush
+-- (synchronous_commit off for its own transaction): a claim lost in a crash only runs its
+-- jobs once more (at least once, as always), and the next write of an outcome flushes it
+-- anyway. The setting is read at commit, after the statement; the UPDATE's condition on
+-- `relax` makes it run first.
+WITH relax AS (
+    SELECT CASE WHEN %(relaxed)s::boolean
+                THEN set_config('synchronous_commit', 'off', true) ELSE '' END AS off
+),
+due AS (
     SELECT c.id
     FROM unnest(%(queues)s::text[]) AS q(name)
     CROSS JOIN LATERAL (
@@ -206,7 +216,7 @@ WITH due AS (
         WHERE j.queue = q.name
           AND j.state IN ('scheduled', 'available')
           AND j.run_at <= coalesce(%(now)s::timestamptz, now())
-          AND NOT j.isolated  -- the driver derives job_claim_isolated: "AND j.isolated"
+          AND NOT j.isolated  -- isolated jobs: job_claim_isolated
           AND j.limit_key IS NULL  -- limited jobs: job_limit_lock, job_claim_limited
           AND j.name <> ALL(%(skip)s::text[])  -- names this worker lacks (ClaimParams.skip)
         ORDER BY j.priority DESC, j.run_at, j.id
@@ -227,8 +237,54 @@ claimed AS (
         lease_token = %(token)s || '.' || j.id,
         lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease_for)s::interval,
         worker_id = %(worker_id)s,
-        started = %(started)s  -- true in a worker's cycle: its handlers are free now
-    WHERE j.id = ANY(ARRAY(SELECT id FROM due))
+        started = true  -- claimed in a worker's cycle: its handlers are free now
+    WHERE j.id = ANY(ARRAY(SELECT id FROM due)) AND (SELECT off FROM relax) IS NOT NULL
+    RETURNING j.id, j.name, j.queue, j.input::text, j.tenant_id, j.idempotency_key,
+              j.priority, j.state, j.attempt, j.max_attempts, j.run_at, j.created_at,
+              j.attempted_at, j.finished_at, j.lease_token, j.lease_expires_at, j.worker_id,
+              j.errors::text, j.cancel_reason, j.trace_context, j.result::text
+)
+SELECT * FROM claimed ORDER BY priority DESC, run_at, id
+
+-- name: job_claim_isolated
+-- job_claim for isolated jobs (rescued after their worker died: see migration 3), planned
+-- against their own partial index (x_jobs_isolated_idx).
+WITH relax AS (
+    SELECT CASE WHEN %(relaxed)s::boolean
+                THEN set_config('synchronous_commit', 'off', true) ELSE '' END AS off
+),
+due AS (
+    SELECT c.id
+    FROM unnest(%(queues)s::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.run_at
+        FROM {schema}.x_jobs j
+        WHERE j.queue = q.name
+          AND j.state IN ('scheduled', 'available')
+          AND j.run_at <= coalesce(%(now)s::timestamptz, now())
+          AND j.isolated
+          AND j.limit_key IS NULL  -- limited jobs: job_limit_lock, job_claim_limited
+          AND j.name <> ALL(%(skip)s::text[])  -- names this worker lacks (ClaimParams.skip)
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) c
+    WHERE NOT EXISTS (
+        SELECT 1 FROM {schema}.x_queues p WHERE p.name = q.name AND p.paused
+    )
+    ORDER BY c.priority DESC, c.run_at, c.id
+    LIMIT %(limit)s
+),
+claimed AS (
+    UPDATE {schema}.x_jobs j
+    SET state = 'running',
+        attempt = j.attempt + 1,
+        attempted_at = coalesce(%(now)s::timestamptz, now()),
+        lease_token = %(token)s || '.' || j.id,
+        lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease_for)s::interval,
+        worker_id = %(worker_id)s,
+        started = true  -- claimed in a worker's cycle: its handlers are free now
+    WHERE j.id = ANY(ARRAY(SELECT id FROM due)) AND (SELECT off FROM relax) IS NOT NULL
     RETURNING j.id, j.name, j.queue, j.input::text, j.tenant_id, j.idempotency_key,
               j.priority, j.state, j.attempt, j.max_attempts, j.run_at, j.created_at,
               j.attempted_at, j.finished_at, j.lease_token, j.lease_expires_at, j.worker_id,
@@ -244,8 +300,13 @@ SELECT * FROM claimed ORDER BY priority DESC, run_at, id
 -- it. The uncorrelated NOT EXISTS runs once. With the LIMIT known, the UPDATE joins `due`
 -- (at most {limit} rows): a primary-key probe per row, on a table never analyzed too, where
 -- `id = ANY(ARRAY(...))` (10 ids guessed, against 10 pages) planned a scan of the table, and a
--- generic plan keeps it while the table grows (22 ms a claim at 100,000 rows).
-WITH due AS (
+-- generic plan keeps it while the table grows (22 ms a claim at 100,000 rows). `relaxed`: as
+-- in job_claim.
+WITH relax AS (
+    SELECT CASE WHEN %(relaxed)s::boolean
+                THEN set_config('synchronous_commit', 'off', true) ELSE '' END AS off
+),
+due AS (
     SELECT j.id
     FROM {schema}.x_jobs j
     WHERE j.queue = %(queue)s
@@ -268,9 +329,9 @@ claimed AS (
         lease_token = %(token)s || '.' || j.id,
         lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease_for)s::interval,
         worker_id = %(worker_id)s,
-        started = %(started)s  -- true in a worker's cycle: its handlers are free now
+        started = true  -- claimed in a worker's cycle: its handlers are free now
     FROM due
-    WHERE j.id = due.id
+    WHERE j.id = due.id AND (SELECT off FROM relax) IS NOT NULL
     RETURNING j.id, j.name, j.queue, j.input::text, j.tenant_id, j.idempotency_key,
               j.priority, j.state, j.attempt, j.max_attempts, j.run_at, j.created_at,
               j.attempted_at, j.finished_at, j.lease_token, j.lease_expires_at, j.worker_id,
@@ -331,7 +392,7 @@ claimed AS (
         lease_token = %(token)s || '.' || j.id,
         lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease_for)s::interval,
         worker_id = %(worker_id)s,
-        started = true
+        started = true  -- claimed in a worker's cycle: its handlers are free now
     FROM due
     WHERE j.id = due.id
     RETURNING j.id, j.name, j.queue, j.input::text, j.tenant_id, j.idempotency_key,
@@ -364,24 +425,6 @@ WHERE j.id = ANY(%(ids)s::text[])
   AND j.lease_token = ANY(%(tokens)s::text[])
   AND j.state = 'running'
 RETURNING j.id
-
--- name: job_release_unstarted
--- Expired leases of jobs whose handler never began: back to the queue, attempt refunded.
-WITH released AS (
-    UPDATE {schema}.x_jobs j
-    SET state = 'available',
-        run_at = coalesce(%(now)s::timestamptz, now()),
-        attempt = greatest(j.attempt - 1, 0),
-        lease_token = NULL,
-        lease_expires_at = NULL
-    WHERE j.state = 'running' AND NOT j.started
-      AND j.lease_expires_at < coalesce(%(now)s::timestamptz, now())
-    RETURNING j.id, j.queue
-),
-woken AS (
-    SELECT pg_notify(%(channel)s, q.queue) FROM (SELECT DISTINCT queue FROM released) q
-)
-SELECT r.id, (SELECT count(*) FROM woken) FROM released r
 
 -- name: job_release_claim
 -- The jobs of one claim whose reply its worker never got (the connection broke after the claim
@@ -1077,7 +1120,7 @@ claimed AS (
         lease_token = %(token)s || '.' || j.id,
         lease_expires_at = coalesce(%(now)s::timestamptz, now()) + %(lease_for)s::interval,
         worker_id = %(worker_id)s,
-        started = %(started)s
+        started = true
     WHERE j.id = ANY(ARRAY(SELECT id FROM due))
       AND j.state IN ('scheduled', 'available')
     RETURNING j.id, j.name, j.queue, j.input::text, j.tenant_id, j.idempotency_key,

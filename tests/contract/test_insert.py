@@ -265,11 +265,16 @@ def test_a_keyed_jobs_id_inserted_again_without_its_key_is_refused(driver: Drive
 
 
 def _plain_batch(texts: list[str], **fields: object) -> NewJobs:
-    """A batch as a plain enqueue makes it (``outbox.Builder.plain_template``): every job is
-    the template with its own id and JSON text, and its id for its key, kept as columns."""
+    """A batch as a plain enqueue makes it: every job is the template with its own id and JSON
+    text, and its id for its key."""
     template = new_job(job_id="", **fields)  # type: ignore[arg-type]
-    template = replace(template, idempotency_key="")
-    return NewJobs(texts, template=template, encode=lambda part: (uuid7_many(len(part)), part))
+    return NewJobs(
+        texts,
+        lambda part: [
+            replace(template, id=job_id, input=text, idempotency_key=job_id)
+            for job_id, text in zip(uuid7_many(len(part)), part, strict=True)
+        ],
+    )
 
 
 @pytest.mark.parametrize("size", [2, 600])  # a batch statement, PostgreSQL's COPY
@@ -286,7 +291,7 @@ def test_a_plain_batch_is_stored_like_its_jobs_and_dedupes_when_published_again(
     # stored as the exact text given.
     texts = [odd if i % 3 == 1 else '{"n":1}' for i in range(size)]
     batch = _plain_batch(texts, tenant_id="t\\en\tant", queue="mail", priority=3)
-    results = driver.job_insert_many(batch, now=T0)  # a driver may read only the columns
+    results = driver.job_insert_many(batch, now=T0)
     ids = [job.id for job in batch]  # read as jobs afterwards: the same ids
     assert results == [InsertResult(i, False) for i in ids] and len(set(ids)) == size
     assert all(job.idempotency_key == job.id for job in batch)

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any, Literal
 
 from ultimat3.jobs import events
@@ -187,9 +188,6 @@ def build_batch(
     encoded when a driver reads the jobs (``NewJobs``: all before it writes, or a slice at a
     time inside its transaction)."""
     values = inputs if isinstance(inputs, list | tuple) else list(inputs)
-    template = builder.plain_template()
-    if template is not None:
-        return NewJobs(values, template=template, encode=builder.encode)
     return NewJobs(values, lambda part: builder(part, now))
 
 
@@ -204,7 +202,6 @@ class Builder:
         "_handle",
         "_key_of",
         "_limit",
-        "_plain",
         "_template",
         "_unique",
     )
@@ -268,11 +265,6 @@ class Builder:
         self._limit = limit
         self._unique = unique
         self._given_key = options.idempotency_key
-        #: Whether a job of this builder takes nothing of its input but the JSON text: no
-        #: key, no limit partition, no uniqueness key (``plain_template``).
-        self._plain = (
-            self._key_of is None and limit is None and unique is None and self._given_key is None
-        )
         # The fields every job of these options shares; each job copies it with its own.
         self._template = NewJob(
             id="",
@@ -292,25 +284,15 @@ class Builder:
             unique_replace=unique is not None and unique.on_conflict == "replace",
         )
 
-    def plain_template(self) -> NewJob | None:
-        """The job that each job of this builder copies with its own id, JSON text, and its id
-        for its key, when nothing else depends on the input (no key, no limit partition, no
-        uniqueness key, no tracing integration on); None otherwise. A batch of such jobs is
-        kept as two columns (``NewJobs``, ``encode``)."""
-        if not self._plain or events.trace_context_for is not None:
-            return None
-        return self._template
-
-    def encode(self, values: Sequence[Any]) -> tuple[list[str], list[str]]:
-        """The ids and JSON texts of jobs of ``values``, in order (a plain batch's columns)."""
-        dumps = self._dumps
-        return uuid7_many(len(values)), [dumps(value) for value in values]
-
     def __call__(self, values: Sequence[Any], now: datetime) -> list[NewJob]:
         """The jobs of ``values``, in order (``now``: the instant a uniqueness window counts
         from)."""
         template = self._template
         name, queue, tenant = template.name, template.queue, template.tenant_id
+        make = partial(
+            NewJob,
+            **{f: getattr(template, f) for f in NewJob.__slots__ if f not in _PER_JOB},
+        )
         dumps, key_of, given_key = self._dumps, self._key_of, self._given_key
         limit, unique = self._limit, self._unique
         inject = events.trace_context_for  # a tracing integration's, or None
@@ -321,8 +303,7 @@ class Builder:
             if key is None and key_of is not None:
                 key = _key_of(self._handle, key_of, input)
             jobs.append(
-                replace(
-                    template,
+                make(
                     id=job_id,
                     input=payload,
                     idempotency_key=job_id if key is None else f"{name}:{key}",
@@ -338,6 +319,10 @@ class Builder:
                 )
             )
         return jobs
+
+
+#: The fields of a ``NewJob`` that differ between the jobs of one enqueue.
+_PER_JOB = frozenset(("id", "input", "idempotency_key", "trace_context", "limit_key", "unique_key"))
 
 
 def _key_of(handle: JobHandle[Any], key_of: Callable[[Any], str], input: Any) -> str:

@@ -14,7 +14,7 @@ Job states::
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
@@ -81,35 +81,14 @@ class NewJobs(Sequence[NewJob]):
     at once, so a refused input raises before a driver that reads them writes anything, as
     with a list. ``stream`` builds them a slice at a time instead, for a driver that writes
     while it builds (PostgreSQL's COPY: the server stores one slice while the next is built),
-    inside a transaction that a refused input rolls back whole.
+    inside a transaction that a refused input rolls back whole."""
 
-    The jobs of a plain enqueue differ only in their id and JSON text, and each has its id for
-    its key. Given ``template`` (the job they all copy) and ``encode`` (the ids and texts of a
-    run of inputs) instead of ``build``, such a batch is kept as those two columns, and a
-    ``NewJob`` is made for each only when one is read: ``columns`` gives a driver the columns
-    a slice at a time, for a write that needs nothing else (PostgreSQL's COPY, SQLite's batch
-    statement). Either way, every read gets the same jobs."""
+    __slots__ = ("_build", "_built", "_inputs")
 
-    __slots__ = ("_build", "_built", "_encode", "_ids", "_inputs", "_texts", "template")
-
-    def __init__(
-        self,
-        inputs: Sequence[Any],
-        build: Callable[[Sequence[Any]], list[NewJob]] | None = None,
-        *,
-        template: NewJob | None = None,
-        encode: Callable[[Sequence[Any]], tuple[list[str], list[str]]] | None = None,
-    ):
-        if (build is None) == (encode is None or template is None):
-            raise TypeError("NewJobs takes build, or template and encode")
+    def __init__(self, inputs: Sequence[Any], build: Callable[[Sequence[Any]], list[NewJob]]):
         self._inputs = inputs
         self._build = build  # the jobs of a run of inputs, in order
         self._built: list[NewJob] = []
-        #: The job every job of a plain batch copies (its id, input and key are ""), or None.
-        self.template = template
-        self._encode = encode
-        self._ids: list[str] = []
-        self._texts: list[str] = []
 
     def __len__(self) -> int:
         return len(self._inputs)
@@ -126,18 +105,8 @@ class NewJobs(Sequence[NewJob]):
         for start in range(0, len(self._inputs), size):
             yield self._built_to(start + size)[start : start + size]
 
-    def columns(self, size: int) -> Iterator[tuple[list[str], list[str]]]:
-        """A plain batch's ids and JSON texts in slices of ``size``, each encoded as it is
-        reached (once: a later read gets the same ids)."""
-        for start in range(0, len(self._inputs), size):
-            self._encoded_to(start + size)
-            yield self._ids[start : start + size], self._texts[start : start + size]
-
     def ids(self) -> list[str]:
-        """The jobs' ids, in order (of a plain batch, without a ``NewJob`` for each)."""
-        if self.template is not None:
-            self._encoded_to(len(self._inputs))
-            return self._ids[:]
+        """The jobs' ids, in order."""
         return [job.id for job in self._all()]
 
     def _all(self) -> list[NewJob]:
@@ -148,28 +117,8 @@ class NewJobs(Sequence[NewJob]):
         built, end = self._built, min(end, len(self._inputs))
         start = len(built)
         if start < end:
-            template = self.template
-            if template is None:
-                assert self._build is not None
-                built.extend(self._build(self._inputs[start:end]))
-            else:
-                self._encoded_to(end)
-                built.extend(
-                    replace(template, id=job_id, input=text, idempotency_key=job_id)
-                    for job_id, text in zip(
-                        self._ids[start:end], self._texts[start:end], strict=True
-                    )
-                )
+            built.extend(self._build(self._inputs[start:end]))
         return built
-
-    def _encoded_to(self, end: int) -> None:
-        ids = self._ids
-        start = len(ids)
-        if start < min(end, len(self._inputs)):
-            assert self._encode is not None
-            new_ids, texts = self._encode(self._inputs[start:end])
-            ids.extend(new_ids)
-            self._texts.extend(texts)
 
 
 def ids_of(jobs: Sequence[NewJob]) -> list[str]:

@@ -16,7 +16,7 @@ from typing import Any
 from ultimat3.jobs.dialects.sqlite import MICROSECOND, savepoint
 from ultimat3.jobs.dialects.sqlite import us as _us
 from ultimat3.jobs.errors import DriverUnavailableError
-from ultimat3.jobs.records import InsertResult, NewJob, NewJobs, ids_of
+from ultimat3.jobs.records import InsertResult, NewJob, ids_of
 from ultimat3.jobs.sql import queries
 
 _Q = queries("sqlite")
@@ -108,28 +108,21 @@ def batches(jobs: Sequence[NewJob], now_us: int, batch_text: int) -> list[dict[s
     """``jobs`` as the parameters of ``job_insert_batch`` statements (one per
     ``batch_text`` characters of rows), when they share every field it binds once: the jobs of one
     ``enqueue_many``. None when two differ in one of those, or a job has a uniqueness key
-    (each is resolved by a statement of its own). A plain batch (``NewJobs.template``) gives
-    its columns, without a ``NewJob`` per row."""
-    rows: list[tuple[Any, ...]]
-    if isinstance(jobs, NewJobs) and jobs.template is not None:
-        first = jobs.template
-        ids, texts = next(jobs.columns(len(jobs)))
-        rows = list(zip(ids, texts, strict=True))
-    else:
-        first = jobs[0]
-        shared = _SHARED(first)
-        rows = []
-        for job in jobs:
-            if job.unique_key is not None or _SHARED(job) != shared:
-                return None
-            job_id, key = job.id, job.idempotency_key
-            if key == job_id and job.trace_context is None and job.limit_key is None:
-                rows.append((job_id, job.input))
-            else:
-                rows.append(
-                    (job_id, job.input, None if key == job_id else key, job.trace_context,
-                     job.limit_key)
-                )  # fmt: skip
+    (each is resolved by a statement of its own)."""
+    first = jobs[0]
+    shared = _SHARED(first)
+    rows: list[tuple[Any, ...]] = []
+    for job in jobs:
+        if job.unique_key is not None or _SHARED(job) != shared:
+            return None
+        job_id, key = job.id, job.idempotency_key
+        if key == job_id and job.trace_context is None and job.limit_key is None:
+            rows.append((job_id, job.input))
+        else:
+            rows.append(
+                (job_id, job.input, None if key == job_id else key, job.trace_context,
+                 job.limit_key)
+            )  # fmt: skip
     chunks: list[list[tuple[Any, ...]]] = []
     chunk: list[tuple[Any, ...]] = []
     size = 0

@@ -23,9 +23,10 @@
 
 Tests that use any of these are marked ``postgres`` automatically (``-m "not postgres"``).
 
-The suite runs on two worker processes (pytest-xdist, ``-n 2`` in pyproject.toml). A test
-marked ``alone`` (a bound on latency that the other worker's load could break) runs while no
-other test runs: it takes a lock that every test shares (``_turn``), exclusively.
+The suite runs on worker processes (pytest-xdist, ``-n 3`` in pyproject.toml), each with its
+own session fixtures (its own throwaway cluster). A test marked ``alone`` (a bound on latency
+that the other workers' load could break) runs while no other test runs: it takes a lock that
+every test shares (``_turn``), exclusively.
 """
 
 from __future__ import annotations

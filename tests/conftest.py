@@ -22,13 +22,21 @@
   missing binary is a failure (``.ci/run`` installs it).
 
 Tests that use any of these are marked ``postgres`` automatically (``-m "not postgres"``).
+
+The suite runs on worker processes (pytest-xdist, ``-n 3`` in pyproject.toml), each with its
+own session fixtures (its own throwaway cluster). A test marked ``alone`` (a bound on latency
+that the other workers' load could break) runs while no other test runs: it takes a lock that
+every test shares (``_turn``), exclusively.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import itertools
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -78,6 +86,35 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _PG_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.postgres)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    with _turn(item):
+        return (yield)
+
+
+@contextlib.contextmanager
+def _turn(item: pytest.Item) -> Iterator[None]:
+    """Under ``-n``, hold the run's lock around the test (setup to teardown): shared, or
+    exclusive for an ``alone`` test. An ``alone`` test first holds a gate, which every test
+    passes before it takes its share, so that the workers' tests cannot keep it waiting."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    folder: Path = item.config._tmp_path_factory.getbasetemp().parent  # type: ignore[attr-defined]
+    alone = item.get_closest_marker("alone") is not None
+    with open(folder / "gate.lock", "a") as gate, open(folder / "run.lock", "a") as run:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        if not alone:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        fcntl.flock(run, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(run, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")

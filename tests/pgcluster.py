@@ -17,7 +17,8 @@ directory is created with ``tempfile.mkdtemp`` under the system temp dir rather 
 ``Bouncer.start(cluster)`` puts PgBouncer (Debian's ``pgbouncer``, found on PATH or in
 /usr/sbin) in front of a cluster, in transaction-pooling mode, on a free loopback port: its own
 config and auth files in a temp dir, run in the foreground as a subprocess (as the ``postgres``
-user when root: PgBouncer refuses to run as root), every database name mapped to the cluster.
+user when root, set on the process itself: PgBouncer refuses to run as root), every database
+name mapped to the cluster.
 
 Limits: POSIX only; one postmaster per ``Cluster``; ``close()`` (also run at interpreter exit)
 stops the server (or the bouncer) and deletes the directory.
@@ -301,18 +302,23 @@ class Bouncer:
                 ]
             )
         )
-        argv = [str(found), str(root / "pgbouncer.ini")]
+        # As root, the process itself runs as the service user (not under ``runuser``, which
+        # passes SIGTERM on and then waits 2 s before it kills: close() would wait them).
+        uid = gid = None
         if _need_service_user():
             user = _ensure_service_user()
+            uid, gid = user.pw_uid, user.pw_gid
             for path in (root, root / "users.txt", root / "pgbouncer.ini"):
-                os.chown(path, user.pw_uid, user.pw_gid)
-            argv = ["runuser", "-u", SERVICE_USER, "--", *argv]
+                os.chown(path, uid, gid)
         proc = subprocess.Popen(
-            argv,
+            [str(found), str(root / "pgbouncer.ini")],
             cwd=root,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            user=uid,
+            group=gid,
+            extra_groups=None if uid is None else [],
         )
         bouncer = cls(root, port, proc)
         atexit.register(bouncer.close)

@@ -35,6 +35,9 @@ from .processes import HERE, ledger, wait_until
 
 Spawn = Callable[..., subprocess.Popen[bytes]]
 
+#: Bounds of a second or less: measured while no other test loads the machine.
+pytestmark = pytest.mark.alone
+
 #: Far longer than any bound below: a write that waited for a poll shows.
 LONG_POLL = "60s"
 

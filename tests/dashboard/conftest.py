@@ -177,6 +177,10 @@ def site(
             "100ms",
             "--concurrency",
             "4",
+            # The last test leaves a cancelled nap running; the worker would notice the cancel
+            # at its next heartbeat, or wait the default 10 s grace at SIGTERM (per backend).
+            "--shutdown-grace",
+            "1s",
         ],
         env=env,
         stdout=subprocess.DEVNULL,

@@ -29,7 +29,7 @@ from ultimat3.jobs.driver import DatabaseId, Driver, current_tx
 from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError, OutboxNoTxError
 from ultimat3.jobs.ids import uuid7_many
-from ultimat3.jobs.job import JobHandle, check_queue_name
+from ultimat3.jobs.job import JobHandle, check_queue_name, valid_priority
 from ultimat3.jobs.outbox_store import OutboxStore
 from ultimat3.jobs.records import InsertResult, NewJob, NewJobs
 from ultimat3.jobs.retry import MAX_ATTEMPTS
@@ -228,11 +228,7 @@ class Builder:
             )
         delay = to_timedelta(options.delay, name="delay") if options.delay is not None else None
         priority = handle.priority if options.priority is None else options.priority
-        if (
-            isinstance(priority, bool)
-            or not isinstance(priority, int)
-            or not -100 <= priority <= 100
-        ):
+        if not valid_priority(priority):
             raise ConfigurationError(
                 f"priority={priority!r} is not valid", fix="use an int from -100 to 100"
             )

@@ -204,7 +204,10 @@ class Serializer:
             return value
         if isinstance(value, float):
             if not math.isfinite(value):
-                raise _Reject(*_not_finite(value))
+                raise _Reject(
+                    f"is {value!r}, which JSON cannot store",
+                    "use None for a missing number, or text such as 'inf'",
+                )
             return value
         if isinstance(value, dict):
             return self._dict(value, stack)
@@ -533,13 +536,6 @@ def _unsupported(value: Any) -> tuple[str, str]:
         "(a dataclass or a pydantic model is converted for you)"
     )
     return f"has type {name}, which JSON cannot store", fix
-
-
-def _not_finite(value: float) -> tuple[str, str]:
-    return (
-        f"is {value!r}, which JSON cannot store",
-        "use None for a missing number, or text such as 'inf'",
-    )
 
 
 def _bad_text(text: str, what: Literal["text", "a key"]) -> tuple[str, str]:

@@ -285,16 +285,13 @@ class App(Enqueuer):
     async def _in_ambient_off_loop(self, call: Callable[[], _R]) -> _R:
         """``_off_loop(call)`` inside the ambient transaction, when one is found here (on the
         event loop, where an async session can still reach its connection)."""
-        if self._ambient and current_tx.get() is None:
+        joined = None
+        if current_tx.get() is None:
             for source in self._ambient:
-                joined = await source.joined_async(self)
-                if joined is not None:
-                    token = current_tx.set(joined)
-                    try:
-                        return await _off_loop(call)
-                    finally:
-                        current_tx.reset(token)
-        return await _off_loop(call)
+                if (joined := await source.joined_async(self)) is not None:
+                    break
+        with _joining(joined):
+            return await _off_loop(call)
 
     def _add_ambient(self, source: Ambient) -> None:
         """Have enqueues outside ``using()`` ask ``source`` for the transaction they run in."""
@@ -322,22 +319,11 @@ class App(Enqueuer):
                 fix="decorate the function with @job and register its module with app.register()",
             )
         self._check_registered(handle)
-        if (
-            not inputs
-            or self._intercept is not None
-            or not self._ambient
-            or current_tx.get() is not None
-        ):
+        joined = None
+        if inputs and self._intercept is None and current_tx.get() is None:
+            joined = next((j for s in self._ambient if (j := s.joined(self)) is not None), None)
+        with _joining(joined):
             return self._write(handle, inputs, options, many=many)
-        for source in self._ambient:
-            joined = source.joined(self)
-            if joined is not None:
-                token = current_tx.set(joined)
-                try:
-                    return self._write(handle, inputs, options, many=many)
-                finally:
-                    current_tx.reset(token)
-        return self._write(handle, inputs, options, many=many)
 
     def _write(
         self, handle: JobHandle[Any], inputs: Sequence[Any], options: EnqueueOptions, *, many: bool
@@ -738,6 +724,19 @@ def _state(value: JobState | str) -> JobState:
 
 
 _R = TypeVar("_R")
+
+
+@contextmanager
+def _joining(joined: Joined | None) -> Iterator[None]:
+    """``joined`` is the transaction enqueues join in the block (nothing changes for None)."""
+    if joined is None:
+        yield
+        return
+    token = current_tx.set(joined)
+    try:
+        yield
+    finally:
+        current_tx.reset(token)
 
 
 async def _off_loop(call: Callable[[], _R]) -> _R:

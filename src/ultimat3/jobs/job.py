@@ -196,11 +196,7 @@ class JobHandle(Generic[InputT]):
             )
         self.idempotency_key = idempotency_key
         self.timeout = to_timedelta(timeout) if timeout is not None else None
-        if (
-            isinstance(priority, bool)
-            or not isinstance(priority, int)
-            or not -100 <= priority <= 100
-        ):
+        if not valid_priority(priority):
             raise ConfigurationError(
                 f"priority must be an int from -100 to 100, got {priority!r}",
                 fix="higher runs first; the default is 0",
@@ -504,6 +500,11 @@ def _export_names(module: object) -> Sequence[str]:
     declared: Iterable[str] | None = getattr(module, "__all__", None)
     names = declared if declared is not None else (n for n in dir(module) if not n.startswith("_"))
     return sorted(set(names))
+
+
+def valid_priority(priority: object) -> bool:
+    """An int (not a bool) from -100 to 100."""
+    return type(priority) is not bool and isinstance(priority, int) and -100 <= priority <= 100
 
 
 def _check_name(name: str, what: str) -> str:

@@ -18,7 +18,7 @@ so identical inputs are never merged but a re-publish of the same built job coll
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
@@ -29,7 +29,7 @@ from ultimat3.jobs.driver import DatabaseId, Driver, current_tx
 from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError, OutboxNoTxError
 from ultimat3.jobs.ids import uuid7_many
-from ultimat3.jobs.job import JobHandle, check_queue_name
+from ultimat3.jobs.job import JobHandle, check_queue_name, valid_priority
 from ultimat3.jobs.outbox_store import OutboxStore
 from ultimat3.jobs.records import InsertResult, NewJob, NewJobs
 from ultimat3.jobs.retry import MAX_ATTEMPTS
@@ -145,11 +145,12 @@ def enqueue(
     many: bool,
 ) -> list[InsertResult]:
     """Build the jobs of ``inputs`` with ``options`` (all checked before anything is written)
-    and write them to ``where`` (``insert``). ``many``: a batch, which a driver may build as it
-    writes (``build_batch``); ``now`` is when a uniqueness window counts from, ``pinned`` the
-    ``now`` of the write (None: the database's clock)."""
+    and write them to ``where`` (``insert``). ``many``: a batch, whose inputs are encoded when a
+    driver reads the jobs (``NewJobs``: all before it writes, or a slice at a time inside its
+    transaction); ``now`` is when a uniqueness window counts from, ``pinned`` the ``now`` of
+    the write (None: the database's clock)."""
     builder = Builder(handle, options, serializer=serializer)
-    jobs = build_batch(builder, inputs, now=now) if many else builder(inputs, now)
+    jobs = NewJobs(inputs, lambda part: builder(part, now)) if many else builder(inputs, now)
     if not jobs:
         return []
     if where.intercept is not None:
@@ -176,19 +177,6 @@ def build_job(
 ) -> NewJob:
     """Validate and encode one enqueue (``Builder`` of one input)."""
     return Builder(handle, options, serializer=serializer)((input,), now)[0]
-
-
-def build_batch(
-    builder: Builder,
-    inputs: Iterable[Any],
-    *,
-    now: datetime,
-) -> NewJobs:
-    """The jobs of an enqueue of many, with the options ``builder`` checked: the inputs are
-    encoded when a driver reads the jobs (``NewJobs``: all before it writes, or a slice at a
-    time inside its transaction)."""
-    values = inputs if isinstance(inputs, list | tuple) else list(inputs)
-    return NewJobs(values, lambda part: builder(part, now))
 
 
 class Builder:
@@ -228,11 +216,7 @@ class Builder:
             )
         delay = to_timedelta(options.delay, name="delay") if options.delay is not None else None
         priority = handle.priority if options.priority is None else options.priority
-        if (
-            isinstance(priority, bool)
-            or not isinstance(priority, int)
-            or not -100 <= priority <= 100
-        ):
+        if not valid_priority(priority):
             raise ConfigurationError(
                 f"priority={priority!r} is not valid", fix="use an int from -100 to 100"
             )

@@ -11,8 +11,7 @@ Guarantees:
 - **Per-queue order survives a failure.** Rows are published queue by queue in staging order,
   one insert transaction per queue. When a queue's insert fails, its rows stay unpublished,
   ``jobs.outbox.publish-failed`` is logged, and the rest of that queue's rows in the batch wait
-  for the next pass, so nothing of that queue overtakes them (the seed kept going after a
-  failure, which broke the order it claimed). Other queues are published as usual.
+  for the next pass, so nothing of that queue overtakes them. Other queues go on as usual.
 - **Several relays split the work.** Claims skip rows another relay holds (``FOR UPDATE SKIP
   LOCKED`` on PostgreSQL; the write lock on SQLite), so nothing is published twice except
   after a crash, and nothing is lost.

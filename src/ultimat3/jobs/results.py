@@ -42,10 +42,6 @@ _SYNC_SLICE = 60.0
 _ASYNC_SLICE = 1.0
 
 
-def _seconds(timeout: DurationInput) -> float:
-    return max(0.0, to_timedelta(timeout, name="timeout").total_seconds())
-
-
 def outcome(job: Job | None, job_id: str, serializer: Serializer, waited: float | None) -> Any:
     """What a finished ``job`` gives its reader: the decoded result, or the error that says why
     there is none. ``waited`` is the timeout that passed (for the message) when unfinished."""
@@ -125,7 +121,8 @@ class _Wait:
 
     def __init__(self, timeout: DurationInput | None, most: float, clock: Clock) -> None:
         self.clock = clock
-        self.limit = None if timeout is None else _seconds(timeout)
+        seconds = None if timeout is None else to_timedelta(timeout, name="timeout")
+        self.limit = None if seconds is None else max(0.0, seconds.total_seconds())
         self.deadline = None if self.limit is None else clock.monotonic() + self.limit
         self.most = most
 

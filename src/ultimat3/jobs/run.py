@@ -9,24 +9,12 @@
        v                    v                   v   before the slot is free)
     RELEASED             SETTLED ──wrote()───> FREE
 
-- ``start()`` succeeds only from CLAIMED: a released run can never start, and a run starts at
-  most once (the shutdown race of an earlier design, where a run being released could still
-  start, cannot happen).
-- ``settle()`` succeeds once, from CLAIMED or STARTED: exactly one outcome is ever written per
-  run, whoever gets there first (the handler returning, a lost lease, shutdown).
-- ``release(outcome)`` succeeds only from CLAIMED: a job goes back to the queue (attempt
-  refunded) only if its handler never began; ``outcome`` is the write that gives it back.
-- ``time_out()``: the handler ran past its deadline while unsettled (once); its outcome is then
-  a timeout, whatever the handler returns.
-- ``lose(moot)``: the lease is gone (a renewal refused, a renewal unconfirmed for too long, a
-  write fenced out); true once. An unsettled run is settled with ``moot``, which has nothing to
-  write: the lease is gone.
-- ``confirm(at)``: the database confirmed a renewal sent at ``at`` (monotonic seconds): the
-  lease lasts at least until then plus the lease, whatever the clocks say.
-- ``wrote()``: the outcome is in the database (or was refused: either way nothing is left).
-- The slot (and the lease) is held until the run is settled or released, its outcome written,
-  *and*, if it started, its handler has returned: a sync handler past its timeout keeps its
-  lease while its thread runs on, so its retry can never overlap it.
+Each transition succeeds at most once (its docstring says from where): exactly one outcome is
+ever written per run, whoever gets there first (the handler returning, a lost lease, shutdown),
+and a job goes back to the queue (attempt refunded) only if its handler never began. The slot
+(and the lease) is held until the run is settled or released, its outcome written, *and*, if
+it started, its handler has returned: a sync handler past its timeout keeps its lease while
+its thread runs on, so its retry can never overlap it.
 
 ``Life`` is the worker's state, changed only by ``transition(life, event)``: STOPPED ──Start──>
 RUNNING ──Stop, StopNow, Signal, Fatal──> DRAINING ──Stopped──> STOPPED. A stop is *hard*
@@ -139,7 +127,8 @@ class Run(Generic[_O]):
             self._returned = True
 
     def time_out(self) -> bool:
-        """The deadline passed while the run was unsettled: True the first time only."""
+        """The deadline passed while the run was unsettled: True the first time only; its
+        outcome is then a timeout, whatever the handler returns."""
         with self._lock:
             if self.timed_out or self._state in (RunState.SETTLED, RunState.RELEASED):
                 return False
@@ -147,8 +136,9 @@ class Run(Generic[_O]):
             return True
 
     def lose(self, moot: _O) -> bool:
-        """The lease is gone: True the first time only. An unsettled run is settled with
-        ``moot``, with nothing to write."""
+        """The lease is gone (a renewal refused or unconfirmed too long, a write fenced out):
+        True the first time only. An unsettled run is settled with ``moot``, with nothing to
+        write."""
         with self._lock:
             if self.lost:
                 return False
@@ -158,7 +148,8 @@ class Run(Generic[_O]):
             return True
 
     def confirm(self, at: float) -> None:
-        """A renewal sent at ``at`` was confirmed."""
+        """A renewal sent at ``at`` (monotonic seconds) was confirmed: the lease lasts at least
+        until then plus the lease, whatever the clocks say."""
         with self._lock:
             self.confirmed = max(self.confirmed, at)
 

@@ -190,21 +190,28 @@ class Serializer:
 
     def _walk(self, value: Any, stack: set[int]) -> Any:
         """``value`` checked and converted to JSON-ready data (the same object when it already
-        is); raises ``_Reject`` carrying the path back up."""
-        kind = type(value)
-        if kind is str:
-            if "\x00" in value or (not value.isascii() and _SURROGATE.search(value)):
-                raise _Reject(*_bad_text(value, "text"))
+        is); raises ``_Reject`` carrying the path back up. Subclasses of the JSON types
+        (``StrEnum``, ``IntEnum``, ``OrderedDict``) are stored as their base value."""
+        codec = self._by_type.get(type(value))  # never a JSON type: ``_register``
+        if codec is not None:
+            return _tagged(codec.tag, self._walk(_run_encode(codec, value), stack))
+        if isinstance(value, str):
+            text = value if type(value) is str else str.__str__(value)
+            if "\x00" in text or (not text.isascii() and _SURROGATE.search(text)):
+                raise _Reject(*_bad_text(text, "text"))
             return value
-        if kind is int or kind is bool or value is None:
+        if isinstance(value, int) or value is None:
             return value
-        if kind is float:
+        if isinstance(value, float):
             if not math.isfinite(value):
-                raise _Reject(*_not_finite(value))
+                raise _Reject(
+                    f"is {value!r}, which JSON cannot store",
+                    "use None for a missing number, or text such as 'inf'",
+                )
             return value
-        if kind is dict:
+        if isinstance(value, dict):
             return self._dict(value, stack)
-        if kind is list:
+        if isinstance(value, list):
             return self._list(value, stack)
         return self._other(value, stack)
 
@@ -261,23 +268,7 @@ class Serializer:
         return obj if out is None else out
 
     def _other(self, value: Any, stack: set[int]) -> Any:
-        """Everything that is not exactly a JSON type: codecs, conversions, subclasses."""
-        codec = self._by_type.get(type(value))
-        if codec is not None:
-            return _tagged(codec.tag, self._walk(_run_encode(codec, value), stack))
-        if isinstance(value, str):  # StrEnum and friends: stored as their text
-            self._walk(str.__str__(value), stack)
-            return value
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float):
-            if not math.isfinite(value):
-                raise _Reject(*_not_finite(value))
-            return value
-        if isinstance(value, dict):
-            return self._dict(value, stack)
-        if isinstance(value, list):
-            return self._list(value, stack)
+        """An object that is no JSON type and has no codec: a dataclass or a pydantic model."""
         ident = id(value)
         if ident in stack:
             raise _Reject(loop=ident)
@@ -545,13 +536,6 @@ def _unsupported(value: Any) -> tuple[str, str]:
         "(a dataclass or a pydantic model is converted for you)"
     )
     return f"has type {name}, which JSON cannot store", fix
-
-
-def _not_finite(value: float) -> tuple[str, str]:
-    return (
-        f"is {value!r}, which JSON cannot store",
-        "use None for a missing number, or text such as 'inf'",
-    )
 
 
 def _bad_text(text: str, what: Literal["text", "a key"]) -> tuple[str, str]:

@@ -1,40 +1,26 @@
-"""The worker: claims due jobs, runs them, records what happened. Who owns a job, step by step:
+"""The worker's lifecycle and its handler threads. Who owns a job, step by step:
 
-1. **cycle**: one transaction (``job_cycle``) writes the outcomes that finished (completions
-   and failures, each fenced by its lease; a refused late write is counted in ``lost``) and
-   claims one job per free handler, each marked *started* by the claim. The rarer outcomes
-   (snoozes, releases, cancels) follow it, one write each (``writes``). Each claimed job gets
-   a ``Run`` (``ultimat3.jobs.run``), its one owner in this worker.
-2. **handlers**: ``concurrency`` threads. Each takes the next ready job, calls its function
-   and turns what happened into one ``Outcome`` (``handlers``, shared with ``async def``
-   jobs, which run on one event loop), offered with ``run.settle()``: the first settler wins
-   (the handler, a lost lease, shutdown). A thread with no ready job *leads*: it runs the
-   next cycle under the cycle's ``supervise.Loop`` policy (``Loop.once``), so a short job's
-   thread writes its outcome, claims the next job and runs it with no hand-off between
-   threads; while jobs are long (``short_job``), each ready job wakes a thread of its own. A
-   leader with nothing to write and nothing due sleeps until a job is (``wait_for_jobs``); a
-   thread whose job returns wakes it at once to write the outcome, whatever the poll
-   interval. Outcomes that wait behind a long job on the thread that queued them are handed
-   to a sleeping thread by the heartbeat (within 100 ms). A slot frees once its run is
-   settled, its outcome written and its handler returned, so a sync job past its timeout
-   keeps its lease until its thread ends.
-3. **heartbeat** and **renew** loops (``beat``): timeouts, lease renewals and losses, stuck
-   threads.
-4. **maintenance** loop: rescue expired leases (on every worker) and prune (on the one node
-   elected for it) until the drain begins; the worker's row (``presence``) until it stops.
+1. **cycle** (``writes``): one transaction writes the outcomes that finished and claims one job
+   per free handler; each claimed job gets a ``Run`` (``ultimat3.jobs.run``), its one owner.
+2. **handlers**: ``concurrency`` threads (``async def`` jobs run on one event loop). Each takes
+   the next ready job and offers its ``Outcome`` (``handlers``) with ``run.settle()``: the
+   first settler wins (the handler, a lost lease, shutdown). A thread with no ready job
+   *leads*: it runs the next cycle under the cycle's ``supervise.Loop`` policy (``Loop.once``),
+   so a short job's thread writes its outcome, claims the next job and runs it with no
+   hand-off between threads; while jobs are long (``short_job``), each ready job wakes a thread
+   of its own. A leader with nothing to do sleeps until a job is due (``wait_for_jobs``); a
+   returning job wakes it at once. Outcomes that wait behind a long job are handed to a
+   sleeping thread by the heartbeat (within 100 ms). A slot frees once its run is settled,
+   its outcome written and its handler returned.
+3. **heartbeat** and **renew** loops (``beat``); 4. the **maintenance** loop (rescue, prune:
+   ``ultimat3.jobs.maintenance``, which also says how a job that kills its worker is isolated)
+   until the drain begins, and the worker's row (``presence``) until it stops.
 
-The worker's own lifecycle (running, draining, stopped; a hard stop; signals; names it
-skips) is one ``run.Life`` changed by one transition function (``_apply``); the threads wait
-on events that follow it.
-
-A job whose worker dies while it holds it (started, by its claim) is rescued as
-``worker_lost`` and *isolated*: a worker runs it alone (nothing else in flight) until it
-returns. Its attempt counts only if it ran alone when the worker died; one a shutdown gives
-back before a thread took it goes back with its attempt. A job whose name this worker lacks
-(a rolling deploy) is given back, its attempt refunded, and passed over by this worker's
-claims for a while (``ClaimParams.skip``); ``unknown_grace`` after it became due it is
-dead-lettered as ``unknown_job``. A critical loop that keeps failing unexpectedly stops the
-worker with ``exit_code`` 70, releasing what it holds, for its supervisor to restart it.
+The worker's own lifecycle (running, draining, stopped; a hard stop; signals; names it skips)
+is one ``run.Life`` changed by one transition function (``_apply``); the threads wait on events
+that follow it. A job whose name this worker lacks (a rolling deploy) is given back and passed
+over a while (``handlers``). A critical loop that keeps failing stops the worker with
+``exit_code`` 70, releasing what it holds, for its supervisor to restart it.
 """
 
 from __future__ import annotations

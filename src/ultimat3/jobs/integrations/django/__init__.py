@@ -166,10 +166,7 @@ def _run(payload: dict[str, Any], ctx: JobContext) -> Any:
     close_old_connections()
     try:
         try:
-            if task.takes_context:
-                value = task.call(TaskContext(task_result=running), *running.args, **running.kwargs)
-            else:
-                value = task.call(*running.args, **running.kwargs)
+            value = task.call(*_args(task, running), **running.kwargs)
             return _succeeded(running, value)
         except BaseException:
             _failed(running, ctx)
@@ -183,12 +180,7 @@ async def _run_async(payload: dict[str, Any], ctx: JobContext) -> Any:
     the database, reading the job and the signals' receivers, runs on a thread)."""
     task, running = await asyncio.to_thread(_start, payload, ctx)
     try:
-        if task.takes_context:
-            value = await task.func(
-                TaskContext(task_result=running), *running.args, **running.kwargs
-            )
-        else:
-            value = await task.func(*running.args, **running.kwargs)
+        value = await task.func(*_args(task, running), **running.kwargs)
         return await asyncio.to_thread(_succeeded, running, value)
     except asyncio.CancelledError:
         raise  # the worker gave up on this run (a timeout, a shutdown): not the task's failure
@@ -210,6 +202,12 @@ def _start(payload: dict[str, Any], ctx: JobContext) -> tuple[Any, Any]:
     running = _task_result(app, app.get_job(ctx.id), payload.get("backend", DEFAULT_DB_ALIAS))
     _signals.task_started.send(sender=JobsBackend, task_result=running)
     return running.task, running
+
+
+def _args(task: Any, running: Any) -> tuple[Any, ...]:
+    """The positional arguments of the call: the task's context first when it takes one."""
+    args = tuple(running.args)
+    return (TaskContext(task_result=running), *args) if task.takes_context else args
 
 
 def _succeeded(running: Any, value: Any) -> Any:

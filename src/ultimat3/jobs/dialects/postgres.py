@@ -1,28 +1,8 @@
-"""PostgreSQL plumbing shared by the job driver and the outbox store.
-
-- ``masked_dsn``: a DSN fit for messages (any password replaced by ``***``).
-- ``CONNECT_DEFAULTS``: the libpq settings both apply unless the DSN sets them (a connect
-  timeout, TCP keepalives and ``tcp_user_timeout``), so a dead peer is noticed in ~30 s.
-- ``identify``: which database a caller's connection reaches, as a ``DatabaseId`` (the
-  database's name and oid, and the postmaster's start time), and whether a table is there;
-  the connection is left as idle as it was found.
-- ``our_cursor``: a cursor for a statement of ours on any connection, a caller's included:
-  ``%s`` placeholders, tuple rows and psycopg's process-wide adapters, whatever cursor class,
-  row factory, loaders or dumpers the connection was given.
-- ``check_joinable``: a caller's connection we may write in: open, sync, and not in a failed
-  transaction; otherwise a ``ConfigurationError`` whose fix fits the case.
-- ``in_savepoint``: every write of ours in a caller's transaction (the driver's enqueue and
-  completion, the outbox store's stage) runs in a SAVEPOINT of it, and a failure rolls back to
-  the savepoint and raises an ``EnqueueRefusedError`` that names the cause (a lock or statement
-  timeout, the key or id waited for, a deadlock, a serialization failure, a constraint), so the
-  caller's transaction goes on. One mechanism for both, so their errors cannot drift apart.
-- ``split_url`` and the option readers (``listens``, ``flag``, ``whole``, ``seconds``): our
-  options of a ``postgresql://`` URL, each refused with its name when it cannot work.
-- ``bounds_sql``: the ``set_config`` statement that gives one transaction of ours (or, on a
-  direct connection, the session of one pooled connection of ours) its ``statement_timeout``,
-  ``lock_timeout`` and ``idle_in_transaction_session_timeout``; ``UNBOUNDED_SQL`` takes them
-  off again for one transaction handed to a caller, so they never reach a caller's statements
-  (nor, behind a pooler, another client's).
+"""PostgreSQL plumbing shared by the job driver and the outbox store, so their connections,
+timeouts, savepoints and errors cannot drift apart: connecting (``connect``,
+``CONNECT_DEFAULTS``), a caller's connection (``identify``, ``check_joinable``,
+``our_cursor``), writes in a caller's transaction (``in_savepoint``), timeouts
+(``bounds_sql``), migrations and error translation (``translate``).
 
 psycopg is imported by the callers (which need the ``[postgres]`` extra); this module only
 touches the objects they pass.
@@ -84,8 +64,7 @@ __all__ = [
 @functools.cache
 def _psycopg() -> Any:
     """psycopg (with ``pq``, ``rows`` and ``adapt``), imported on first use: this module is
-    imported without the ``[postgres]`` extra too (a URL is read before the driver that needs
-    it), and an import statement in a function costs a microsecond on every call."""
+    imported without the ``[postgres]`` extra too."""
     import psycopg
     import psycopg.adapt
     import psycopg.rows
@@ -353,9 +332,8 @@ def our_cursor(conn: Any) -> psycopg.Cursor[Any]:
     cursor: psycopg.Cursor[Any]
     factory = conn.cursor_factory
     if (factory is pg.Cursor and not conn.closed) or issubclass(factory, pg.RawCursor):
-        # $1 placeholders, or the usual factory made without Connection.cursor's checks (a
-        # few µs on the enqueue's path); a closed connection takes Connection.cursor, which
-        # raises psycopg's own error.
+        # $1 placeholders, or the usual factory; a closed connection takes
+        # Connection.cursor, which raises psycopg's own error.
         cursor = pg.Cursor(conn, row_factory=pg.rows.tuple_row)
     else:
         cursor = conn.cursor(row_factory=pg.rows.tuple_row)
@@ -510,21 +488,15 @@ def in_savepoint(
     transaction without ever ending it, in a SAVEPOINT; yields ``conn``.
 
     A failure rolls back to the savepoint, so the transaction stays usable and holds nothing
-    of the call, and raises what happened as an ``EnqueueRefusedError`` that names it
-    (``caller_error``); an interrupt (``KeyboardInterrupt``, a cancelled task) rolls back the
-    same way and goes on as it is. A lost connection took the transaction with it, and a
-    missing table needs a migration: both raise ``translate(exc)`` (the caller's error for
-    any psycopg error of its own statements), as does any failure on an idle autocommit
-    connection, which gets a BEGIN/COMMIT of its own (its own statements would commit too).
-    A non-autocommit connection with no transaction yet gets the one psycopg opens for the
-    SAVEPOINT, left open for the caller. On a connection in pipeline mode the statements
-    queued before ours are synced first, and ours after the body, so an error is raised here
-    and never at the caller's next statement.
+    of the call, and raises an ``EnqueueRefusedError`` that names it (``caller_error``); an
+    interrupt rolls back the same way and goes on as it is. A lost connection, a missing
+    table, or any failure on an idle autocommit connection (which gets a BEGIN/COMMIT of its
+    own) raise ``translate(exc)``. A non-autocommit connection with no transaction yet gets
+    the one psycopg opens, left open for the caller. A connection in pipeline mode is synced
+    before and after, so an error is raised here, never at the caller's next statement.
 
-    ``describe()``, called on a failure only: what the write was ("the enqueue of job
-    receipt") and who holds what it may wait for ("another transaction holds idempotency key
-    'order-42' and has not ended"). ``prepare``: prepare SAVEPOINT and RELEASE on the
-    connection (psycopg's ``prepare``: never behind a transaction-mode pooler)."""
+    ``describe()``, called on a failure only: what the write was and who holds what it may
+    wait for. ``prepare``: psycopg's ``prepare`` for SAVEPOINT and RELEASE."""
     pg = _psycopg()
     if conn.pgconn.transaction_status == pg.pq.TransactionStatus.IDLE and conn.autocommit:
         try:

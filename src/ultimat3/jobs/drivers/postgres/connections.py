@@ -7,9 +7,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
 import select
-import socket
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -46,7 +44,7 @@ from ultimat3.jobs.driver import (
     renew_after_fork,
 )
 from ultimat3.jobs.drivers import pool_log
-from ultimat3.jobs.drivers.postgres.watchdog import Watchdog
+from ultimat3.jobs.drivers.postgres.watchdog import Watchdog, cut_off
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
 from ultimat3.jobs.records import AttemptError, Job, JobState, NewJob, job_from_row
 
@@ -74,7 +72,7 @@ Row = tuple[Any, ...]
 
 _T = TypeVar("_T")
 _SYSTEM = SystemClock()
-NAME = _NAME = "postgres"
+_NAME = "postgres"
 #: How long a call waits for a pooled connection before it checks that the server is up, and
 #: then how much longer before it raises (the pool is exhausted).
 _QUICK_WAIT = 0.5
@@ -176,9 +174,6 @@ class Connections:
                 fix="write postgresql://user:password@host:5432/dbname or a libpq conninfo string",
             ) from None
         self.display_url = masked_dsn(dsn)
-        #: Every time read, sleep and wait of the driver; the waits' settings (seconds): a
-        #: listening turn, the silence before the LISTEN is checked, the pooler check's waits,
-        #: and how long a presence beat waits for the renewals' connection.
         self._clock = clock
         self._wait_slice = wait_slice
         self._probe_after = probe_after
@@ -223,7 +218,6 @@ class Connections:
         self._watch = Watchdog(self.call_budget, clock)
         quoted = pg_sql.Identifier(schema).as_string(None)
         self._jobs_table = f"{quoted}.x_jobs"
-        self._ledger_table = f"{quoted}.x_migrations"
         self._q: dict[str, bytes] = {
             name: text.replace("{schema}", quoted).encode()
             for name, text in sql_files.queries(_NAME).items()
@@ -231,7 +225,7 @@ class Connections:
         self._migrations, self._migrate_key = migration_plan(
             sql_files.migrations(_NAME),
             quoted_schema=quoted,
-            ledger=self._ledger_table,
+            ledger=f"{quoted}.x_migrations",
             lock_name=f"migrate:{schema}",
         )
 
@@ -257,7 +251,6 @@ class Connections:
         self._forked = False
         #: In a call (``_checkout``): a forked child disowns them (``_after_fork``).
         self._lent: set[Conn] = set()
-        self._texts_by_limit: dict[tuple[str, int], bytes] = {}
         #: Limited claims: the last key looked at (``limits``, step 1), and the first half of
         #: the two-part advisory lock keys of this schema's limits.
         self._after = ""
@@ -353,15 +346,11 @@ class Connections:
 
     def _attempts(self, body: Callable[[Conn], _T]) -> _T:
         """Run ``body`` on a pooled connection, cut off by the watchdog if it gets no reply in
-        time; retried whole after a deadlock (two batches locking shared rows in different
-        orders: rolled back whole). Not ``with self._connection()``: on the hot path its
-        generator costs a few µs.
+        time; retried whole after a deadlock (rolled back whole).
 
         A body slower than ``_REPLAN_AFTER`` drops the connection's prepared statements
-        (``DEALLOCATE ALL``, which psycopg follows), so each is planned again on its next
-        uses. A generic plan is kept from when it was made: one made while ``x_jobs`` was a
-        few rows scans it, and keeps scanning it after a burst of enqueues made it big, until
-        an ANALYZE (autovacuum's, up to a minute later). The first slow claim ends that."""
+        (``_replan``): a generic plan made while ``x_jobs`` was a few rows keeps scanning it
+        after a burst of enqueues made it big, until an ANALYZE."""
         for attempt in range(3):
             started = self._clock.monotonic()
             conn = self._checkout()
@@ -424,9 +413,10 @@ class Connections:
             self._exec(conn, self._bounds)
 
     def _configure(self, conn: Conn) -> None:
-        """A new pooled connection: notifications ignored; on a direct connection, our bounds
-        as its session settings."""
-        _ignore_notifications(conn)
+        """A new pooled connection: notifications ignored (behind a transaction-mode pooler a
+        session some client once LISTENed on delivers to whoever holds it next, and psycopg
+        would keep them all, unread); on a direct connection, our bounds as session settings."""
+        conn.add_notify_handler(_drop)
         if self._session_bounds:
             conn.execute(self._bounds_session, prepare=False)
 
@@ -677,13 +667,8 @@ class Connections:
         it there: its socket is shut down, the statement fails, and that thread closes it."""
         with self._renewer_end:
             conn = self._renewer
-            if conn is None or conn.closed:
-                return
-            try:
-                with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
-                    sock.shutdown(socket.SHUT_RDWR)
-            except (psycopg.Error, OSError):  # closed already
-                pass
+            if conn is not None and not conn.closed:
+                cut_off(conn)
 
 
 def _described(jobs: Sequence[NewJob]) -> tuple[str, str]:
@@ -701,13 +686,6 @@ def _described(jobs: Sequence[NewJob]) -> tuple[str, str]:
         "statement run by hand)"
     )
     return f"the enqueue of {jobs_named(jobs)}", holder
-
-
-def _ignore_notifications(conn: Any) -> None:
-    """Pooled connections never LISTEN, but behind a transaction-mode pooler a server session
-    that some client once LISTENed on delivers its notifications to whichever client holds it
-    next; without a handler psycopg would keep them all, unread, for the connection's life."""
-    conn.add_notify_handler(_drop)
 
 
 def _drop(notify: Any) -> None:

@@ -93,13 +93,8 @@ class Cycles(Inserts):
 
     def _with_limit(self, name: str, limit: int) -> bytes:
         """Statement ``name`` with ``limit`` written into its text for ``{limit}`` (see
-        job_claim_queue in queries.sql), each kept for the next use (a worker uses one or two)."""
-        query = self._texts_by_limit.get((name, limit))
-        if query is None:
-            query = self._q[name].replace(b"{limit}", str(int(limit)).encode())
-            if len(self._texts_by_limit) < 32:
-                self._texts_by_limit[(name, limit)] = query
-        return query
+        job_claim_queue in queries.sql)."""
+        return self._q[name].replace(b"{limit}", str(int(limit)).encode())
 
     def job_cycle(self, cycle: Cycle, *, now: datetime | None = None) -> CycleResult:
         claim = cycle.claims

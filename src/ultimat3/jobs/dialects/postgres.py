@@ -56,6 +56,7 @@ __all__ = [
     "migration_plan",
     "our_adapters",
     "our_cursor",
+    "raise_translated",
     "refused",
     "translate",
 ]
@@ -127,11 +128,9 @@ def apply_migrations(
     *,
     lock_timeout: float | None = None,
 ) -> list[int]:
-    """Apply the migrations of ``known`` not yet recorded, inside the caller's transaction on
-    ``conn``, under ``pg_advisory_xact_lock(lock_key)``: processes that race to migrate queue
-    on the lock, and all but the first find the work done. Once the lock is held, DDL waits
-    for a table lock at most ``lock_timeout`` (a migration queued behind a long transaction
-    would block every query behind it). Returns the versions applied."""
+    """Apply the migrations of ``known`` not yet recorded, in the caller's transaction, under
+    ``pg_advisory_xact_lock(lock_key)`` (racers queue, then find the work done); DDL waits for
+    a table lock at most ``lock_timeout``. Returns the versions applied."""
     conn.execute(queries["migrate_lock"], {"key": lock_key}, prepare=False)
     if lock_timeout is not None:
         conn.execute(
@@ -184,13 +183,9 @@ def translate(
     cut_off: float | None = None,
 ) -> JobsError:
     """The ``JobsError`` for a psycopg error of a statement of ours (the driver's and the
-    outbox store's: the total error contract). A missing schema says to migrate (``missing``:
-    what is missing); a refused value is a ``SerializationError``; a call cut off by the
-    client's watchdog after ``cut_off`` seconds, a server that is away, read only (a
-    failover, a hot standby), out of resources, shutting down, or that cancelled the
-    statement (a timeout), a serialization failure or a deadlock is retryable (``recovers``:
-    what retries or heals by itself); anything else (a bug, a schema changed by hand) is
-    not. ``broken``: the connection is broken."""
+    outbox store's). ``missing``: what a missing schema lacks; ``recovers``: what retries or
+    heals by itself; ``broken``: the connection is broken; ``cut_off``: the watchdog's budget,
+    when it cut the call off."""
     pg = _psycopg()
     state = exc.sqlstate or ""
     message = first_line(exc)
@@ -287,13 +282,9 @@ def check_joinable(conn: Any, *, fix: str) -> None:
 
 
 def identify(conn: Any, table: str, label: str) -> tuple[DatabaseId, bool]:
-    """The database ``conn`` reaches and whether ``table`` exists there. A connection that was
-    idle outside autocommit is rolled back afterwards, so no transaction is left open.
-
-    A connection reaches one database for its whole life (psycopg never reconnects one), so a
-    positive answer is kept with the connection object: joining the same connection again,
-    request after request, costs no round trip. A missing table is asked again each time,
-    since a migration may create it meanwhile."""
+    """The database ``conn`` reaches and whether ``table`` exists there; an idle
+    non-autocommit connection is rolled back afterwards. A positive answer is kept per
+    connection object (psycopg never reconnects one); a missing table is asked again."""
     try:
         known = _IDENTIFIED.get(conn)
     except TypeError:  # not weakly referenceable: not a psycopg connection, asked below
@@ -321,13 +312,9 @@ def identify(conn: Any, table: str, label: str) -> tuple[DatabaseId, bool]:
 
 
 def our_cursor(conn: Any) -> psycopg.Cursor[Any]:
-    """A cursor for one statement of ours on ``conn``, which may be a caller's: it reads
-    tuples and binds ``%s`` placeholders, whatever ``row_factory`` and ``cursor_factory`` the
-    connection has (a ``RawCursor`` takes ``$1``; ``ClientCursor`` binds ``%s`` too, and is
-    kept: a connection may use it for a reason, such as a pooler), and it reads and sends
-    through psycopg's process-wide adapters where the connection registered its own for a type
-    our statements use (``our_adapters``), so a loader that reshapes text or timestamps for
-    the caller cannot reshape a job id or the database's clock for us."""
+    """A cursor for one statement of ours on ``conn``, which may be a caller's: tuple rows,
+    ``%s`` placeholders and psycopg's process-wide adapters (``our_adapters``), whatever
+    cursor class, row factory, loaders or dumpers the connection was given."""
     pg = _psycopg()
     cursor: psycopg.Cursor[Any]
     factory = conn.cursor_factory
@@ -503,18 +490,18 @@ def in_savepoint(
             with conn.transaction():
                 yield conn
         except pg.Error as exc:
-            _raise_translated(exc, translate)
+            raise_translated(exc, translate)
         return
     cursor = our_cursor(conn)
     try:
         _sync(conn)
     except pg.Error as exc:  # a statement of the caller's, queued in their pipeline, failed
         if conn.broken:
-            _raise_translated(exc, translate)
+            raise_translated(exc, translate)
         check_joinable(conn, fix="")  # their transaction has failed: says so
         # Or it had none to fail: an autocommit pipeline ran that statement in an implicit
         # transaction of its own, ended by the sync. Their error, said as every driver error.
-        _raise_translated(exc, translate)
+        raise_translated(exc, translate)
     try:
         cursor.execute(SAVEPOINT_SQL, prepare=prepare)
     except BaseException as exc:  # nothing of ours to undo
@@ -535,7 +522,7 @@ def _sync(conn: Any) -> None:
             pipeline.sync()
 
 
-def _raise_translated(exc: Any, translate: Callable[[Any], BaseException]) -> NoReturn:
+def raise_translated(exc: Any, translate: Callable[[Any], BaseException]) -> NoReturn:
     translated = translate(exc)
     if translated is exc:
         raise exc
@@ -582,7 +569,7 @@ def _failed(
             )
         raise exc
     if not alive or conn.broken or isinstance(exc, _missing_schema()):
-        _raise_translated(exc, translate)
+        raise_translated(exc, translate)
     kept = conn.pgconn.transaction_status == status.INTRANS
     if kept and isinstance(exc, pg.DataError):
         raise refused(exc) from exc  # a value of the job: nothing to do with the caller

@@ -179,19 +179,20 @@ class PostgresOutboxStore(OneConnection):
         return self._conn
 
     @contextmanager
-    def _transaction(self) -> Iterator[psycopg.Connection[Any]]:
+    def _transaction(self, *, bounded: bool = True) -> Iterator[psycopg.Connection[Any]]:
+        """A transaction on the store's own connection, bounded unless told (DDL may take long)."""
         with self._lock:
             conn = self._own()
             try:
                 with conn.transaction():
-                    conn.execute(self._bounds, prepare=False)
+                    if bounded:
+                        conn.execute(self._bounds, prepare=False)
                     yield conn
             except psycopg.Error as exc:
                 raise self._translate(exc, conn) from exc
 
     def _translate(self, exc: psycopg.Error, conn: psycopg.Connection[Any] | None) -> JobsError:
-        """The ``JobsError`` for a psycopg error of the store's (``dialects.postgres.translate``,
-        the driver's too); ``conn`` None: connecting failed."""
+        """``dialects.postgres.translate``; ``conn`` None: connecting failed."""
         return translate(
             exc,
             url=self.display_url,
@@ -214,20 +215,15 @@ class PostgresOutboxStore(OneConnection):
     def migrate(self) -> list[int]:
         if self.schema_current():
             return []  # a read: no advisory lock, no wait for anyone
-        with self._lock:
-            conn = self._own()
-            try:
-                with conn.transaction():  # no statement timeout: DDL may take long
-                    return apply_migrations(
-                        conn,
-                        self._q,
-                        self._schema,
-                        self._migrate_key,
-                        self._migrations,
-                        lock_timeout=self.lock_timeout,
-                    )
-            except psycopg.Error as exc:
-                raise self._translate(exc, conn) from exc
+        with self._transaction(bounded=False) as conn:
+            return apply_migrations(
+                conn,
+                self._q,
+                self._schema,
+                self._migrate_key,
+                self._migrations,
+                lock_timeout=self.lock_timeout,
+            )
 
     def migration_sql(self) -> list[tuple[int, str]]:
         return list(self._migrations)

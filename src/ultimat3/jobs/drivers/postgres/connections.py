@@ -33,6 +33,7 @@ from ultimat3.jobs.dialects.postgres import (
     masked_dsn,
     migration_plan,
     our_cursor,
+    raise_translated,
     translate,
 )
 from ultimat3.jobs.dialects.postgres import first_line as _first_line
@@ -82,8 +83,7 @@ _POOL_WAIT = 5.0
 _RECONNECT_WINDOW = 5.0
 #: How long one LISTEN wait lasts before ``wake`` and the deadline are checked again.
 _WAIT_SLICE = 0.1
-#: A statement of ours slower than this has the plans of its connection made again (see
-#: ``_attempts``): their cost is then a small share of the time that set it off.
+#: A statement of ours slower than this has the plans of its connection made again (``_attempts``).
 _REPLAN_AFTER = 0.02
 #: The listener checks that it still LISTENs after this much silence.
 _PROBE_AFTER = 30.0
@@ -189,7 +189,7 @@ class Connections:
         #: Nothing of ours may outlive a transaction: no prepared statement (nor LISTEN).
         self._stateless = pooler == "transaction" or not self._listen
         self._prepare: bool | None = False if self._stateless else None
-        #: Whether to check, once, that NOTIFY reaches LISTEN (see the module docstring).
+        #: Whether to check, once, that NOTIFY reaches LISTEN (``waiting._check_pooler``).
         self._probe_pooler = pooler == "none" and self._listen
         self._poll = poll
         self._pool_max = pool_max
@@ -201,17 +201,14 @@ class Connections:
         self._beat_bounds = bounds_sql(
             min(statement_timeout, beat_wait), min(lock_timeout, beat_wait), idle=None
         )
-        #: On a direct connection the bounds are session settings of each pooled connection,
-        #: set when the pool opens it (``_configure``), so a statement of ours needs no second
-        #: one in front. Behind a transaction pooler a session is shared with other clients:
-        #: there every transaction of ours sets them for itself (``set_config(..., true)``).
+        #: On a direct connection the bounds are session settings of each pooled connection
+        #: (``_configure``); behind a transaction pooler every transaction of ours sets them.
         self._session_bounds = not self._stateless
         self._bounds_session = bounds_sql(
             statement_timeout, lock_timeout, idle=statement_timeout, session=True
         )
-        #: Pooled connections that served a caller's transaction (``transaction()``), in which
-        #: the caller may have changed the session's settings: the next statement of ours on
-        #: each sets the bounds again first.
+        #: Pooled connections that served a caller's transaction, which may have changed the
+        #: session's settings: the next statement of ours on each sets the bounds again.
         self._rebound: weakref.WeakSet[Conn] = weakref.WeakSet()
         #: A call without a reply this long after it was sent is cut off by the client.
         self.call_budget = statement_timeout + max(1.0, statement_timeout / 2)
@@ -518,12 +515,8 @@ class Connections:
     def _joined(
         self, executor: Joined, jobs: Sequence[NewJob] = ()
     ) -> AbstractContextManager[Conn]:
-        """Run inside the caller's transaction without ever ending it, in a SAVEPOINT
-        (``dialects.postgres.in_savepoint``, shared with the outbox store): a failure of ours
-        (a lock or statement timeout, a serialization failure, a row refused by a constraint)
-        rolls back to it, so the caller's transaction stays usable and holds nothing of the
-        call, and raises an ``EnqueueRefusedError`` that names the cause. ``jobs``: the jobs
-        being written, which an error names."""
+        """Run inside the caller's transaction, in a SAVEPOINT
+        (``dialects.postgres.in_savepoint``). ``jobs``: the jobs written, which an error names."""
         conn = self._joined_conn(executor)
         return in_savepoint(
             conn,
@@ -534,10 +527,7 @@ class Connections:
         )
 
     def _reraise(self, exc: psycopg.Error, conn: Conn) -> NoReturn:
-        translated = self._noted(exc, conn)
-        if translated is exc:
-            raise exc
-        raise translated from exc
+        raise_translated(exc, lambda exc: self._noted(exc, conn))
 
     def _noted(self, exc: psycopg.Error, conn: Conn) -> Exception:
         """``_translate``, noting an unavailable database in ``stalls``."""
@@ -570,13 +560,11 @@ class Connections:
         wait: float | None = None,
         bounds: bytes | None = None,
     ) -> list[Row] | None:
-        """Run one statement on the lease renewals' connection of their own, outside the
-        pool (and the worker's presence beat: ``rows=False``, no rows to read; ``wait``: None
-        when another statement still holds the connection after that many seconds; ``bounds``:
-        its own timeouts, for this statement only): handlers and enqueues that hold
-        every pooled connection (``pool_max``) cannot starve the heartbeat. Opened on the
-        first renewal, replaced after any error (the next renewal connects again) and after
-        the pool's ``max_lifetime``; bounded like the pool's, and cut off by the watchdog."""
+        """Run one statement on the lease renewals' connection, outside the pool, so that
+        handlers holding every pooled connection cannot starve the heartbeat. ``rows=False``:
+        no rows to read; ``wait``: None when another statement still holds the connection
+        after that many seconds; ``bounds``: its own timeouts, for this statement only.
+        Replaced after any error and after the pool's ``max_lifetime``."""
         if not self._renew_lock.acquire(timeout=-1 if wait is None else wait):
             return None
         try:
@@ -626,11 +614,8 @@ class Connections:
         except psycopg.Error as exc:
             raise self._renewer_unavailable(exc) from exc
         try:
-            self._watch.arm(conn)
-            try:
+            with self._watch.watching(conn):
                 self._configure(conn)
-            finally:
-                self._watch.disarm(conn)
         except BaseException as exc:
             conn.close()
             if isinstance(exc, psycopg.Error):
@@ -697,10 +682,8 @@ _replans = itertools.count()
 
 def _replan(conn: Conn) -> None:
     """Drop ``conn``'s prepared statements, and psycopg forgets them: each is planned again.
-    psycopg notices a ``DEALLOCATE ALL`` by its result, but only for a statement text it has
-    not counted yet (one it counted is not looked at again), so each text is new. The
-    statement before it succeeded; a connection this fails on is closed, and its plans with
-    it, and the pool replaces it."""
+    psycopg notices a ``DEALLOCATE ALL`` only in a text it has not counted yet, so each text
+    is new. A connection this fails on is closed, and the pool replaces it."""
     try:
         conn.execute(b"DEALLOCATE ALL /* %d */" % next(_replans), prepare=False)
     except psycopg.Error:

@@ -34,21 +34,20 @@ class Cycles(Inserts):
         snapshot must follow the locks)."""
         if not params.limited:
             return [self._claim_query(params)]
-        queues = sorted(set(params.queues))
-        lock = {
-            "queues": queues,
+        shared = {
+            "queues": sorted(set(params.queues)),
             "now": params.now,
             "isolated": params.isolated,
+            "limit": params.limit,
+        }
+        lock = {
+            **shared,
             "after": self._after,
             "keys": keys_to_look(params.limit),
-            "limit": params.limit,
             "lock_class": self._limit_lock_class,
         }
         claim = {
-            "queues": queues,
-            "now": params.now,
-            "isolated": params.isolated,
-            "limit": params.limit,
+            **shared,
             "lease_for": params.lease_for,
             "worker_id": params.worker_id,
             "token": params.token or ids.token(),

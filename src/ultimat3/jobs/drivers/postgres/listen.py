@@ -11,11 +11,9 @@ after a back-off (``clock.Backoff``, capped at 5 s); after ``probe_after`` secon
 the listener checks, with one statement, that its connection still answers.
 
 ``Finished`` is the consumer of the results' channel: completions, dead ends and cancels of
-jobs a reader marked awaited (``job_await``) notify it in their own transaction, with the
-finished ids as payload (comma-separated; ``''`` when they would not fit, meaning "any job
-may have finished"). Every waiting thread checks the notifications since its mark, so none is
-lost between reading a job and waiting for it. Not used behind a transaction-mode pooler:
-the driver polls then.
+awaited jobs (``job_await``) notify it with the finished ids (comma-separated; ``''``: any
+job may have finished). Each waiter checks the notifications since its mark, so none is lost
+between reading a job and waiting for it.
 """
 
 from __future__ import annotations
@@ -105,12 +103,9 @@ class Listener:
             self.cond.notify_all()
 
     def _listen(self, conn: Any, channels: Collection[str]) -> None:
-        self._watch.arm(conn)
-        try:
+        with self._watch.watching(conn):
             for channel in sorted(channels):
                 conn.execute(pg_sql.SQL("LISTEN {}").format(pg_sql.Identifier(channel)))
-        finally:
-            self._watch.disarm(conn)
 
     def _listen_once(self, span: float, wake: threading.Event | None) -> None:
         """One turn: open the connection (or LISTEN on channels asked for since), or wait up
@@ -160,11 +155,8 @@ class Listener:
                     self._hand((note.channel,), NOTE, note.payload)
             elif self._clock.monotonic() >= self._probe_at:
                 self._probe_at = self._clock.monotonic() + self._probe_after
-                self._watch.arm(conn)
-                try:
+                with self._watch.watching(conn):
                     conn.execute(self._ping)
-                finally:
-                    self._watch.disarm(conn)
         except psycopg.Error:
             self.drop()
             self._hand(self._listening, LOST)

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CONNECT_DEFAULTS",
     "UNBOUNDED_SQL",
+    "Migrations",
     "applied_versions",
     "apply_migrations",
     "bounds_sql",
@@ -144,6 +145,35 @@ def apply_migrations(
             conn.execute(text.encode(), prepare=False)
             applied.append(version)
     return applied
+
+
+class Migrations:
+    """The schema of a store of ours (the driver's, the outbox store's): its migration plan
+    (``migration_plan``), whether it is applied, and applying the rest."""
+
+    _q: dict[str, bytes]
+    _schema: str
+    _migrations: list[tuple[int, str]]
+    _migrate_key: int
+    lock_timeout: float
+
+    def migration_sql(self) -> list[tuple[int, str]]:
+        return list(self._migrations)
+
+    def _current_on(self, conn: Any) -> bool:
+        done = applied_versions(conn, self._q, self._schema)
+        return all(version in done for version, _ in self._migrations)
+
+    def _migrate_on(self, conn: Any) -> list[int]:
+        """``apply_migrations`` in ``conn``'s open transaction."""
+        return apply_migrations(
+            conn,
+            self._q,
+            self._schema,
+            self._migrate_key,
+            self._migrations,
+            lock_timeout=self.lock_timeout,
+        )
 
 
 def connect_settings(dsn: str, application_name: str) -> dict[str, Any]:

@@ -35,8 +35,7 @@ from typing import Any
 from ultimat3.jobs.dialects.postgres import (
     LOCK_TIMEOUT,
     STATEMENT_TIMEOUT,
-    applied_versions,
-    apply_migrations,
+    Migrations,
     bounds_sql,
     check_bounds,
     check_joinable,
@@ -113,7 +112,7 @@ class _Batch:
             )
 
 
-class PostgresOutboxStore(OneConnection):
+class PostgresOutboxStore(OneConnection, Migrations):
     """``x_outbox`` in the PostgreSQL database ``dsn`` names (your data's database)."""
 
     name = "postgres"
@@ -216,17 +215,7 @@ class PostgresOutboxStore(OneConnection):
         if self.schema_current():
             return []  # a read: no advisory lock, no wait for anyone
         with self._transaction(bounded=False) as conn:
-            return apply_migrations(
-                conn,
-                self._q,
-                self._schema,
-                self._migrate_key,
-                self._migrations,
-                lock_timeout=self.lock_timeout,
-            )
-
-    def migration_sql(self) -> list[tuple[int, str]]:
-        return list(self._migrations)
+            return self._migrate_on(conn)
 
     # -- staging on the caller's connection --------------------------------------------------
 
@@ -238,8 +227,7 @@ class PostgresOutboxStore(OneConnection):
 
     def schema_current(self) -> bool:
         with self._transaction() as conn:
-            done = applied_versions(conn, self._q, self._schema)
-        return all(version in done for version, _ in self._migrations)
+            return self._current_on(conn)
 
     def adopt(self, connection: Any) -> Joined:
         if isinstance(connection, Joined):

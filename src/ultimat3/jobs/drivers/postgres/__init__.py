@@ -46,8 +46,6 @@ from typing import TYPE_CHECKING, Any
 
 from ultimat3.jobs.dialects.postgres import (
     UNBOUNDED_SQL,
-    applied_versions,
-    apply_migrations,
     check_joinable,
     identify,
 )
@@ -90,13 +88,10 @@ class PostgresDriver(Schedules):
     single_writer = False
 
     def _after_fork(self) -> None:
-        """In a forked child (a pre-fork web server's worker): the connections it inherited
-        share their sockets with the parent's, so a statement of either process could read
-        the other's reply. The child gets a pool, a LISTEN and a watchdog of its own. Each
-        inherited connection's descriptor is pointed at /dev/null first, so that finishing it
-        (its ``Terminate`` message, when it is collected) cannot end the parent's session; the
-        objects are kept, never used. A connection in a call of another thread at the fork is
-        disowned too (the call itself goes on in the parent only)."""
+        """In a forked child: the inherited connections share their sockets with the parent's,
+        so the child gets a pool, a LISTEN and a watchdog of its own. Each inherited
+        descriptor is pointed at /dev/null first, so that finishing it (its ``Terminate``)
+        cannot end the parent's session; the objects are kept, never used."""
         if self._closed:
             return
         old = self._pool
@@ -135,8 +130,7 @@ class PostgresDriver(Schedules):
     def schema_current(self) -> bool:
         with self._connection() as conn, conn.transaction():
             self._bound(conn)
-            done = applied_versions(conn, self._q, self._schema)
-        return all(version in done for version, _ in self._migrations)
+            return self._current_on(conn)
 
     def identity(self, *, refresh: bool = False) -> DatabaseId:
         """The database of the jobs (its name, oid and the server's start time)."""
@@ -153,17 +147,7 @@ class PostgresDriver(Schedules):
         with self._connection(guard=False) as conn, conn.transaction():
             if self._session_bounds:  # no statement timeout: an index build may take long
                 conn.execute(UNBOUNDED_SQL, prepare=False)
-            return apply_migrations(
-                conn,
-                self._q,
-                self._schema,
-                self._migrate_key,
-                self._migrations,
-                lock_timeout=self.lock_timeout,
-            )
-
-    def migration_sql(self) -> list[tuple[int, str]]:
-        return list(self._migrations)
+            return self._migrate_on(conn)
 
     def close(self) -> None:
         if self._closed:

@@ -21,6 +21,7 @@ from ultimat3.jobs.clock import Backoff, Clock, SystemClock
 from ultimat3.jobs.dialects.postgres import (
     LOCK_TIMEOUT,
     STATEMENT_TIMEOUT,
+    Migrations,
     bounds_sql,
     check_bounds,
     check_joinable,
@@ -87,17 +88,14 @@ _WAIT_SLICE = 0.1
 _REPLAN_AFTER = 0.02
 #: The listener checks that it still LISTENs after this much silence.
 _PROBE_AFTER = 30.0
-#: Polling without LISTEN: the longest gap between two looks while idle (``poll``), the gap
-#: just after activity, and how often a waiter checks ``wake`` and in-process inserts.
+#: Polling without LISTEN: the longest gap between two looks while idle (``poll``).
 _POLL = 0.5
-#: How long the pooler check waits for its NOTIFY (a direct connection sees it in ~1 ms);
-#: when none came and the server cannot tell that nothing sits in between, how much longer
-#: it waits for that one or a second one before it decides that a pooler does.
+#: How long the pooler check waits for its NOTIFY, then, when the server cannot tell that the
+#: connection is direct, how much longer for that one or a second one (``_check_pooler``).
 _PROBE_WAIT = 1.0
 _PROBE_CONFIRM = 5.0
 #: How long a presence beat waits for a lease renewal on their shared connection before it
-#: takes a pooled one instead, and the longest it may run there (its statement and lock
-#: timeouts): a lease renewal waits no longer than this for a beat.
+#: takes a pooled one, and its timeouts there: a renewal waits no longer for a beat.
 _BEAT_WAIT = 1.0
 #: The LISTEN connection's reconnections: 0.25 s, doubling, at most 5 s apart.
 _LISTEN_BACKOFF = Backoff(first=0.25, cap=5.0)
@@ -111,7 +109,7 @@ ADOPT_FIX = (
 )
 
 
-class Connections:
+class Connections(Migrations):
     """The settings and connections of a ``PostgresDriver``: its pool (psycopg_pool as it
     is), the statements it runs on them (``_fetch``, ``_pipelined``, ``_exec``), each bounded
     and translated into the library's errors, and the lease renewals' own connection. Its
@@ -315,10 +313,8 @@ class Connections:
     def _fetch(
         self, name: str | bytes, params: dict[str, Any], *, prepare: bool | None = None
     ) -> list[Row]:
-        """Run one statement (a query name, or the text itself) on a pooled connection
-        (autocommit: it is its own transaction) and return its rows. A deadlock (two batches
-        locking shared rows in different orders) rolled the statement back whole, so it is
-        retried."""
+        """Run one statement (a query name, or the text itself) on a pooled connection, as its
+        own transaction (``_attempts``), and return its rows."""
         query = self._q[name] if isinstance(name, str) else name
         return self._attempts(
             lambda conn: self._exec(conn, query, params, bounded=True, prepare=prepare).fetchall()
@@ -530,16 +526,9 @@ class Connections:
         raise_translated(exc, lambda exc: self._noted(exc, conn))
 
     def _noted(self, exc: psycopg.Error, conn: Conn) -> Exception:
-        """``_translate``, noting an unavailable database in ``stalls``."""
-        translated = self._translate(exc, conn)
-        if isinstance(translated, DriverUnavailableError):
-            self.stalls.note_failure()
-        return translated
-
-    def _translate(self, exc: psycopg.Error, conn: Conn) -> Exception:
-        """The ``JobsError`` for any psycopg error of a statement of ours
-        (``dialects.postgres.translate``, the outbox store's too)."""
-        return translate(
+        """The ``JobsError`` for a psycopg error of ours (``dialects.postgres.translate``),
+        noting an unavailable database in ``stalls``."""
+        translated = translate(
             exc,
             url=self.display_url,
             driver=_NAME,
@@ -550,6 +539,9 @@ class Connections:
             "connections",
             cut_off=self.call_budget if self._watch.fired(conn) else None,
         )
+        if isinstance(translated, DriverUnavailableError):
+            self.stalls.note_failure()
+        return translated
 
     def _on_renewer(
         self,

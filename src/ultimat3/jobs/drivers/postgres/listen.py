@@ -1,14 +1,11 @@
 """One LISTEN connection per driver, for every channel: the wake-up of workers (new jobs on
 ``<schema>``) and of readers waiting for results (``<schema>:finished``).
 
-``Listener`` opens the connection at the first wait, LISTENs on each channel a consumer has
-asked for (a channel added later is LISTENed at the next turn), and hands each notification
-to its channel's consumer. There is no thread of its own: the waiting threads take turns,
-one listening at a time while the others wait for what it hands on. A new connection and a
-lost one are events too (a notification sent while nobody listened reached nobody): each
-consumer hears them and makes its waiters read again. A lost connection is opened again
-after a back-off (``clock.Backoff``, capped at 5 s); after ``probe_after`` seconds of silence
-the listener checks, with one statement, that its connection still answers.
+``Listener`` has no thread of its own: the waiting threads take turns, one listening while
+the others wait for what it hands on. A new connection and a lost one are events too (a
+notification sent while nobody listened reached nobody), so each consumer makes its waiters
+read again. A lost connection is opened again after a ``clock.Backoff``; after
+``probe_after`` seconds of silence one statement checks that the connection still answers.
 
 ``Finished`` is the consumer of the results' channel: completions, dead ends and cancels of
 awaited jobs (``job_await``) notify it with the finished ids (comma-separated; ``''``: any

@@ -347,10 +347,7 @@ def our_cursor(conn: Any) -> psycopg.Cursor[Any]:
     cursor class, row factory, loaders or dumpers the connection was given."""
     pg = _psycopg()
     cursor: psycopg.Cursor[Any]
-    factory = conn.cursor_factory
-    if (factory is pg.Cursor and not conn.closed) or issubclass(factory, pg.RawCursor):
-        # $1 placeholders, or the usual factory; a closed connection takes
-        # Connection.cursor, which raises psycopg's own error.
+    if issubclass(conn.cursor_factory, pg.RawCursor):  # $1 placeholders
         cursor = pg.Cursor(conn, row_factory=pg.rows.tuple_row)
     else:
         cursor = conn.cursor(row_factory=pg.rows.tuple_row)

@@ -110,10 +110,8 @@ ADOPT_FIX = (
 
 
 class Connections(Migrations):
-    """The settings and connections of a ``PostgresDriver``: its pool (psycopg_pool as it
-    is), the statements it runs on them (``_fetch``, ``_pipelined``, ``_exec``), each bounded
-    and translated into the library's errors, and the lease renewals' own connection. Its
-    settings are ``PostgresDriver``'s."""
+    """The settings (``PostgresDriver``'s) and connections of a ``PostgresDriver``, and the
+    statements it runs on them (``_fetch``, ``_pipelined``, ``_exec``)."""
 
     def __init__(
         self,

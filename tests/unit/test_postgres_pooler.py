@@ -202,7 +202,7 @@ def test_a_migration_runs_without_our_statement_timeout(
 ) -> None:
     # An index build may take long: only the lock timeout (which the migration sets itself)
     # bounds a migration, although our bounds are the pooled connection's session settings.
-    from ultimat3.jobs.drivers import postgres as module
+    from ultimat3.jobs.dialects import postgres as module
 
     seen: list[Any] = []
     real = module.apply_migrations

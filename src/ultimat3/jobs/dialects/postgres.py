@@ -1,28 +1,8 @@
-"""PostgreSQL plumbing shared by the job driver and the outbox store.
-
-- ``masked_dsn``: a DSN fit for messages (any password replaced by ``***``).
-- ``CONNECT_DEFAULTS``: the libpq settings both apply unless the DSN sets them (a connect
-  timeout, TCP keepalives and ``tcp_user_timeout``), so a dead peer is noticed in ~30 s.
-- ``identify``: which database a caller's connection reaches, as a ``DatabaseId`` (the
-  database's name and oid, and the postmaster's start time), and whether a table is there;
-  the connection is left as idle as it was found.
-- ``our_cursor``: a cursor for a statement of ours on any connection, a caller's included:
-  ``%s`` placeholders, tuple rows and psycopg's process-wide adapters, whatever cursor class,
-  row factory, loaders or dumpers the connection was given.
-- ``check_joinable``: a caller's connection we may write in: open, sync, and not in a failed
-  transaction; otherwise a ``ConfigurationError`` whose fix fits the case.
-- ``in_savepoint``: every write of ours in a caller's transaction (the driver's enqueue and
-  completion, the outbox store's stage) runs in a SAVEPOINT of it, and a failure rolls back to
-  the savepoint and raises an ``EnqueueRefusedError`` that names the cause (a lock or statement
-  timeout, the key or id waited for, a deadlock, a serialization failure, a constraint), so the
-  caller's transaction goes on. One mechanism for both, so their errors cannot drift apart.
-- ``split_url`` and the option readers (``listens``, ``flag``, ``whole``, ``seconds``): our
-  options of a ``postgresql://`` URL, each refused with its name when it cannot work.
-- ``bounds_sql``: the ``set_config`` statement that gives one transaction of ours (or, on a
-  direct connection, the session of one pooled connection of ours) its ``statement_timeout``,
-  ``lock_timeout`` and ``idle_in_transaction_session_timeout``; ``UNBOUNDED_SQL`` takes them
-  off again for one transaction handed to a caller, so they never reach a caller's statements
-  (nor, behind a pooler, another client's).
+"""PostgreSQL plumbing shared by the job driver and the outbox store, so their connections,
+timeouts, savepoints and errors cannot drift apart: connecting (``connect``,
+``CONNECT_DEFAULTS``), a caller's connection (``identify``, ``check_joinable``,
+``our_cursor``), writes in a caller's transaction (``in_savepoint``), timeouts
+(``bounds_sql``), migrations and error translation (``translate``).
 
 psycopg is imported by the callers (which need the ``[postgres]`` extra); this module only
 touches the objects they pass.
@@ -59,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CONNECT_DEFAULTS",
     "UNBOUNDED_SQL",
+    "Migrations",
     "applied_versions",
     "apply_migrations",
     "bounds_sql",
@@ -76,6 +57,7 @@ __all__ = [
     "migration_plan",
     "our_adapters",
     "our_cursor",
+    "raise_translated",
     "refused",
     "translate",
 ]
@@ -84,8 +66,7 @@ __all__ = [
 @functools.cache
 def _psycopg() -> Any:
     """psycopg (with ``pq``, ``rows`` and ``adapt``), imported on first use: this module is
-    imported without the ``[postgres]`` extra too (a URL is read before the driver that needs
-    it), and an import statement in a function costs a microsecond on every call."""
+    imported without the ``[postgres]`` extra too."""
     import psycopg
     import psycopg.adapt
     import psycopg.rows
@@ -148,11 +129,9 @@ def apply_migrations(
     *,
     lock_timeout: float | None = None,
 ) -> list[int]:
-    """Apply the migrations of ``known`` not yet recorded, inside the caller's transaction on
-    ``conn``, under ``pg_advisory_xact_lock(lock_key)``: processes that race to migrate queue
-    on the lock, and all but the first find the work done. Once the lock is held, DDL waits
-    for a table lock at most ``lock_timeout`` (a migration queued behind a long transaction
-    would block every query behind it). Returns the versions applied."""
+    """Apply the migrations of ``known`` not yet recorded, in the caller's transaction, under
+    ``pg_advisory_xact_lock(lock_key)`` (racers queue, then find the work done); DDL waits for
+    a table lock at most ``lock_timeout``. Returns the versions applied."""
     conn.execute(queries["migrate_lock"], {"key": lock_key}, prepare=False)
     if lock_timeout is not None:
         conn.execute(
@@ -166,6 +145,35 @@ def apply_migrations(
             conn.execute(text.encode(), prepare=False)
             applied.append(version)
     return applied
+
+
+class Migrations:
+    """The schema of a store of ours (the driver's, the outbox store's): its migration plan
+    (``migration_plan``), whether it is applied, and applying the rest."""
+
+    _q: dict[str, bytes]
+    _schema: str
+    _migrations: list[tuple[int, str]]
+    _migrate_key: int
+    lock_timeout: float
+
+    def migration_sql(self) -> list[tuple[int, str]]:
+        return list(self._migrations)
+
+    def _current_on(self, conn: Any) -> bool:
+        done = applied_versions(conn, self._q, self._schema)
+        return all(version in done for version, _ in self._migrations)
+
+    def _migrate_on(self, conn: Any) -> list[int]:
+        """``apply_migrations`` in ``conn``'s open transaction."""
+        return apply_migrations(
+            conn,
+            self._q,
+            self._schema,
+            self._migrate_key,
+            self._migrations,
+            lock_timeout=self.lock_timeout,
+        )
 
 
 def connect_settings(dsn: str, application_name: str) -> dict[str, Any]:
@@ -205,13 +213,9 @@ def translate(
     cut_off: float | None = None,
 ) -> JobsError:
     """The ``JobsError`` for a psycopg error of a statement of ours (the driver's and the
-    outbox store's: the total error contract). A missing schema says to migrate (``missing``:
-    what is missing); a refused value is a ``SerializationError``; a call cut off by the
-    client's watchdog after ``cut_off`` seconds, a server that is away, read only (a
-    failover, a hot standby), out of resources, shutting down, or that cancelled the
-    statement (a timeout), a serialization failure or a deadlock is retryable (``recovers``:
-    what retries or heals by itself); anything else (a bug, a schema changed by hand) is
-    not. ``broken``: the connection is broken."""
+    outbox store's). ``missing``: what a missing schema lacks; ``recovers``: what retries or
+    heals by itself; ``broken``: the connection is broken; ``cut_off``: the watchdog's budget,
+    when it cut the call off."""
     pg = _psycopg()
     state = exc.sqlstate or ""
     message = first_line(exc)
@@ -308,13 +312,9 @@ def check_joinable(conn: Any, *, fix: str) -> None:
 
 
 def identify(conn: Any, table: str, label: str) -> tuple[DatabaseId, bool]:
-    """The database ``conn`` reaches and whether ``table`` exists there. A connection that was
-    idle outside autocommit is rolled back afterwards, so no transaction is left open.
-
-    A connection reaches one database for its whole life (psycopg never reconnects one), so a
-    positive answer is kept with the connection object: joining the same connection again,
-    request after request, costs no round trip. A missing table is asked again each time,
-    since a migration may create it meanwhile."""
+    """The database ``conn`` reaches and whether ``table`` exists there; an idle
+    non-autocommit connection is rolled back afterwards. A positive answer is kept per
+    connection object (psycopg never reconnects one); a missing table is asked again."""
     try:
         known = _IDENTIFIED.get(conn)
     except TypeError:  # not weakly referenceable: not a psycopg connection, asked below
@@ -342,20 +342,12 @@ def identify(conn: Any, table: str, label: str) -> tuple[DatabaseId, bool]:
 
 
 def our_cursor(conn: Any) -> psycopg.Cursor[Any]:
-    """A cursor for one statement of ours on ``conn``, which may be a caller's: it reads
-    tuples and binds ``%s`` placeholders, whatever ``row_factory`` and ``cursor_factory`` the
-    connection has (a ``RawCursor`` takes ``$1``; ``ClientCursor`` binds ``%s`` too, and is
-    kept: a connection may use it for a reason, such as a pooler), and it reads and sends
-    through psycopg's process-wide adapters where the connection registered its own for a type
-    our statements use (``our_adapters``), so a loader that reshapes text or timestamps for
-    the caller cannot reshape a job id or the database's clock for us."""
+    """A cursor for one statement of ours on ``conn``, which may be a caller's: tuple rows,
+    ``%s`` placeholders and psycopg's process-wide adapters (``our_adapters``), whatever
+    cursor class, row factory, loaders or dumpers the connection was given."""
     pg = _psycopg()
     cursor: psycopg.Cursor[Any]
-    factory = conn.cursor_factory
-    if (factory is pg.Cursor and not conn.closed) or issubclass(factory, pg.RawCursor):
-        # $1 placeholders, or the usual factory made without Connection.cursor's checks (a
-        # few µs on the enqueue's path); a closed connection takes Connection.cursor, which
-        # raises psycopg's own error.
+    if issubclass(conn.cursor_factory, pg.RawCursor):  # $1 placeholders
         cursor = pg.Cursor(conn, row_factory=pg.rows.tuple_row)
     else:
         cursor = conn.cursor(row_factory=pg.rows.tuple_row)
@@ -510,39 +502,33 @@ def in_savepoint(
     transaction without ever ending it, in a SAVEPOINT; yields ``conn``.
 
     A failure rolls back to the savepoint, so the transaction stays usable and holds nothing
-    of the call, and raises what happened as an ``EnqueueRefusedError`` that names it
-    (``caller_error``); an interrupt (``KeyboardInterrupt``, a cancelled task) rolls back the
-    same way and goes on as it is. A lost connection took the transaction with it, and a
-    missing table needs a migration: both raise ``translate(exc)`` (the caller's error for
-    any psycopg error of its own statements), as does any failure on an idle autocommit
-    connection, which gets a BEGIN/COMMIT of its own (its own statements would commit too).
-    A non-autocommit connection with no transaction yet gets the one psycopg opens for the
-    SAVEPOINT, left open for the caller. On a connection in pipeline mode the statements
-    queued before ours are synced first, and ours after the body, so an error is raised here
-    and never at the caller's next statement.
+    of the call, and raises an ``EnqueueRefusedError`` that names it (``caller_error``); an
+    interrupt rolls back the same way and goes on as it is. A lost connection, a missing
+    table, or any failure on an idle autocommit connection (which gets a BEGIN/COMMIT of its
+    own) raise ``translate(exc)``. A non-autocommit connection with no transaction yet gets
+    the one psycopg opens, left open for the caller. A connection in pipeline mode is synced
+    before and after, so an error is raised here, never at the caller's next statement.
 
-    ``describe()``, called on a failure only: what the write was ("the enqueue of job
-    receipt") and who holds what it may wait for ("another transaction holds idempotency key
-    'order-42' and has not ended"). ``prepare``: prepare SAVEPOINT and RELEASE on the
-    connection (psycopg's ``prepare``: never behind a transaction-mode pooler)."""
+    ``describe()``, called on a failure only: what the write was and who holds what it may
+    wait for. ``prepare``: psycopg's ``prepare`` for SAVEPOINT and RELEASE."""
     pg = _psycopg()
     if conn.pgconn.transaction_status == pg.pq.TransactionStatus.IDLE and conn.autocommit:
         try:
             with conn.transaction():
                 yield conn
         except pg.Error as exc:
-            _raise_translated(exc, translate)
+            raise_translated(exc, translate)
         return
     cursor = our_cursor(conn)
     try:
         _sync(conn)
     except pg.Error as exc:  # a statement of the caller's, queued in their pipeline, failed
         if conn.broken:
-            _raise_translated(exc, translate)
+            raise_translated(exc, translate)
         check_joinable(conn, fix="")  # their transaction has failed: says so
         # Or it had none to fail: an autocommit pipeline ran that statement in an implicit
         # transaction of its own, ended by the sync. Their error, said as every driver error.
-        _raise_translated(exc, translate)
+        raise_translated(exc, translate)
     try:
         cursor.execute(SAVEPOINT_SQL, prepare=prepare)
     except BaseException as exc:  # nothing of ours to undo
@@ -563,7 +549,7 @@ def _sync(conn: Any) -> None:
             pipeline.sync()
 
 
-def _raise_translated(exc: Any, translate: Callable[[Any], BaseException]) -> NoReturn:
+def raise_translated(exc: Any, translate: Callable[[Any], BaseException]) -> NoReturn:
     translated = translate(exc)
     if translated is exc:
         raise exc
@@ -610,7 +596,7 @@ def _failed(
             )
         raise exc
     if not alive or conn.broken or isinstance(exc, _missing_schema()):
-        _raise_translated(exc, translate)
+        raise_translated(exc, translate)
     kept = conn.pgconn.transaction_status == status.INTRANS
     if kept and isinstance(exc, pg.DataError):
         raise refused(exc) from exc  # a value of the job: nothing to do with the caller

@@ -1,14 +1,11 @@
 """psycopg_pool's log records, owned: at most one line per outage and one per recovery.
 
 While PostgreSQL is away, psycopg_pool logs a warning for every failed reconnection of every
-pooled connection (hundreds a minute), and an app that configured no logging gets each on its
-stderr (Python's last-resort handler). The PostgreSQL driver installs ``OWNER`` as a filter
-on the ``psycopg.pool`` logger: the records of our pools (emitted on their threads, named
-after the pool, or on ours, named ``ultimat3-jobs-...``, or naming our pool or one of
-its connections) are dropped, and
-the first failed connection of an outage becomes one ``jobs.database.unavailable`` event; the
-first statement of ours that goes through after it, one ``jobs.database.recovered``. Records of the
-application's own pools pass untouched.
+pooled connection (hundreds a minute). ``OWNER``, a filter on the ``psycopg.pool`` logger,
+drops the records of our pools (on their threads or ours, named ``ultimat3-jobs...``, or
+naming our pool or one of its connections): the first failed connection of an outage becomes
+one ``jobs.database.unavailable`` event, the first statement of ours that goes through after
+it one ``jobs.database.recovered``. Records of the application's own pools pass untouched.
 """
 
 from __future__ import annotations
@@ -50,12 +47,10 @@ class PoolLog(logging.Filter):
         #: Whether an outage was reported and its recovery not yet (read unlocked, often).
         self.down = False
         self._since = 0.0
-        self.dropped = 0
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not _ours(record):
             return True
-        self.dropped += 1
         if record.levelno >= logging.WARNING and str(record.msg).startswith(_CANNOT_CONNECT):
             self.outage(record.getMessage())
         return False

@@ -2,34 +2,25 @@
 
 What it guarantees:
 
-- **Staged in your transaction.** ``stage`` writes on your own psycopg ``Connection`` inside a
-  SAVEPOINT of your open transaction, so the rows exist if and only if you commit, and a failed
-  stage leaves your transaction usable: it raises an ``EnqueueRefusedError`` naming the cause,
-  as the driver's enqueue does (both go through ``dialects.postgres.in_savepoint``). A non-autocommit connection with no transaction yet
-  gets the implicit one psycopg opens, left open for you to commit; an autocommit connection
-  outside a transaction commits the rows at once, as its own INSERT would.
-- **Relays split the work.** A claim takes rows ``FOR UPDATE SKIP LOCKED`` (seed
-  ``SQL_OUTBOX_CLAIM``) in a transaction held for the claim's ``with`` block, on the store's
-  own connection: any number of relays claim disjoint rows and never wait for each other. The
-  marks commit with the claim; a relay killed before that commit releases its rows unmarked,
-  and the next claim publishes them again (the job's idempotency key collapses the repeat).
+- **Staged in your transaction**, in a SAVEPOINT of it (``dialects.postgres.in_savepoint``,
+  the driver's too): the rows exist if and only if you commit, and a failed stage leaves your
+  transaction usable and raises an ``EnqueueRefusedError`` naming the cause.
+- **Relays split the work.** A claim takes rows ``FOR UPDATE SKIP LOCKED`` in a transaction
+  held for the claim's ``with`` block, on the store's own connection; the marks commit with
+  the claim, and a relay killed before that releases its rows unmarked (the job's
+  idempotency key collapses the repeat).
 - **Failures are errors with a fix**: a server that is down raises ``DriverUnavailableError``
   and the next call reconnects; a missing table says to migrate.
-- **Bounded, and pooler-safe.** The store's own connection gets the driver's TCP settings
-  (``CONNECT_DEFAULTS``: connect timeout, keepalives, ``tcp_user_timeout``), and each of its
-  transactions starts with ``set_config(..., true)`` of ``statement_timeout``,
-  ``lock_timeout`` and ``idle_in_transaction_session_timeout`` (three statement timeouts: a
-  claim stays open while the relay publishes), so nothing outlives the transaction. It never
-  prepares a statement, LISTENs or SETs a session, so a transaction-mode pooler in front of
-  your database is fine (``?pooler=transaction`` is accepted and changes nothing).
+- **Bounded, and pooler-safe.** The driver's connect settings and per-transaction timeouts
+  (``dialects.postgres``; the idle timeout is three statement timeouts: a claim stays open
+  while the relay publishes); it never prepares, LISTENs or SETs a session, so a
+  transaction-mode pooler is fine (``?pooler=transaction`` is accepted and changes nothing).
 
-Schema: ``x_outbox`` lives in ``schema`` (default ``ultimat3_jobs``, validated against
-``^[a-z_][a-z0-9_]{0,62}$``, reached through a quoted identifier); migrations are recorded in
-``x_outbox_migrations`` and run under an advisory lock, so processes may race to migrate.
+Schema: ``x_outbox`` in ``schema`` (validated, quoted); migrations are recorded in
+``x_outbox_migrations`` and run under an advisory lock.
 
-Limits: per-queue publish order holds within one relay; rows claimed by two relays at once are
-published in whatever order the two finish. Sync connections only: an ``AsyncConnection`` goes
-through ``ultimat3.jobs.integrations.psycopg``.
+Limits: per-queue publish order holds within one relay. Sync connections only: an
+``AsyncConnection`` goes through ``ultimat3.jobs.integrations.psycopg``.
 """
 
 from __future__ import annotations
@@ -44,8 +35,7 @@ from typing import Any
 from ultimat3.jobs.dialects.postgres import (
     LOCK_TIMEOUT,
     STATEMENT_TIMEOUT,
-    applied_versions,
-    apply_migrations,
+    Migrations,
     bounds_sql,
     check_bounds,
     check_joinable,
@@ -61,16 +51,8 @@ from ultimat3.jobs.dialects.postgres import (
     our_cursor,
     translate,
 )
-from ultimat3.jobs.driver import (
-    DatabaseId,
-    Joined,
-    OneConnection,
-)
-from ultimat3.jobs.errors import (
-    ConfigurationError,
-    DriverUnavailableError,
-    JobsError,
-)
+from ultimat3.jobs.driver import DatabaseId, Joined, OneConnection
+from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError, JobsError
 from ultimat3.jobs.outbox_store import OutboxRecord, OutboxStore
 from ultimat3.jobs.records import NewJob
 from ultimat3.jobs.sql import migrations, queries
@@ -96,7 +78,7 @@ _ADOPT_FIX = (
 
 
 def _record(row: Sequence[Any]) -> OutboxRecord:
-    (id_, job, queue, input_, key, attempts, priority, run_at, staged_at, tenant, published) = row[
+    id_, job, queue, input_, key, attempts, priority, run_at, staged_at, tenant, published = row[
         :11
     ]
     return OutboxRecord(
@@ -130,7 +112,7 @@ class _Batch:
             )
 
 
-class PostgresOutboxStore(OneConnection):
+class PostgresOutboxStore(OneConnection, Migrations):
     """``x_outbox`` in the PostgreSQL database ``dsn`` names (your data's database)."""
 
     name = "postgres"
@@ -196,19 +178,20 @@ class PostgresOutboxStore(OneConnection):
         return self._conn
 
     @contextmanager
-    def _transaction(self) -> Iterator[psycopg.Connection[Any]]:
+    def _transaction(self, *, bounded: bool = True) -> Iterator[psycopg.Connection[Any]]:
+        """A transaction on the store's own connection, bounded unless told (DDL may take long)."""
         with self._lock:
             conn = self._own()
             try:
                 with conn.transaction():
-                    conn.execute(self._bounds, prepare=False)
+                    if bounded:
+                        conn.execute(self._bounds, prepare=False)
                     yield conn
             except psycopg.Error as exc:
                 raise self._translate(exc, conn) from exc
 
     def _translate(self, exc: psycopg.Error, conn: psycopg.Connection[Any] | None) -> JobsError:
-        """The ``JobsError`` for a psycopg error of the store's (``dialects.postgres.translate``,
-        the driver's too); ``conn`` None: connecting failed."""
+        """``dialects.postgres.translate``; ``conn`` None: connecting failed."""
         return translate(
             exc,
             url=self.display_url,
@@ -231,23 +214,8 @@ class PostgresOutboxStore(OneConnection):
     def migrate(self) -> list[int]:
         if self.schema_current():
             return []  # a read: no advisory lock, no wait for anyone
-        with self._lock:
-            conn = self._own()
-            try:
-                with conn.transaction():  # no statement timeout: DDL may take long
-                    return apply_migrations(
-                        conn,
-                        self._q,
-                        self._schema,
-                        self._migrate_key,
-                        self._migrations,
-                        lock_timeout=self.lock_timeout,
-                    )
-            except psycopg.Error as exc:
-                raise self._translate(exc, conn) from exc
-
-    def migration_sql(self) -> list[tuple[int, str]]:
-        return list(self._migrations)
+        with self._transaction(bounded=False) as conn:
+            return self._migrate_on(conn)
 
     # -- staging on the caller's connection --------------------------------------------------
 
@@ -259,8 +227,7 @@ class PostgresOutboxStore(OneConnection):
 
     def schema_current(self) -> bool:
         with self._transaction() as conn:
-            done = applied_versions(conn, self._q, self._schema)
-        return all(version in done for version, _ in self._migrations)
+            return self._current_on(conn)
 
     def adopt(self, connection: Any) -> Joined:
         if isinstance(connection, Joined):
@@ -290,10 +257,7 @@ class PostgresOutboxStore(OneConnection):
         self, executor: Joined, jobs: Sequence[NewJob], *, now: datetime | None = None
     ) -> None:
         """Write the rows on the caller's connection, in their transaction, inside a savepoint
-        (``dialects.postgres.in_savepoint``, the driver's too): a failure rolls back to it, so
-        the caller's transaction stays usable and holds none of the rows, and raises an
-        ``EnqueueRefusedError`` that names the cause. An idle autocommit connection gets a
-        BEGIN/COMMIT of its own."""
+        (``dialects.postgres.in_savepoint``)."""
         if not jobs:
             return
         conn = self.adopt(executor).connection

@@ -7,9 +7,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
 import select
-import socket
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -23,6 +21,7 @@ from ultimat3.jobs.clock import Backoff, Clock, SystemClock
 from ultimat3.jobs.dialects.postgres import (
     LOCK_TIMEOUT,
     STATEMENT_TIMEOUT,
+    Migrations,
     bounds_sql,
     check_bounds,
     check_joinable,
@@ -35,6 +34,7 @@ from ultimat3.jobs.dialects.postgres import (
     masked_dsn,
     migration_plan,
     our_cursor,
+    raise_translated,
     translate,
 )
 from ultimat3.jobs.dialects.postgres import first_line as _first_line
@@ -46,7 +46,7 @@ from ultimat3.jobs.driver import (
     renew_after_fork,
 )
 from ultimat3.jobs.drivers import pool_log
-from ultimat3.jobs.drivers.postgres.watchdog import Watchdog
+from ultimat3.jobs.drivers.postgres.watchdog import Watchdog, cut_off
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
 from ultimat3.jobs.records import AttemptError, Job, JobState, NewJob, job_from_row
 
@@ -74,7 +74,7 @@ Row = tuple[Any, ...]
 
 _T = TypeVar("_T")
 _SYSTEM = SystemClock()
-NAME = _NAME = "postgres"
+_NAME = "postgres"
 #: How long a call waits for a pooled connection before it checks that the server is up, and
 #: then how much longer before it raises (the pool is exhausted).
 _QUICK_WAIT = 0.5
@@ -84,22 +84,18 @@ _POOL_WAIT = 5.0
 _RECONNECT_WINDOW = 5.0
 #: How long one LISTEN wait lasts before ``wake`` and the deadline are checked again.
 _WAIT_SLICE = 0.1
-#: A statement of ours slower than this has the plans of its connection made again (see
-#: ``_attempts``): their cost is then a small share of the time that set it off.
+#: A statement of ours slower than this has the plans of its connection made again (``_attempts``).
 _REPLAN_AFTER = 0.02
 #: The listener checks that it still LISTENs after this much silence.
 _PROBE_AFTER = 30.0
-#: Polling without LISTEN: the longest gap between two looks while idle (``poll``), the gap
-#: just after activity, and how often a waiter checks ``wake`` and in-process inserts.
+#: Polling without LISTEN: the longest gap between two looks while idle (``poll``).
 _POLL = 0.5
-#: How long the pooler check waits for its NOTIFY (a direct connection sees it in ~1 ms);
-#: when none came and the server cannot tell that nothing sits in between, how much longer
-#: it waits for that one or a second one before it decides that a pooler does.
+#: How long the pooler check waits for its NOTIFY, then, when the server cannot tell that the
+#: connection is direct, how much longer for that one or a second one (``_check_pooler``).
 _PROBE_WAIT = 1.0
 _PROBE_CONFIRM = 5.0
 #: How long a presence beat waits for a lease renewal on their shared connection before it
-#: takes a pooled one instead, and the longest it may run there (its statement and lock
-#: timeouts): a lease renewal waits no longer than this for a beat.
+#: takes a pooled one, and its timeouts there: a renewal waits no longer for a beat.
 _BEAT_WAIT = 1.0
 #: The LISTEN connection's reconnections: 0.25 s, doubling, at most 5 s apart.
 _LISTEN_BACKOFF = Backoff(first=0.25, cap=5.0)
@@ -113,11 +109,9 @@ ADOPT_FIX = (
 )
 
 
-class Connections:
-    """The settings and connections of a ``PostgresDriver``: its pool (psycopg_pool as it
-    is), the statements it runs on them (``_fetch``, ``_pipelined``, ``_exec``), each bounded
-    and translated into the library's errors, and the lease renewals' own connection. Its
-    settings are ``PostgresDriver``'s."""
+class Connections(Migrations):
+    """The settings (``PostgresDriver``'s) and connections of a ``PostgresDriver``, and the
+    statements it runs on them (``_fetch``, ``_pipelined``, ``_exec``)."""
 
     def __init__(
         self,
@@ -176,9 +170,6 @@ class Connections:
                 fix="write postgresql://user:password@host:5432/dbname or a libpq conninfo string",
             ) from None
         self.display_url = masked_dsn(dsn)
-        #: Every time read, sleep and wait of the driver; the waits' settings (seconds): a
-        #: listening turn, the silence before the LISTEN is checked, the pooler check's waits,
-        #: and how long a presence beat waits for the renewals' connection.
         self._clock = clock
         self._wait_slice = wait_slice
         self._probe_after = probe_after
@@ -194,7 +185,7 @@ class Connections:
         #: Nothing of ours may outlive a transaction: no prepared statement (nor LISTEN).
         self._stateless = pooler == "transaction" or not self._listen
         self._prepare: bool | None = False if self._stateless else None
-        #: Whether to check, once, that NOTIFY reaches LISTEN (see the module docstring).
+        #: Whether to check, once, that NOTIFY reaches LISTEN (``waiting._check_pooler``).
         self._probe_pooler = pooler == "none" and self._listen
         self._poll = poll
         self._pool_max = pool_max
@@ -206,24 +197,20 @@ class Connections:
         self._beat_bounds = bounds_sql(
             min(statement_timeout, beat_wait), min(lock_timeout, beat_wait), idle=None
         )
-        #: On a direct connection the bounds are session settings of each pooled connection,
-        #: set when the pool opens it (``_configure``), so a statement of ours needs no second
-        #: one in front. Behind a transaction pooler a session is shared with other clients:
-        #: there every transaction of ours sets them for itself (``set_config(..., true)``).
+        #: On a direct connection the bounds are session settings of each pooled connection
+        #: (``_configure``); behind a transaction pooler every transaction of ours sets them.
         self._session_bounds = not self._stateless
         self._bounds_session = bounds_sql(
             statement_timeout, lock_timeout, idle=statement_timeout, session=True
         )
-        #: Pooled connections that served a caller's transaction (``transaction()``), in which
-        #: the caller may have changed the session's settings: the next statement of ours on
-        #: each sets the bounds again first.
+        #: Pooled connections that served a caller's transaction, which may have changed the
+        #: session's settings: the next statement of ours on each sets the bounds again.
         self._rebound: weakref.WeakSet[Conn] = weakref.WeakSet()
         #: A call without a reply this long after it was sent is cut off by the client.
         self.call_budget = statement_timeout + max(1.0, statement_timeout / 2)
         self._watch = Watchdog(self.call_budget, clock)
         quoted = pg_sql.Identifier(schema).as_string(None)
         self._jobs_table = f"{quoted}.x_jobs"
-        self._ledger_table = f"{quoted}.x_migrations"
         self._q: dict[str, bytes] = {
             name: text.replace("{schema}", quoted).encode()
             for name, text in sql_files.queries(_NAME).items()
@@ -231,7 +218,7 @@ class Connections:
         self._migrations, self._migrate_key = migration_plan(
             sql_files.migrations(_NAME),
             quoted_schema=quoted,
-            ledger=self._ledger_table,
+            ledger=f"{quoted}.x_migrations",
             lock_name=f"migrate:{schema}",
         )
 
@@ -257,7 +244,6 @@ class Connections:
         self._forked = False
         #: In a call (``_checkout``): a forked child disowns them (``_after_fork``).
         self._lent: set[Conn] = set()
-        self._texts_by_limit: dict[tuple[str, int], bytes] = {}
         #: Limited claims: the last key looked at (``limits``, step 1), and the first half of
         #: the two-part advisory lock keys of this schema's limits.
         self._after = ""
@@ -325,10 +311,8 @@ class Connections:
     def _fetch(
         self, name: str | bytes, params: dict[str, Any], *, prepare: bool | None = None
     ) -> list[Row]:
-        """Run one statement (a query name, or the text itself) on a pooled connection
-        (autocommit: it is its own transaction) and return its rows. A deadlock (two batches
-        locking shared rows in different orders) rolled the statement back whole, so it is
-        retried."""
+        """Run one statement (a query name, or the text itself) on a pooled connection, as its
+        own transaction (``_attempts``), and return its rows."""
         query = self._q[name] if isinstance(name, str) else name
         return self._attempts(
             lambda conn: self._exec(conn, query, params, bounded=True, prepare=prepare).fetchall()
@@ -353,15 +337,11 @@ class Connections:
 
     def _attempts(self, body: Callable[[Conn], _T]) -> _T:
         """Run ``body`` on a pooled connection, cut off by the watchdog if it gets no reply in
-        time; retried whole after a deadlock (two batches locking shared rows in different
-        orders: rolled back whole). Not ``with self._connection()``: on the hot path its
-        generator costs a few µs.
+        time; retried whole after a deadlock (rolled back whole).
 
         A body slower than ``_REPLAN_AFTER`` drops the connection's prepared statements
-        (``DEALLOCATE ALL``, which psycopg follows), so each is planned again on its next
-        uses. A generic plan is kept from when it was made: one made while ``x_jobs`` was a
-        few rows scans it, and keeps scanning it after a burst of enqueues made it big, until
-        an ANALYZE (autovacuum's, up to a minute later). The first slow claim ends that."""
+        (``_replan``): a generic plan made while ``x_jobs`` was a few rows keeps scanning it
+        after a burst of enqueues made it big, until an ANALYZE."""
         for attempt in range(3):
             started = self._clock.monotonic()
             conn = self._checkout()
@@ -424,9 +404,10 @@ class Connections:
             self._exec(conn, self._bounds)
 
     def _configure(self, conn: Conn) -> None:
-        """A new pooled connection: notifications ignored; on a direct connection, our bounds
-        as its session settings."""
-        _ignore_notifications(conn)
+        """A new pooled connection: notifications ignored (behind a transaction-mode pooler a
+        session some client once LISTENed on delivers to whoever holds it next, and psycopg
+        would keep them all, unread); on a direct connection, our bounds as session settings."""
+        conn.add_notify_handler(_drop)
         if self._session_bounds:
             conn.execute(self._bounds_session, prepare=False)
 
@@ -528,12 +509,8 @@ class Connections:
     def _joined(
         self, executor: Joined, jobs: Sequence[NewJob] = ()
     ) -> AbstractContextManager[Conn]:
-        """Run inside the caller's transaction without ever ending it, in a SAVEPOINT
-        (``dialects.postgres.in_savepoint``, shared with the outbox store): a failure of ours
-        (a lock or statement timeout, a serialization failure, a row refused by a constraint)
-        rolls back to it, so the caller's transaction stays usable and holds nothing of the
-        call, and raises an ``EnqueueRefusedError`` that names the cause. ``jobs``: the jobs
-        being written, which an error names."""
+        """Run inside the caller's transaction, in a SAVEPOINT
+        (``dialects.postgres.in_savepoint``). ``jobs``: the jobs written, which an error names."""
         conn = self._joined_conn(executor)
         return in_savepoint(
             conn,
@@ -544,22 +521,12 @@ class Connections:
         )
 
     def _reraise(self, exc: psycopg.Error, conn: Conn) -> NoReturn:
-        translated = self._noted(exc, conn)
-        if translated is exc:
-            raise exc
-        raise translated from exc
+        raise_translated(exc, lambda exc: self._noted(exc, conn))
 
     def _noted(self, exc: psycopg.Error, conn: Conn) -> Exception:
-        """``_translate``, noting an unavailable database in ``stalls``."""
-        translated = self._translate(exc, conn)
-        if isinstance(translated, DriverUnavailableError):
-            self.stalls.note_failure()
-        return translated
-
-    def _translate(self, exc: psycopg.Error, conn: Conn) -> Exception:
-        """The ``JobsError`` for any psycopg error of a statement of ours
-        (``dialects.postgres.translate``, the outbox store's too)."""
-        return translate(
+        """The ``JobsError`` for a psycopg error of ours (``dialects.postgres.translate``),
+        noting an unavailable database in ``stalls``."""
+        translated = translate(
             exc,
             url=self.display_url,
             driver=_NAME,
@@ -570,6 +537,9 @@ class Connections:
             "connections",
             cut_off=self.call_budget if self._watch.fired(conn) else None,
         )
+        if isinstance(translated, DriverUnavailableError):
+            self.stalls.note_failure()
+        return translated
 
     def _on_renewer(
         self,
@@ -580,13 +550,11 @@ class Connections:
         wait: float | None = None,
         bounds: bytes | None = None,
     ) -> list[Row] | None:
-        """Run one statement on the lease renewals' connection of their own, outside the
-        pool (and the worker's presence beat: ``rows=False``, no rows to read; ``wait``: None
-        when another statement still holds the connection after that many seconds; ``bounds``:
-        its own timeouts, for this statement only): handlers and enqueues that hold
-        every pooled connection (``pool_max``) cannot starve the heartbeat. Opened on the
-        first renewal, replaced after any error (the next renewal connects again) and after
-        the pool's ``max_lifetime``; bounded like the pool's, and cut off by the watchdog."""
+        """Run one statement on the lease renewals' connection, outside the pool, so that
+        handlers holding every pooled connection cannot starve the heartbeat. ``rows=False``:
+        no rows to read; ``wait``: None when another statement still holds the connection
+        after that many seconds; ``bounds``: its own timeouts, for this statement only.
+        Replaced after any error and after the pool's ``max_lifetime``."""
         if not self._renew_lock.acquire(timeout=-1 if wait is None else wait):
             return None
         try:
@@ -636,11 +604,8 @@ class Connections:
         except psycopg.Error as exc:
             raise self._renewer_unavailable(exc) from exc
         try:
-            self._watch.arm(conn)
-            try:
+            with self._watch.watching(conn):
                 self._configure(conn)
-            finally:
-                self._watch.disarm(conn)
         except BaseException as exc:
             conn.close()
             if isinstance(exc, psycopg.Error):
@@ -677,13 +642,8 @@ class Connections:
         it there: its socket is shut down, the statement fails, and that thread closes it."""
         with self._renewer_end:
             conn = self._renewer
-            if conn is None or conn.closed:
-                return
-            try:
-                with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
-                    sock.shutdown(socket.SHUT_RDWR)
-            except (psycopg.Error, OSError):  # closed already
-                pass
+            if conn is not None and not conn.closed:
+                cut_off(conn)
 
 
 def _described(jobs: Sequence[NewJob]) -> tuple[str, str]:
@@ -703,13 +663,6 @@ def _described(jobs: Sequence[NewJob]) -> tuple[str, str]:
     return f"the enqueue of {jobs_named(jobs)}", holder
 
 
-def _ignore_notifications(conn: Any) -> None:
-    """Pooled connections never LISTEN, but behind a transaction-mode pooler a server session
-    that some client once LISTENed on delivers its notifications to whichever client holds it
-    next; without a handler psycopg would keep them all, unread, for the connection's life."""
-    conn.add_notify_handler(_drop)
-
-
 def _drop(notify: Any) -> None:
     pass
 
@@ -719,10 +672,8 @@ _replans = itertools.count()
 
 def _replan(conn: Conn) -> None:
     """Drop ``conn``'s prepared statements, and psycopg forgets them: each is planned again.
-    psycopg notices a ``DEALLOCATE ALL`` by its result, but only for a statement text it has
-    not counted yet (one it counted is not looked at again), so each text is new. The
-    statement before it succeeded; a connection this fails on is closed, and its plans with
-    it, and the pool replaces it."""
+    psycopg notices a ``DEALLOCATE ALL`` only in a text it has not counted yet, so each text
+    is new. A connection this fails on is closed, and the pool replaces it."""
     try:
         conn.execute(b"DEALLOCATE ALL /* %d */" % next(_replans), prepare=False)
     except psycopg.Error:

@@ -34,21 +34,20 @@ class Cycles(Inserts):
         snapshot must follow the locks)."""
         if not params.limited:
             return [self._claim_query(params)]
-        queues = sorted(set(params.queues))
-        lock = {
-            "queues": queues,
+        shared = {
+            "queues": sorted(set(params.queues)),
             "now": params.now,
             "isolated": params.isolated,
+            "limit": params.limit,
+        }
+        lock = {
+            **shared,
             "after": self._after,
             "keys": keys_to_look(params.limit),
-            "limit": params.limit,
             "lock_class": self._limit_lock_class,
         }
         claim = {
-            "queues": queues,
-            "now": params.now,
-            "isolated": params.isolated,
-            "limit": params.limit,
+            **shared,
             "lease_for": params.lease_for,
             "worker_id": params.worker_id,
             "token": params.token or ids.token(),
@@ -93,13 +92,8 @@ class Cycles(Inserts):
 
     def _with_limit(self, name: str, limit: int) -> bytes:
         """Statement ``name`` with ``limit`` written into its text for ``{limit}`` (see
-        job_claim_queue in queries.sql), each kept for the next use (a worker uses one or two)."""
-        query = self._texts_by_limit.get((name, limit))
-        if query is None:
-            query = self._q[name].replace(b"{limit}", str(int(limit)).encode())
-            if len(self._texts_by_limit) < 32:
-                self._texts_by_limit[(name, limit)] = query
-        return query
+        job_claim_queue in queries.sql)."""
+        return self._q[name].replace(b"{limit}", str(int(limit)).encode())
 
     def job_cycle(self, cycle: Cycle, *, now: datetime | None = None) -> CycleResult:
         claim = cycle.claims

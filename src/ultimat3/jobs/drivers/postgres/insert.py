@@ -1,7 +1,7 @@
 """Inserting jobs on PostgreSQL: one statement (``job_insert_one``, ``job_insert``) with ON
-CONFLICT DO NOTHING and a look-up of the stored ids for the rows that conflicted, or COPY for
-a big batch that bets no key is stored yet (see the driver's "Dedupe is the unique
-index's")."""
+CONFLICT DO NOTHING and a look-up of the stored ids for the rows that conflicted (an insert
+racing one of the same key waits for it, then dedupes onto its row), or COPY for a big batch
+that bets no key is stored yet."""
 
 from __future__ import annotations
 
@@ -52,11 +52,8 @@ class Inserts(Waiting):
                 return self._insert(conn, jobs, now, bounded=False)
         wait = 0.0
         for attempt in range(3):
-            # Two batches sharing keys in different orders can deadlock on the unique index;
-            # the loser's transaction was rolled back whole, so it can run again: after a
-            # pause, which lets the winner's statement (it was waiting for ours) take the
-            # keys first. At once, ours could take the first key back before the winner woke,
-            # and the two would deadlock again, this time with either one losing.
+            # A batch that lost a deadlock was rolled back whole: it runs again after a pause
+            # that lets the winner take the keys first (at once, the two would deadlock again).
             if attempt:
                 wait = _DEADLOCK_BACKOFF.after(wait)
                 self._clock.sleep(_DEADLOCK_BACKOFF.pause(wait))
@@ -132,14 +129,10 @@ class Inserts(Waiting):
     def _copy(
         self, conn: Conn, jobs: Sequence[NewJob], now: datetime | None
     ) -> list[InsertResult] | None:
-        """The fast path of a big batch: COPY straight into the table (multi-row heap inserts,
-        text parsed in C), betting that no key is stored yet. A key repeated in the batch, a
-        job with a limit, a uniqueness key or a trace context (COPY carries none: the ON
-        CONFLICT path does), or a row that conflicts returns None having written nothing,
-        and the caller takes the ON CONFLICT path, which dedupes. Runs inside the caller's
-        transaction, in a savepoint of its own. Jobs that are built as they are read
-        (``NewJobs``) are built a slice at a time, while the server stores the last one; an
-        input refused meanwhile rolls the savepoint back and raises."""
+        """A big batch by COPY, in a savepoint of the open transaction, betting that no key is
+        stored yet. A key repeated in the batch, a job COPY cannot carry (``_copyable``), or a
+        row that conflicts returns None having written nothing: the caller then takes the ON
+        CONFLICT path, which dedupes. An input refused rolls the savepoint back and raises."""
         rest = in_slices(jobs, _COPY_SLICE)
         head = next(rest)
         if not _copyable(head[0]):

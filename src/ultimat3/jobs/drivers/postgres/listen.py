@@ -1,21 +1,16 @@
 """One LISTEN connection per driver, for every channel: the wake-up of workers (new jobs on
 ``<schema>``) and of readers waiting for results (``<schema>:finished``).
 
-``Listener`` opens the connection at the first wait, LISTENs on each channel a consumer has
-asked for (a channel added later is LISTENed at the next turn), and hands each notification
-to its channel's consumer. There is no thread of its own: the waiting threads take turns,
-one listening at a time while the others wait for what it hands on. A new connection and a
-lost one are events too (a notification sent while nobody listened reached nobody): each
-consumer hears them and makes its waiters read again. A lost connection is opened again
-after a back-off (``clock.Backoff``, capped at 5 s); after ``probe_after`` seconds of silence
-the listener checks, with one statement, that its connection still answers.
+``Listener`` has no thread of its own: the waiting threads take turns, one listening while
+the others wait for what it hands on. A new connection and a lost one are events too (a
+notification sent while nobody listened reached nobody), so each consumer makes its waiters
+read again. A lost connection is opened again after a ``clock.Backoff``; after
+``probe_after`` seconds of silence one statement checks that the connection still answers.
 
 ``Finished`` is the consumer of the results' channel: completions, dead ends and cancels of
-jobs a reader marked awaited (``job_await``) notify it in their own transaction, with the
-finished ids as payload (comma-separated; ``''`` when they would not fit, meaning "any job
-may have finished"). Every waiting thread checks the notifications since its mark, so none is
-lost between reading a job and waiting for it. Not used behind a transaction-mode pooler:
-the driver polls then.
+awaited jobs (``job_await``) notify it with the finished ids (comma-separated; ``''``: any
+job may have finished). Each waiter checks the notifications since its mark, so none is lost
+between reading a job and waiting for it.
 """
 
 from __future__ import annotations
@@ -105,12 +100,9 @@ class Listener:
             self.cond.notify_all()
 
     def _listen(self, conn: Any, channels: Collection[str]) -> None:
-        self._watch.arm(conn)
-        try:
+        with self._watch.watching(conn):
             for channel in sorted(channels):
                 conn.execute(pg_sql.SQL("LISTEN {}").format(pg_sql.Identifier(channel)))
-        finally:
-            self._watch.disarm(conn)
 
     def _listen_once(self, span: float, wake: threading.Event | None) -> None:
         """One turn: open the connection (or LISTEN on channels asked for since), or wait up
@@ -160,11 +152,8 @@ class Listener:
                     self._hand((note.channel,), NOTE, note.payload)
             elif self._clock.monotonic() >= self._probe_at:
                 self._probe_at = self._clock.monotonic() + self._probe_after
-                self._watch.arm(conn)
-                try:
+                with self._watch.watching(conn):
                     conn.execute(self._ping)
-                finally:
-                    self._watch.disarm(conn)
         except psycopg.Error:
             self.drop()
             self._hand(self._listening, LOST)

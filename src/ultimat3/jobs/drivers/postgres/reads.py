@@ -32,12 +32,9 @@ class Reads(Cycles):
         return _job(rows[0]) if rows else None
 
     def job_wait(self, job_id: str, *, timeout: float, tenant_id: str | None = None) -> Job | None:
-        """With LISTEN: marks the job awaited, then is woken by the NOTIFY of its completion,
-        dead end or cancel (``listen.Finished``; only awaited jobs notify). Without (``?pooler=transaction``, ``listen=False``, or a pooler
-        found in between): one read every ``poll`` seconds (``?poll=``, default 0.5 s)."""
-        if self._probe_pooler and not self._probed:
-            self._check_pooler()
-        listening = self._listen and not (self._probe_pooler and not self._probed)
+        """With LISTEN: marks the job awaited, then is woken by the NOTIFY of its end
+        (``listen.Finished``; only awaited jobs notify). Without: one read every ``poll``."""
+        listening = self._listening()
         mark = self._finished.mark()
         if listening:  # its end notifies from now on (see job_await)
             self._fetch(

@@ -92,13 +92,8 @@ class Schedules(Reads):
         }
         # On the renewals' connection (a busy pool cannot make a live worker look gone), unless
         # a renewal holds it for long: then pooled.
-        beat = self._q["worker_beat"]
-        if (
-            self._on_renewer(
-                beat, params, rows=False, wait=self._beat_wait, bounds=self._beat_bounds
-            )
-            is None
-        ):
+        query, wait, bounds = self._q["worker_beat"], self._beat_wait, self._beat_bounds
+        if self._on_renewer(query, params, rows=False, wait=wait, bounds=bounds) is None:
             self._write_only("worker_beat", params)
 
     def worker_remove(self, worker_id: str) -> None:

@@ -1,7 +1,8 @@
 """Waiting for jobs and for results on PostgreSQL: the one LISTEN (``listen.Listener``) on
-a direct connection, polling behind a transaction-mode pooler (or with ``listen=False``), and
-the check, once, that a NOTIFY reaches the LISTEN (see the driver's "Behind a
-transaction-mode pooler")."""
+a direct connection; polling behind a transaction-mode pooler (``pooler="transaction"``,
+where nothing of ours may live in a session: no LISTEN, no prepared statement, no ``SET``)
+or with ``listen=False``; and the check, once, that a NOTIFY reaches the LISTEN
+(``_check_pooler``: PgBouncer in transaction mode accepts LISTEN and delivers nothing)."""
 
 from __future__ import annotations
 
@@ -37,12 +38,7 @@ class Waiting(Connections):
 
     def wait_for_jobs(self, timeout: float, wake: threading.Event) -> None:
         timeout = max(0.0, timeout)
-        if self._probe_pooler and not self._probed:
-            self._check_pooler()
-        if not self._listen or (self._probe_pooler and not self._probed):
-            # Polling; or the pooler check could not run (the server is away): no LISTEN
-            # until it has, as a LISTEN through a transaction pooler would stay behind on a
-            # server session that other clients get next.
+        if not self._listening():
             self._poll_wait(timeout, wake)
             return
         self._listener.consume(self._channel, self._heard_jobs)
@@ -53,6 +49,14 @@ class Waiting(Connections):
             if remaining <= 0 or self._wake_seq != seen:
                 return
             self._listener.turn(min(remaining, self._wait_slice), wake, changed=self._woken(seen))
+
+    def _listening(self) -> bool:
+        """Whether to LISTEN, after the pooler check when it is due. Not until that check has
+        run (the server was away): a LISTEN through a transaction pooler would stay behind on
+        a server session that other clients get next."""
+        if self._probe_pooler and not self._probed:
+            self._check_pooler()
+        return self._listen and not (self._probe_pooler and not self._probed)
 
     def _woken(self, seen: int) -> Callable[[], bool]:
         return lambda: self._wake_seq != seen
@@ -115,15 +119,11 @@ class Waiting(Connections):
         return True
 
     def _check_pooler(self) -> None:
-        """Once: does a NOTIFY reach our LISTEN? Behind a transaction-mode pooler it does not
-        (the LISTEN ran on a server session that went back to the pool); then warn with the
-        fix, and poll without prepared statements from now on.
-
-        A NOTIFY that is merely late (a loaded machine) must not turn anything off, so before
-        deciding that a pooler sits in between the check asks the server: a session that sees
-        our own socket's address and port as its client's is a direct connection. Only where
-        the server cannot tell (a Unix socket, a proxy or NAT in between) does it wait longer,
-        for that NOTIFY or a second one, before it decides."""
+        """Once: does a NOTIFY reach our LISTEN? Behind a transaction-mode pooler it does not;
+        then warn with the fix, and poll without prepared statements from now on. A NOTIFY
+        merely late (a loaded machine) must not turn anything off: the server is asked first
+        whether the connection is direct (``_direct``); only where it cannot tell does the
+        check wait longer, for that NOTIFY or a second one."""
         if not self._probe_pooler or self._probed or self._clock.monotonic() < self._probe_retry_at:
             return
         self._probed = True
@@ -131,11 +131,8 @@ class Waiting(Connections):
         payloads = {uuid.uuid4().hex}
         try:
             with connect(self._dsn, self._connect_kwargs) as probe:
-                self._watch.arm(probe)
-                try:
+                with self._watch.watching(probe):
                     probe.execute(pg_sql.SQL("LISTEN {}").format(pg_sql.Identifier(name)))
-                finally:
-                    self._watch.disarm(probe)
                 self._notify_probe(name, next(iter(payloads)))
                 got = _heard(probe, payloads, self._probe_wait, self._clock) or self._direct(probe)
                 if not got:  # late, or never: wait longer for it, or for a second one
@@ -167,16 +164,13 @@ class Waiting(Connections):
         )
 
     def _notify_probe(self, channel: str, payload: str) -> None:
-        self._fetch(
-            self._q["notify_probe"], {"channel": channel, "payload": payload}, prepare=False
-        )
+        params = {"channel": channel, "payload": payload}
+        self._fetch(self._q["notify_probe"], params, prepare=False)
 
     def _direct(self, probe: Conn) -> bool:
-        """Whether the server's session of ``probe`` sees both ends of its socket as we do:
-        its client is this end (address and port) and its own end is the one we connected
-        to. Then nothing (no pooler, proxy or NAT) sits in between: a local pooler's own
-        connection to the server may use our client port too, but never toward the same
-        server end. False when it cannot tell (a Unix socket: no address to compare)."""
+        """Whether the server's session of ``probe`` sees both ends of its socket as we do
+        (``session_ends``): then no pooler, proxy or NAT sits in between. False when it
+        cannot tell (a Unix socket: no address to compare)."""
         try:
             with socket.socket(fileno=os.dup(probe.pgconn.socket)) as ours:
                 here, there = ours.getsockname(), ours.getpeername()
@@ -184,11 +178,8 @@ class Waiting(Connections):
             return False
         if not (isinstance(here, tuple) and isinstance(there, tuple)):
             return False  # a Unix socket
-        self._watch.arm(probe)
-        try:
+        with self._watch.watching(probe):
             row = probe.execute(self._q["session_ends"], prepare=False).fetchone()
-        finally:
-            self._watch.disarm(probe)
         if row is None or any(value is None for value in row):
             return False
         try:

@@ -1,10 +1,12 @@
-"""The client-side bound of every PostgreSQL call (see the driver's "Bounded calls")."""
+"""The client-side bound of every PostgreSQL call."""
 
 from __future__ import annotations
 
 import os
 import socket
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ultimat3.jobs.clock import Clock
@@ -16,10 +18,7 @@ class Watchdog:
     blocked on it fails at once (the connection is then broken, and the pool replaces it).
     A stalled peer that still acknowledges at TCP level (a hung pooler or proxy) is noticed
     by nothing else: neither keepalives nor ``tcp_user_timeout`` fire while it acknowledges.
-
-    Cheap on the hot path (a dict write under a lock, no wake-up): every call gets the same
-    budget, so a new call's deadline is never earlier than those armed before it, and the
-    thread only has to wake for the oldest one. Idle, it sleeps ``budget`` at a time."""
+    Every call gets the same budget, so the thread only wakes for the oldest deadline."""
 
     def __init__(self, budget: float, clock: Clock) -> None:
         self.budget = budget
@@ -43,6 +42,15 @@ class Watchdog:
         with self._lock:
             self._armed.pop(id(conn), None)
             self._fired.discard(id(conn))
+
+    @contextmanager
+    def watching(self, conn: Any) -> Iterator[None]:
+        """``arm(conn)`` for the body, ``disarm(conn)`` after it."""
+        self.arm(conn)
+        try:
+            yield
+        finally:
+            self.disarm(conn)
 
     def fired(self, conn: Any) -> bool:
         """Whether the watchdog cut ``conn`` off during the call still armed on it."""

@@ -25,14 +25,9 @@ wall time, each asking ``Clock.stepped_at()``:
 - the scheduler keeps its own continuous time (``scheduler``), so it fires no occurrence
   ahead of time on a forward step, and none twice on a backward one.
 
-The scheduler is the one other place that detects a step, with a policy of its own: it plans
-on the *database's* clock (PostgreSQL's ``now()``, which this module cannot see step; the
-host's clock for SQLite), compares it with the monotonic clock the same way, and follows a
-step only once it has held for ``step_hold`` (10 minutes), where this module re-anchors at
-once. The difference is deliberate: a fire cannot be taken back, so a mistaken step that is
-corrected within the hold must fire nothing, while a lease renewed or a rescue deferred for a
-lease costs little. A process started after a step sees none here (``stepped_at`` is
-``-inf``); the rescuer therefore also counts its own start as a step (``maintenance``).
+The scheduler detects steps of the *database's* clock with a policy of its own (``scheduler``).
+A process started after a step sees none here (``stepped_at`` is ``-inf``); the rescuer
+therefore also counts its own start as a step (``maintenance``).
 """
 
 from __future__ import annotations

@@ -37,35 +37,6 @@ from ultimat3.jobs.errors import (
 )
 from ultimat3.jobs.sql import queries
 
-__all__ = [
-    "BEGIN_IMMEDIATE",
-    "INNER_BUSY_MS",
-    "apply_migrations",
-    "autocommits",
-    "check_unconverted",
-    "close_quietly",
-    "connect",
-    "dt",
-    "file_path",
-    "in_callers",
-    "is_busy",
-    "joined_file",
-    "now_us",
-    "pending_versions",
-    "plain_rows",
-    "printable_migrations",
-    "retry_busy",
-    "rollback_quietly",
-    "savepoint",
-    "snapshot",
-    "sqlite_path",
-    "transaction",
-    "unavailable",
-    "us",
-    "use_wal",
-    "write_in",
-]
-
 _T = TypeVar("_T")
 _U = TypeVar("_U")
 

@@ -22,16 +22,6 @@ from dataclasses import dataclass
 
 from ultimat3.jobs.driver import DatabaseId
 
-__all__ = [
-    "HolderWatch",
-    "LockWatch",
-    "blocked_here",
-    "disown",
-    "file_identity",
-    "hold_own",
-    "write_lock_holders",
-]
-
 
 def file_identity(path: str) -> DatabaseId:
     """The identity of the database file at ``path`` (device and inode once it exists)."""

@@ -12,14 +12,10 @@ What it guarantees:
   unpublished, and the next claim publishes them again (the job's idempotency key collapses
   the repeat).
 - **No lock of ours across a wait on your database.** The store's one connection is shared
-  by the threads that use the store behind a Python lock, taken for one attempt at a time:
-  while the claim waits for a business transaction's write lock (``dialects.sqlite.
-  retry_busy``), the lock is free, and the store's identity, which every enqueue in a
-  business transaction asks for, is computed once and never takes it. So a business
-  transaction that holds the write lock never waits for the relay that waits for it. One
-  wait keeps the lock: a ``COMMIT`` in rollback-journal mode waits for the file's readers to
-  leave, and the store's connection is in its transaction meanwhile (in WAL mode a commit
-  does not wait).
+  behind a Python lock taken for one attempt at a time (``dialects.sqlite.retry_busy``), and
+  its identity is computed once, so a business transaction that holds the write lock never
+  waits for the relay that waits for it (but for a ``COMMIT`` in rollback-journal mode, which
+  waits for the file's readers).
 
 Limits: the claim holds the write lock of your database while it publishes (one insert
 transaction on the job database per queue in the batch: milliseconds), so your writers wait

@@ -18,18 +18,11 @@ What it guarantees:
 - **One schema.** Migrations are numbered ``.sql`` files applied inside ``BEGIN IMMEDIATE``,
   recorded in ``x_migrations``; any number of processes may migrate an empty file at once.
 - **Transactional enqueue on the caller's connection.** ``executor=`` runs the insert as part
-  of the caller's transaction (``dialects.sqlite.write_in``: in a savepoint of an open one; the
-  ``BEGIN`` a legacy-mode connection's own INSERT would have issued; a transaction of its own
-  in autocommit), so the rows become visible if and only if the caller commits. A failure
-  rolls back all of our part and nothing of the caller's, and says so: it is not retryable
-  inside that transaction (``errors.in_callers_transaction``), unless SQLite itself rolled the
-  whole transaction back (a full disk, an I/O error), which it then says.
-- **Limits** (``ultimat3.jobs.limits``): a limited claim counts each key's running jobs and
-  recent starts under the write lock it already holds, so the counts are exact; a unique key is
-  a partial unique index (``x_jobs_unique``) named as a second ``ON CONFLICT`` target.
-- **Wake-ups across processes.** ``wait_for_jobs`` reads ``PRAGMA data_version`` on a
-  connection of its own, sleeping between looks on a watch of the ``-wal`` file (Linux) or
-  polling every 1-4 ms elsewhere (``wait``).
+  of the caller's transaction (``dialects.sqlite.write_in``), so the rows become visible if and
+  only if the caller commits; a failure rolls back all of our part and nothing of the caller's.
+- **Limits** (``ultimat3.jobs.limits``) are counted under the write lock the claim holds; a
+  unique key is a partial unique index (``x_jobs_unique``), a second ``ON CONFLICT`` target.
+- **Wake-ups across processes**: ``wait.wait_for_jobs``.
 
 Storage: times are INTEGER microseconds since the epoch (UTC), ids and tokens TEXT, the error
 history a JSON array, ``tenant_id`` NULL for "no tenant" (``''`` is a tenant like any other; a
@@ -39,12 +32,8 @@ unique expression index makes NULLs collide for dedupe). A job id reused under a
 Limits:
 
 - SQLite 3.37 or newer (STRICT tables, ``RETURNING``). "The database clock" of SQLite is the
-  clock of whichever host calls: every process sharing the file must agree on the time. A
-  step of it is harmless on Linux: the file stores the host clock's frame (``clock.Frame``),
-  and the first write after a step moves the stored due times and lease expiries by it
-  (``frame.align``). Elsewhere nothing moves: a delayed job's due time is a time on the host's
-  wall clock. Processes that do not share ``CLOCK_BOOTTIME`` (one in a time namespace of its
-  own) would each take the other's frame for a step: they must not share a file.
+  clock of whichever host calls: every process sharing the file must agree on the time (a
+  step of it: ``frame``), and so share ``CLOCK_BOOTTIME`` (no time namespace of its own).
 - A caller's transaction that read before enqueueing (a deferred ``BEGIN`` then a SELECT) can
   be overtaken by another writer; SQLite then refuses the upgrade and the whole caller
   transaction must be retried. That surfaces as ``DriverUnavailableError`` telling the caller to

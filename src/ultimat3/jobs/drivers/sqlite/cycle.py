@@ -23,7 +23,6 @@ from ultimat3.jobs.sql import queries
 
 _Q = queries("sqlite")
 _CLAIM_QUEUE = _Q["job_claim_queue"]
-_COMPLETE = _Q["job_complete"]
 
 
 def _claim_order(job: Job) -> tuple[int, datetime, str]:

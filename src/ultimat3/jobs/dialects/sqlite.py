@@ -292,11 +292,8 @@ def unavailable(
 
 # -- waiting for a busy database ----------------------------------------------------------------
 
-# SQLite's own busy handler sleeps 1, 2, 5, 10, ... up to 100 ms between polls, so a waiter that
-# has waited a while reacts slowly when the lock frees, and newcomers overtake it (with 4
-# processes on 2 cores it starved one process and kept others waiting up to 3 s). It absorbs
-# only the first 2 ms here; past that ``retry_busy`` polls every 0.5-2 ms with jitter, which
-# bounded the worst wait near 150-300 ms in the same test.
+# SQLite's own busy handler sleeps up to 100 ms between polls, so a long waiter reacts late and
+# newcomers overtake it: it absorbs only the first ms here, then ``retry_busy`` polls with jitter.
 INNER_BUSY_MS = 2
 BUSY_BACKOFF = Backoff(first=0.0005, cap=0.002, jitter=True)
 

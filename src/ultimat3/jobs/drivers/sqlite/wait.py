@@ -17,20 +17,15 @@ from ultimat3.jobs.wake import FileWatch, Wake
 
 _log = logging.getLogger("ultimat3.jobs.drivers.sqlite")
 
-# wait_for_jobs, where no file watch is to be had (not Linux): a poll costs a thread wake-up
-# plus a read transaction, 50-150 us of CPU on a busy 2-core VM, so polling every millisecond
-# forever would burn 5-15% of a core. Poll every millisecond for a second after the last change
-# (jobs are flowing), then every _POLL_SLOW: an idle waiter stays under 2% of a core and
-# notices the next commit within 4 ms.
+# wait_for_jobs without a file watch (not Linux): poll every millisecond for a second after the
+# last change (jobs are flowing), then every _POLL_SLOW, so an idle waiter costs little CPU.
 _POLL_FAST = 0.001
 _POLL_FAST_FOR = 1.0
 _POLL_SLOW = 0.004
-# With a file watch: the -wal file is written before its commit is visible (the frames, their
-# fsync, then the index in shared memory), so after a write the waiter looks again every
-# _SETTLE_POLL until the commit shows or _SETTLE_FOR passes without another write (a write
-# that was no commit: a rolled-back transaction whose pages spilled, a WAL reset). The window
-# outlives one wait: a wait that returned for one commit may have drained the events of the
-# next one, still in flight, and the following wait must look for it.
+# With a file watch: the -wal file is written before its commit is visible, so after a write
+# the waiter looks again every _SETTLE_POLL until the commit shows or _SETTLE_FOR passes without
+# another write (a write that was no commit). The window outlives one wait: a wait may have
+# drained the events of the next commit, still in flight.
 _SETTLE_POLL = 0.0005
 _SETTLE_FOR = 0.25
 
@@ -73,11 +68,8 @@ def wait_for_jobs(
     happened: it changes whenever another connection commits, and a commit since this
     thread's last wait returns at once, so a change made between two waits is not missed.
 
-    Between two looks the thread sleeps in the kernel on a watch of the database's files
-    (``FileWatch``: every commit writes the ``-wal`` file) and on ``wake`` when it is a
-    ``Wake``: a commit is seen within a thread wake-up, and idle costs nothing. Without a
-    watch (not Linux) or with a plain ``threading.Event``, it polls: every millisecond
-    for a second after the last change, then every 4 ms."""
+    Between two looks the thread sleeps on a watch of the ``-wal`` file and on ``wake`` when
+    it is a ``Wake``; without a watch (not Linux) or with a plain ``Event``, it polls."""
     if wake.is_set():
         return
     conn = slot.conn

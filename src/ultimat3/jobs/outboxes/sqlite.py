@@ -88,22 +88,10 @@ def _record(row: Sequence[Any]) -> OutboxRecord:
     (id_, job, queue, input_, key, attempts, priority, run_at, staged_at, tenant, published) = row[
         :11
     ]
-    return OutboxRecord(
-        NewJob(
-            id=id_,
-            name=job,
-            queue=queue,
-            input=input_,
-            idempotency_key=key,
-            max_attempts=attempts,
-            run_at=dt_or_none(run_at),
-            priority=priority,
-            tenant_id=tenant,
-            trace_context=row[11] if len(row) > 11 else None,
-        ),
-        staged_at=dt(staged_at),
-        published_at=dt_or_none(published),
-    )
+    trace = row[11] if len(row) > 11 else None
+    run = dt_or_none(run_at)
+    new = NewJob(id_, job, queue, input_, key, attempts, run, priority, tenant, trace_context=trace)
+    return OutboxRecord(new, staged_at=dt(staged_at), published_at=dt_or_none(published))
 
 
 def _row(job: NewJob, at_us: int) -> tuple[Any, ...]:
@@ -191,9 +179,7 @@ class SqliteOutboxStore(OneConnection):
             except sqlite3.Error as exc:
                 raise self._unavailable(exc) from exc
             self._opened(self._conn)
-            hold_own(
-                self._conn, self.path, self
-            )  # the library's own (dialects.sqlite.blocked_here)
+            hold_own(self._conn, self.path, self)  # the library's own (blocked_here)
         return self._conn
 
     def _begin(self) -> None:
@@ -211,12 +197,8 @@ class SqliteOutboxStore(OneConnection):
     def _write(
         self, held_here: Callable[[], Exception] | None = None
     ) -> Iterator[sqlite3.Connection]:
-        """A ``transaction`` (``BEGIN IMMEDIATE``: the write lock before any read) on the
-        store's connection. The wait for it holds no lock of ours (``_begin``); with
-        ``held_here``, a wait for a lock the application's own connection in this process
-        holds ends with that error, at once when no other thread could release it, else at
-        the timeout (``dialects.sqlite.HolderWatch``). In rollback-journal mode a commit waits
-        for readers to leave; the transaction is ours meanwhile, so the lock stays held."""
+        """A ``transaction`` (``BEGIN IMMEDIATE``) on the store's connection, waited for with no
+        lock of ours held (``_begin``); ``held_here``: see ``dialects.sqlite.HolderWatch``."""
         watch = (
             None
             if held_here is None

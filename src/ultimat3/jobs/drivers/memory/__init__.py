@@ -52,7 +52,7 @@ Limits (where it differs from a database, knowingly):
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -410,25 +410,12 @@ class MemoryDriver(Store):
         return CycleResult(completed, failed, claimed, wake_in)
 
     def job_release_claim(self, token: str, *, now: datetime | None = None) -> list[str]:
-        prefix = f"{token}."
-        return self._release(lambda job: (job.lease_token or "").startswith(prefix), self._at(now))
-
-    def _release(self, which: Callable[[Job], bool], at: datetime) -> list[str]:
-        """Put the running jobs ``which`` picks back, available at ``at``, attempt refunded."""
+        at, prefix = self._at(now), f"{token}."
         released: list[str] = []
         with self._lock:
             for job in list(self._jobs.values()):
-                if job.state is JobState.RUNNING and which(job):
-                    self._put(
-                        unleased(
-                            replace(
-                                job,
-                                state=JobState.AVAILABLE,
-                                run_at=at,
-                                attempt=max(0, job.attempt - 1),
-                            )
-                        )
-                    )
+                if job.state is JobState.RUNNING and (job.lease_token or "").startswith(prefix):
+                    self._put_back(job, at, at)
                     released.append(job.id)
             if released:
                 self._notify()
@@ -455,17 +442,7 @@ class MemoryDriver(Store):
             job = self._held(lease)
             if job is None:
                 return False
-            until = job.run_at if delay is None else at + delay
-            self._put(
-                unleased(
-                    replace(
-                        job,
-                        state=waiting_state(until, at),
-                        run_at=until,
-                        attempt=max(0, job.attempt - 1),
-                    )
-                )
-            )
+            self._put_back(job, job.run_at if delay is None else at + delay, at)
             self._notify()
             return True
 
@@ -586,8 +563,6 @@ class MemoryDriver(Store):
             if not paused:
                 self._notify()
 
-    # -- wake-ups ----------------------------------------------------------------------------
-
     # -- cron schedules and leadership -----------------------------------------------------
 
     def schedule_state(
@@ -699,6 +674,13 @@ class MemoryDriver(Store):
         if job.id in self._limits:
             self._notify()  # a slot is free: a worker waiting on a full limit may claim
         return True
+
+    def _put_back(self, job: Job, run_at: datetime, at: datetime) -> None:
+        """A held job back to waiting, due at ``run_at``, its attempt given back."""
+        attempt = max(0, job.attempt - 1)
+        self._put(
+            unleased(replace(job, state=waiting_state(run_at, at), run_at=run_at, attempt=attempt))
+        )
 
     def _put(self, job: Job) -> None:
         self._jobs[job.id] = job

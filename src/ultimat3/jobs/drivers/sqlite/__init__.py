@@ -353,11 +353,9 @@ class SqliteDriver(Connections):
         return None if row is None else reads.job(row)
 
     def job_wait(self, job_id: str, *, timeout: float, tenant_id: str | None = None) -> Job | None:
-        """Woken by any commit to the file, as a worker is (``wait_for_jobs``: the file watch,
-        then ``PRAGMA data_version`` on this thread's waiting connection), then one read of the
-        job. The
-        first wait, with no timeout, marks where the file stands before the read, so a
-        completion between the read and the wait still wakes it."""
+        """Woken by any commit to the file, as a worker is (``wait_for_jobs``). The first wait,
+        with no timeout, marks where the file stands before the read, so a completion between
+        the read and the wait still wakes it."""
         never = Wake()  # never set: a Wake lets the wait sleep on the file watch
         self.wait_for_jobs(0.0, never)
         return wait_until_final(

@@ -206,7 +206,7 @@ class SqliteDriver(Connections):
             return insert.insert(conn, jobs, now_us, rows, batches)
 
         if executor is None:
-            return self._write(body, self._enqueue_held_here)
+            return self._write(body, lambda: self._held_here("this enqueue"))
         return self._on_executor(executor, body)
 
     def job_cycle(self, cycle: Cycle, *, now: datetime | None = None) -> CycleResult:

@@ -63,26 +63,10 @@ _SETUP_FIX = (
     "opens a transaction"
 )
 
-_NETWORK_FILESYSTEMS = frozenset(
-    {
-        "nfs",
-        "nfs4",
-        "cifs",
-        "smb3",
-        "smbfs",
-        "9p",
-        "afs",
-        "ceph",
-        "glusterfs",
-        "lustre",
-        "gpfs",
-        "fuse.sshfs",
-        "fuse.glusterfs",
-        "fuse.s3fs",
-        "fuse.rclone",
-        "fuse.gcsfuse",
-    }
-)
+_NETWORK_FILESYSTEMS = frozenset((
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre", "gpfs",
+    "fuse.sshfs", "fuse.glusterfs", "fuse.s3fs", "fuse.rclone", "fuse.gcsfuse",
+))  # fmt: skip
 
 
 def _translatable(exc: BaseException) -> bool:
@@ -285,9 +269,6 @@ class Connections:
             "If another thread of this process holds it, keep that transaction short",
         )
 
-    def _enqueue_held_here(self) -> ConfigurationError:
-        return self._held_here("this enqueue")
-
     def _migrate_held_here(self) -> ConfigurationError:
         return ConfigurationError(
             f"the job tables in {self.path} need migrating, and this process holds the write "
@@ -483,13 +464,12 @@ class Connections:
                 fix="use the transaction you are in (app.using(conn)), or open this one after "
                 "it ends",
             )
-
-        def held_here() -> ConfigurationError:
-            return self._held_here("driver.transaction() (app.transaction())")
-
+        doing = "driver.transaction() (app.transaction())"
         slot.depth = 1
         try:
-            with transaction(conn, retry=lambda attempt: self._retry(attempt, held_here)):
+            with transaction(
+                conn, retry=lambda attempt: self._retry(attempt, lambda: self._held_here(doing))
+            ):
                 yield joined
         finally:
             slot.depth = 0

@@ -207,7 +207,7 @@ class MemoryDriver(Store):
             self._put(job)
             self._keys[key] = job.id
             if unique is not None:
-                self._hold(job.id, unique)
+                self._uniques[job.id] = unique
             inserted = True
         for holder, new in tx.replaces:
             inserted = self._debounce(holder, new) or inserted
@@ -245,7 +245,7 @@ class MemoryDriver(Store):
                         continue
                     unique = (new.unique_key, new.unique_states)
                     if tx is None:
-                        self._hold(job.id, unique)
+                        self._uniques[job.id] = unique
                     else:
                         tx.uniques[job.id] = unique
                 limits = self._limits if tx is None else tx.limits
@@ -280,9 +280,6 @@ class MemoryDriver(Store):
                 ):
                     return job.id
         return None
-
-    def _hold(self, job_id: str, unique: tuple[str, int]) -> None:
-        self._uniques[job_id] = unique
 
     def _replace_holder(self, holder: str, new: Job, tx: MemoryTransaction | None) -> None:
         """Debounce: the holder, if still waiting, takes ``new``'s input, run_at and priority."""

@@ -63,7 +63,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ultimat3.jobs.clock import Clock, SystemClock, frame_reader
-from ultimat3.jobs.dialects.sqlite import MICROSECOND, SYNCHRONOUS, file_path
+from ultimat3.jobs.dialects.sqlite import MICROSECOND, SYNCHRONOUS, dt_or_none, file_path
 from ultimat3.jobs.dialects.sqlite import dt as _dt
 from ultimat3.jobs.dialects.sqlite import now_us as _now_us
 from ultimat3.jobs.dialects.sqlite import us as _us
@@ -258,13 +258,7 @@ class SqliteDriver(Connections):
             return None
         key, most, running, rate_max, period, starts, oldest = row
         return FlowState(
-            key,
-            most,
-            running,
-            rate_max,
-            period * MICROSECOND,
-            starts,
-            None if oldest is None else _dt(oldest),
+            key, most, running, rate_max, period * MICROSECOND, starts, dt_or_none(oldest)
         )
 
     def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:

@@ -13,9 +13,8 @@ Semantics this driver pins down (the SQL drivers follow them):
   tenant" (no scoping); a string scopes to exactly that tenant.
 - **Time.** ``now`` is used when given, else the host clock. A retry or snooze time that is
   not after ``now`` makes the job ``available`` with ``run_at`` kept as given.
-- **Order.** Claims take highest priority, then oldest ``run_at``, then smallest id;
-  ``job_list`` gives newest id first; ``job_list_expired`` oldest expiry first (then id); a
-  bounded prune deletes the oldest finished first.
+- **Order.** Claims as ``driver`` says; ``job_list`` gives newest id first;
+  ``job_list_expired`` oldest expiry first (then id); a bounded prune the oldest finished first.
 - **Retry by hand** keeps ``attempt`` and the error history, clears ``finished_at`` and
   ``cancel_reason``, and raises ``max_attempts`` to ``attempt + 1`` only when exhausted.
 - **Fencing** is by token, not by time: an expired lease still works until someone else changes
@@ -24,14 +23,9 @@ Semantics this driver pins down (the SQL drivers follow them):
   ``executor=tx`` are staged on it and applied together, under the lock, at commit, or
   dropped when the ``with`` block raises. Dedupe inside the transaction sees committed rows and
   the rows this transaction staged.
-- **Limits** (``ultimat3.jobs.limits``). A claim with ``limited`` takes a job with a
-  ``limit_key`` only while its key has fewer than ``limit_max`` running jobs with unexpired
-  leases and, under a rate limit, fewer than ``rate_max`` starts (``attempted_at``) within
-  ``rate_period``; within a priority, keys take turns (every key's first due job, then every
-  key's second; the unlimited jobs first, as one key; keys in order after the last key the
-  previous claim took). A claim without ``limited`` never takes a job with a key. A unique key
-  is held by a job in one of its ``unique_states``; a conflict returns the holder, after
-  giving it the new input, ``run_at`` and priority if ``unique_replace`` and it waits.
+- **Limits** (``ultimat3.jobs.limits``; ``rows.within_limits``). A claim without ``limited``
+  never takes a job with a key. A unique key is held by a job in one of its
+  ``unique_states``; a conflict returns the holder (debounced if ``unique_replace``).
 - **Wake-ups.** ``wait_for_jobs`` returns early after an insert (a staged one at its commit), a
   failure, a snooze, a manual retry or a resumed queue: every change that can make a job
   claimable. ``job_wait`` returns at the change that finishes its job.

@@ -228,11 +228,8 @@ class Connections:
         held_here: Callable[[], ConfigurationError] | None = None,
     ) -> _T:
         """Run ``attempt`` until it is not refused as busy, up to ``busy_timeout`` seconds
-        (``dialects.sqlite.retry_busy``). A long wait is noted in ``stalls``: other writers
-        could not write meanwhile either. With ``held_here``, a wait for a lock that this
-        process holds on a connection of its own ends with the error it makes: at once when
-        no other thread could release it, else at the timeout
-        (``dialects.sqlite.HolderWatch``)."""
+        (``dialects.sqlite.retry_busy``), noting a long wait in ``stalls``. ``held_here``: the
+        error of a wait for this process's own connection (``dialects.sqlite.HolderWatch``)."""
         watch = None
         if held_here is not None:
             joined = current_tx.get()
@@ -327,11 +324,9 @@ class Connections:
         executor: Joined,
         body: Callable[[sqlite3.Connection], _T],
     ) -> _T:
-        """Run ``body`` as part of the caller's transaction on ``executor``, in a savepoint
-        (see ``dialects.sqlite.write_in``, also for connections in legacy and autocommit
-        modes). A failure inside the caller's open transaction was rolled back to the
-        savepoint: it raises ``errors.in_callers_transaction``, which says so and names the
-        cause."""
+        """Run ``body`` as part of the caller's transaction on ``executor``
+        (``dialects.sqlite.write_in``); a failure inside it raises
+        ``errors.in_callers_transaction``, which says so and names the cause."""
         conn = self.adopt(executor).connection
         opened = conn.in_transaction
         try:

@@ -11,6 +11,7 @@ import os
 import sqlite3
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ultimat3.jobs.clock import Clock
 from ultimat3.jobs.wake import FileWatch, Wake
@@ -30,28 +31,17 @@ _SETTLE_POLL = 0.0005
 _SETTLE_FOR = 0.25
 
 
+@dataclass(slots=True, weakref_slot=True, eq=False)
 class Slot:
     """Owns one thread's connection; when the thread ends, the slot is dropped and closes it."""
 
-    __slots__ = (
-        "__weakref__",
-        "changed_at",
-        "conn",
-        "depth",
-        "seen_version",
-        "watch",
-        "watched",
-        "written_at",
-    )
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self.conn = conn
-        self.depth = 0  # nesting of transaction() on this thread
-        self.seen_version: int | None = None  # wait_for_jobs: last PRAGMA data_version
-        self.changed_at = -math.inf  # wait_for_jobs: monotonic time of the last change
-        self.watch: FileWatch | None = None  # wait_for_jobs: the file watch, once opened
-        self.watched = False  # whether it was opened (it stays None where there is none)
-        self.written_at = -math.inf  # wait_for_jobs: monotonic time of the last write seen
+    conn: sqlite3.Connection
+    depth: int = 0  # nesting of transaction() on this thread
+    seen_version: int | None = None  # wait_for_jobs: last PRAGMA data_version
+    changed_at: float = -math.inf  # wait_for_jobs: monotonic time of the last change
+    watch: FileWatch | None = None  # wait_for_jobs: the file watch, once opened
+    watched: bool = False  # whether it was opened (it stays None where there is none)
+    written_at: float = -math.inf  # wait_for_jobs: monotonic time of the last write seen
 
 
 def wait_for_jobs(

@@ -13,26 +13,14 @@ clock moved since the previous read, and when the two differ by more than ``STEP
 *re-anchors*: it takes the new wall time as true from then on and records the step
 (``last_step``). Nothing is guessed: the new time is used at once, by every process of the
 host alike. What a step would otherwise break is repaired by the services that depend on
-wall time, each asking ``Clock.stepped_at()``:
+wall time, each asking ``Clock.stepped_at()``: the worker renews its leases at once, the
+rescuer (``maintenance``) trusts no lease expiry until a full lease has passed, the SQLite
+driver moves its stored times by the step (``Frame``), and the scheduler keeps its own
+continuous time.
 
-- the worker renews every lease it holds at once (in the new time), so a lease renewed on
-  time before a forward step is not taken for expired;
-- the rescuer trusts no lease expiry until a full lease has passed since the step, like
-  after a stall of the database (``maintenance``), so a live job is never rescued because of
-  a step;
-- the SQLite driver moves the due times and lease expiries stored in its file by the step,
-  once per file, so that a job delayed 90 s still waits 90 s (``Frame``, below);
-- the scheduler keeps its own continuous time (``scheduler``), so it fires no occurrence
-  ahead of time on a forward step, and none twice on a backward one.
-
-The scheduler is the one other place that detects a step, with a policy of its own: it plans
-on the *database's* clock (PostgreSQL's ``now()``, which this module cannot see step; the
-host's clock for SQLite), compares it with the monotonic clock the same way, and follows a
-step only once it has held for ``step_hold`` (10 minutes), where this module re-anchors at
-once. The difference is deliberate: a fire cannot be taken back, so a mistaken step that is
-corrected within the hold must fire nothing, while a lease renewed or a rescue deferred for a
-lease costs little. A process started after a step sees none here (``stepped_at`` is
-``-inf``); the rescuer therefore also counts its own start as a step (``maintenance``).
+The scheduler detects steps of the *database's* clock with a policy of its own (``scheduler``).
+A process started after a step sees none here (``stepped_at`` is ``-inf``); the rescuer
+therefore also counts its own start as a step (``maintenance``).
 """
 
 from __future__ import annotations

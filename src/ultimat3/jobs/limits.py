@@ -1,60 +1,35 @@
 """Flow control: how many jobs of a kind may run at once, across every worker.
 
 ``@job(concurrency=Limit(2, key=lambda o: o["account"]))`` allows at most two running jobs per
-account, whatever the number of worker processes and machines. The design, end to end:
+account, whatever the number of worker processes and machines.
 
-**Where a limit lives.** On the job definition, validated when ``@job`` runs (a bad limit fails
-at import, like a bad ``Retry``). The claim runs in the database and cannot call Python, so the
-partition is computed at enqueue time (``limit_key``, below) and stored in the job's row
-(``x_jobs.limit_key``, with the maximum in ``x_jobs.limit_max``; migration 0006). A job without
-a limit stores NULL and is claimed by the same statement as before: the claim of unlimited jobs
-only gained ``limit_key IS NULL``, which is the predicate of its partial index, so it walks the
-same index and pays nothing (measured in ``bench/drain.py``; see the CHANGELOG).
+**Where a limit lives.** On the job definition, validated when ``@job`` runs. The claim runs in
+the database and cannot call Python, so the partition is computed at enqueue time
+(``limit_key``) and stored in the job's row (``x_jobs.limit_key``, the maximum in
+``x_jobs.limit_max``). A job without a limit stores NULL; ``limit_key IS NULL`` is the predicate
+of the unlimited claim's partial index.
 
-**What holds a slot.** A *running* job of the same key whose lease has not expired. Nothing
-else is counted or stored: there is no counter to keep in step with every way a job leaves
-``running`` (completion, failure, snooze, cancel, release, rescue). A job whose worker died
-frees its slot when its lease expires, before the rescuer even looks at it; a rescue, like any
-other outcome, takes it out of ``running``. The count is an index probe
-(``x_jobs_limit_running``), bounded by the limit itself.
+**What holds a slot.** A *running* job of the same key whose lease has not expired; nothing
+else is counted or stored, so no counter has to follow every way a job leaves ``running``. The
+count is an index probe (``x_jobs_limit_running``), bounded by the limit itself.
 
-**How a claim takes limited jobs** (``ClaimParams.limited``; a worker sets it when any job it
-has registered has a limit): in the claim's transaction,
+**How a claim takes limited jobs** (``ClaimParams.limited``), in the claim's transaction:
 
-1. find up to ``KEYS_PER_CLAIM`` distinct keys with due jobs, per queue: a skip scan over the
-   partial index ``x_jobs_claim_limited (queue, limit_key, ...)``, one index seek per key,
-   starting after the last key this process looked at and wrapping around, so a saturated key
-   cannot hide the keys behind it: a key with due jobs and a free slot is looked at within
-   ``ceil(keys with due jobs / KEYS_PER_CLAIM)`` claims of each worker process;
-2. for each such key, ``free = limit_max - running`` (the count above), and take its first
-   ``free`` due jobs in claim order;
+1. find up to ``KEYS_PER_CLAIM`` distinct keys with due jobs, per queue: a skip scan over
+   ``x_jobs_claim_limited (queue, limit_key, ...)``, starting after the last key this process
+   looked at and wrapping around, so a saturated key cannot hide the keys behind it;
+2. for each such key, ``free = limit_max - running``, and take its first ``free`` due jobs;
 3. merge them with the unlimited due jobs in claim order (priority, run_at, id) and claim the
    best ``ClaimParams.limit``.
 
-The count must be exact against concurrent claims, which each database gets differently:
-
-- **SQLite**: every claim runs under the single write lock (``BEGIN IMMEDIATE``), so the count
-  read inside it is exact: no other claim can commit in between.
-- **PostgreSQL**: claims run concurrently under READ COMMITTED, where a count is only as new as
-  the statement's snapshot. The claim first takes a transaction-scoped advisory lock per key
-  (``pg_try_advisory_xact_lock``: a key another claim holds is skipped, never waited for, as
-  ``SKIP LOCKED`` skips rows), in one statement that records the keys it got with
-  ``set_config(..., true)``; the claim statement, *pipelined after it in the same
-  transaction*, takes a new snapshot, so it sees every claim of those keys that committed
-  before the lock was granted, and none can commit until this transaction ends. Counting and
-  claiming in the statement that takes the lock would not do: its snapshot predates the lock.
-  A hash collision between two keys only makes them share a lock.
-- **Memory**: one lock around everything.
-
-**Wake-ups.** A slot frees when a limited job completes or fails; on PostgreSQL that
-completion sends the queue's NOTIFY (only for limited jobs), on SQLite every commit is seen by
-the waiters already, and the memory driver wakes its waiters. A worker whose claim found every
-key saturated therefore sleeps until a slot frees, not in a poll loop.
-
-Not built yet (issue 15's later deliverables): rate limits, round-robin fairness across keys
-beyond the rotation above, uniqueness windows, and showing why a job waits in ``jobs show``.
-Staging a limited job in an outbox on another database is refused (the outbox rows do not carry
-the key yet).
+The count is exact against concurrent claims: on SQLite every claim runs under the single write
+lock; on PostgreSQL the claim first takes a transaction-scoped advisory lock per key (skipping
+keys another claim holds) and counts in a later statement of the same transaction, whose
+snapshot sees every claim of those keys that committed before (the PostgreSQL driver's
+``cycle``); the memory driver holds one lock around everything. A slot that frees wakes the
+waiters (a NOTIFY on PostgreSQL, any commit on SQLite), so a worker that found every key
+saturated sleeps until then, not in a poll loop. Staging a limited job in an outbox on another
+database is refused (the outbox rows do not carry the key).
 """
 
 from __future__ import annotations

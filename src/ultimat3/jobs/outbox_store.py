@@ -8,9 +8,8 @@ job driver, and then marks them published. Publish-then-mark makes delivery at-l
 staged job's id and idempotency key are fixed at staging time, so a re-publish collapses into
 the same job row.
 
-The seed's ``commit(tx)``/``rollback(tx)`` hooks exist only on the memory store, whose staged
-rows hang off a transaction object (``MemoryOutboxStore.transaction()``); the SQL stores get
-commit and rollback from the database itself, with nothing to call after either.
+The seed's ``commit(tx)``/``rollback(tx)`` hooks exist only on the memory store
+(``outboxes.memory``); the SQL stores get commit and rollback from the database itself.
 
 Stores speak records (``NewJob`` in, ``OutboxRecord`` out), never SQL above this seam.
 """

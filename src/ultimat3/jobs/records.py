@@ -105,10 +105,6 @@ class NewJobs(Sequence[NewJob]):
         for start in range(0, len(self._inputs), size):
             yield self._built_to(start + size)[start : start + size]
 
-    def ids(self) -> list[str]:
-        """The jobs' ids, in order."""
-        return [job.id for job in self._all()]
-
     def _all(self) -> list[NewJob]:
         return self._built_to(len(self._inputs))
 
@@ -122,9 +118,7 @@ class NewJobs(Sequence[NewJob]):
 
 
 def ids_of(jobs: Sequence[NewJob]) -> list[str]:
-    """The ids of ``jobs``, in order (``NewJobs.ids``: a plain batch makes no ``NewJob``)."""
-    if isinstance(jobs, NewJobs):
-        return jobs.ids()
+    """The ids of ``jobs``, in order."""
     return [job.id for job in jobs]
 
 
@@ -251,51 +245,32 @@ def job_from_row(
 ) -> Job:
     """A ``Job`` from a row whose columns come in ``Job``'s field order (every SQL driver
     selects them so); the driver supplies how its times and error histories are stored."""
-    trace_context = row[19] if len(row) > 19 else None
-    result = row[20] if len(row) > 20 else None
-    (
-        id_,
-        name,
-        queue,
-        input_,
-        tenant_id,
-        key,
-        priority,
-        state,
-        attempt,
-        max_attempts,
-        run_at,
-        created_at,
-        attempted_at,
-        finished_at,
-        lease_token,
-        lease_expires_at,
-        worker_id,
-        errors,
-        cancel_reason,
-    ) = row[:19]
+
+    def at(value: Any) -> datetime | None:
+        return None if value is None else to_time(value)
+
     return Job(
-        id_,
-        name,
-        queue,
-        input_,
-        tenant_id,
-        key,
-        priority,
-        _STATES[state],
-        attempt,
-        max_attempts,
-        to_time(run_at),
-        to_time(created_at),
-        None if attempted_at is None else to_time(attempted_at),
-        None if finished_at is None else to_time(finished_at),
-        lease_token,
-        None if lease_expires_at is None else to_time(lease_expires_at),
-        worker_id,
-        to_errors(errors),
-        cancel_reason,
-        trace_context,
-        result,
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        row[4],
+        row[5],
+        row[6],
+        _STATES[row[7]],
+        row[8],
+        row[9],
+        to_time(row[10]),
+        to_time(row[11]),
+        at(row[12]),
+        at(row[13]),
+        row[14],
+        at(row[15]),
+        row[16],
+        to_errors(row[17]),
+        row[18],
+        row[19] if len(row) > 19 else None,  # trace_context
+        row[20] if len(row) > 20 else None,  # result
     )
 
 
@@ -424,10 +399,10 @@ class ClaimParams:
     #: (``Driver.job_release_claim``). Empty: the driver picks one.
     token: str = ""
     #: Also claim jobs with a concurrency limit (see ``limits``); False claims only jobs
-    #: without one, by the same statement as before limits existed.
+    #: without one.
     limited: bool = False
     #: Job names not to claim: names this worker lacks and skips for a while (a rolling
-    #: deploy). Empty: the usual claim statements (one queue keeps its fast one).
+    #: deploy).
     skip: tuple[str, ...] = ()
 
 

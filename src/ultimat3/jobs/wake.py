@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import errno
 import os
 import select
 import struct
@@ -66,8 +65,6 @@ class Wake(threading.Event):
 
 
 _IN_MODIFY = 0x00000002
-_IN_NONBLOCK = os.O_NONBLOCK
-_IN_CLOEXEC = os.O_CLOEXEC
 _EVENT = struct.Struct("iIII")
 _libc: ctypes.CDLL | None = None
 _libc_loaded = False
@@ -104,7 +101,7 @@ class FileWatch:
         libc = _inotify()
         if libc is None:
             return None
-        fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
         if fd < 0:
             return None
         if libc.inotify_add_watch(fd, os.fsencode(directory), _IN_MODIFY) < 0:
@@ -123,10 +120,6 @@ class FileWatch:
                 data = os.read(self._fd, 65536)
             except BlockingIOError:
                 return seen
-            except OSError as exc:  # pragma: no cover - EINTR is retried by os.read
-                if exc.errno == errno.EINTR:
-                    continue
-                raise
             offset = 0
             while offset < len(data):
                 _wd, _mask, _cookie, length = _EVENT.unpack_from(data, offset)

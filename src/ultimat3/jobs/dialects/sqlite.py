@@ -10,10 +10,7 @@
   code).
 - Migrations are numbered ``.sql`` files split into statements (``executescript`` would COMMIT
   the transaction they run in) and recorded in a ledger table; ``pending_versions`` is a read.
-- A busy database is waited for by ``retry_busy``: SQLite's own busy handler absorbs only the
-  first ``INNER_BUSY_MS``, and the attempt is run again after a short jittered pause until the
-  timeout. Whoever holds a Python lock around one attempt releases it for the pause, so no lock
-  of ours is held across a wait on the database.
+- A busy database is waited for by ``retry_busy``, with no lock of ours held.
 - Who holds a file's write lock, and which file a path is: ``dialects.sqlite_locks``.
 """
 
@@ -36,35 +33,6 @@ from ultimat3.jobs.errors import (
     in_callers_transaction,
 )
 from ultimat3.jobs.sql import queries
-
-__all__ = [
-    "BEGIN_IMMEDIATE",
-    "INNER_BUSY_MS",
-    "apply_migrations",
-    "autocommits",
-    "check_unconverted",
-    "close_quietly",
-    "connect",
-    "dt",
-    "file_path",
-    "in_callers",
-    "is_busy",
-    "joined_file",
-    "now_us",
-    "pending_versions",
-    "plain_rows",
-    "printable_migrations",
-    "retry_busy",
-    "rollback_quietly",
-    "savepoint",
-    "snapshot",
-    "sqlite_path",
-    "transaction",
-    "unavailable",
-    "us",
-    "use_wal",
-    "write_in",
-]
 
 _T = TypeVar("_T")
 _U = TypeVar("_U")
@@ -199,7 +167,7 @@ def check_unconverted(conn: sqlite3.Connection) -> None:
     on a connection made with ``detect_types=PARSE_DECLTYPES``, to every column so declared,
     and it would hand the library a job id, a key or a count it does not know. ``detect_types``
     is fixed at connect and cannot be read, so a registered converter for one of our types
-    costs one read of a column of that type; none (the usual case) costs two dict look-ups."""
+    is checked by reading a column of that type."""
     converters = getattr(sqlite3, "converters", {})
     for name, probe, kind in _CONVERTIBLE:
         if name not in converters:
@@ -321,11 +289,8 @@ def unavailable(
 
 # -- waiting for a busy database ----------------------------------------------------------------
 
-# SQLite's own busy handler sleeps 1, 2, 5, 10, ... up to 100 ms between polls, so a waiter that
-# has waited a while reacts slowly when the lock frees, and newcomers overtake it (with 4
-# processes on 2 cores it starved one process and kept others waiting up to 3 s). It absorbs
-# only the first 2 ms here; past that ``retry_busy`` polls every 0.5-2 ms with jitter, which
-# bounded the worst wait near 150-300 ms in the same test.
+# SQLite's own busy handler sleeps up to 100 ms between polls, so a long waiter reacts late and
+# newcomers overtake it: it absorbs only the first ms here, then ``retry_busy`` polls with jitter.
 INNER_BUSY_MS = 2
 BUSY_BACKOFF = Backoff(first=0.0005, cap=0.002, jitter=True)
 
@@ -343,12 +308,9 @@ def retry_busy(
     """Run ``attempt`` until SQLite does not refuse it as busy, for up to ``timeout`` seconds,
     pausing 0.25-2 ms between tries (``BUSY_BACKOFF``); past the timeout the last refusal is raised.
     Any other error is raised at once. ``on_busy(waited)``, called after each refusal with the
-    seconds waited so far, may raise to end the wait (a diagnosis of who holds the lock).
-
-    An attempt that takes a lock of its own (a connection shared between threads) takes it
-    inside ``attempt`` and so releases it for every pause: no Python lock is held across the
-    wait. The pauses are real ones (``clock`` defaults to the system's): the other holder of the
-    lock lives in real time, whatever clock the caller's decisions use."""
+    seconds waited so far, may raise to end the wait (a diagnosis of who holds the lock). An
+    owner's own lock is taken inside ``attempt``, so none is held across a pause; the pauses
+    are real ones by default: the other holder of the lock lives in real time."""
     clock = clock or _SYSTEM
     started = clock.monotonic()
     deadline = started + timeout

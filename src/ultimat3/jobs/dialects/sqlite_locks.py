@@ -22,16 +22,6 @@ from dataclasses import dataclass
 
 from ultimat3.jobs.driver import DatabaseId
 
-__all__ = [
-    "HolderWatch",
-    "LockWatch",
-    "blocked_here",
-    "disown",
-    "file_identity",
-    "hold_own",
-    "write_lock_holders",
-]
-
 
 def file_identity(path: str) -> DatabaseId:
     """The identity of the database file at ``path`` (device and inode once it exists)."""
@@ -189,16 +179,11 @@ class HolderWatch:
     """An ``on_busy`` for ``retry_busy`` that looks at who holds the write lock on ``path``
     while a write waits for it, and tells a wait that cannot end from one that can.
 
-    - Held by the application's own connection in this process (``blocked_here``) at every
-      look for half a second, and the waiting thread is the process's only thread, or runs
-      inside a transaction the caller opened on its own connection (``in_callers_tx``): that
-      connection is this thread's (the caller's transaction around this call, a SQLAlchemy
-      session after ``flush()``, a ``sqlite3`` connection left in a transaction), and can only
-      be released once this call returns. ``held_here()`` is raised then, about 0.55 s in.
-    - The same with other threads running: one of them may hold it in an ordinary
-      transaction and commit, so the wait goes on; one WARNING says what it may be waiting
-      for. If the wait reaches the timeout with the lock held here at every look,
-      ``verdict()`` gives ``held_here()`` for the caller to raise instead of "busy"."""
+    Held by the application's own connection in this process (``blocked_here``) for
+    ``held_for``, with no other thread that could release it (or inside the caller's own
+    transaction, ``in_callers_tx``), the wait raises ``held_here()``; with other threads
+    running it goes on with one WARNING, and ``verdict()`` gives ``held_here()`` at the
+    timeout instead of "busy"."""
 
     def __init__(
         self,

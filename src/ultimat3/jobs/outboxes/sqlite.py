@@ -12,14 +12,10 @@ What it guarantees:
   unpublished, and the next claim publishes them again (the job's idempotency key collapses
   the repeat).
 - **No lock of ours across a wait on your database.** The store's one connection is shared
-  by the threads that use the store behind a Python lock, taken for one attempt at a time:
-  while the claim waits for a business transaction's write lock (``dialects.sqlite.
-  retry_busy``), the lock is free, and the store's identity, which every enqueue in a
-  business transaction asks for, is computed once and never takes it. So a business
-  transaction that holds the write lock never waits for the relay that waits for it. One
-  wait keeps the lock: a ``COMMIT`` in rollback-journal mode waits for the file's readers to
-  leave, and the store's connection is in its transaction meanwhile (in WAL mode a commit
-  does not wait).
+  behind a Python lock taken for one attempt at a time (``dialects.sqlite.retry_busy``), and
+  its identity is computed once, so a business transaction that holds the write lock never
+  waits for the relay that waits for it (but for a ``COMMIT`` in rollback-journal mode, which
+  waits for the file's readers).
 
 Limits: the claim holds the write lock of your database while it publishes (one insert
 transaction on the job database per queue in the batch: milliseconds), so your writers wait
@@ -92,22 +88,10 @@ def _record(row: Sequence[Any]) -> OutboxRecord:
     (id_, job, queue, input_, key, attempts, priority, run_at, staged_at, tenant, published) = row[
         :11
     ]
-    return OutboxRecord(
-        NewJob(
-            id=id_,
-            name=job,
-            queue=queue,
-            input=input_,
-            idempotency_key=key,
-            max_attempts=attempts,
-            run_at=dt_or_none(run_at),
-            priority=priority,
-            tenant_id=tenant,
-            trace_context=row[11] if len(row) > 11 else None,
-        ),
-        staged_at=dt(staged_at),
-        published_at=dt_or_none(published),
-    )
+    trace = row[11] if len(row) > 11 else None
+    run = dt_or_none(run_at)
+    new = NewJob(id_, job, queue, input_, key, attempts, run, priority, tenant, trace_context=trace)
+    return OutboxRecord(new, staged_at=dt(staged_at), published_at=dt_or_none(published))
 
 
 def _row(job: NewJob, at_us: int) -> tuple[Any, ...]:
@@ -195,9 +179,7 @@ class SqliteOutboxStore(OneConnection):
             except sqlite3.Error as exc:
                 raise self._unavailable(exc) from exc
             self._opened(self._conn)
-            hold_own(
-                self._conn, self.path, self
-            )  # the library's own (dialects.sqlite.blocked_here)
+            hold_own(self._conn, self.path, self)  # the library's own (blocked_here)
         return self._conn
 
     def _begin(self) -> None:
@@ -215,12 +197,8 @@ class SqliteOutboxStore(OneConnection):
     def _write(
         self, held_here: Callable[[], Exception] | None = None
     ) -> Iterator[sqlite3.Connection]:
-        """A ``transaction`` (``BEGIN IMMEDIATE``: the write lock before any read) on the
-        store's connection. The wait for it holds no lock of ours (``_begin``); with
-        ``held_here``, a wait for a lock the application's own connection in this process
-        holds ends with that error, at once when no other thread could release it, else at
-        the timeout (``dialects.sqlite.HolderWatch``). In rollback-journal mode a commit waits
-        for readers to leave; the transaction is ours meanwhile, so the lock stays held."""
+        """A ``transaction`` (``BEGIN IMMEDIATE``) on the store's connection, waited for with no
+        lock of ours held (``_begin``); ``held_here``: see ``dialects.sqlite.HolderWatch``."""
         watch = (
             None
             if held_here is None

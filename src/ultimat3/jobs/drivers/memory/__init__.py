@@ -13,9 +13,8 @@ Semantics this driver pins down (the SQL drivers follow them):
   tenant" (no scoping); a string scopes to exactly that tenant.
 - **Time.** ``now`` is used when given, else the host clock. A retry or snooze time that is
   not after ``now`` makes the job ``available`` with ``run_at`` kept as given.
-- **Order.** Claims take highest priority, then oldest ``run_at``, then smallest id;
-  ``job_list`` gives newest id first; ``job_list_expired`` oldest expiry first (then id); a
-  bounded prune deletes the oldest finished first.
+- **Order.** Claims as ``driver`` says; ``job_list`` gives newest id first;
+  ``job_list_expired`` oldest expiry first (then id); a bounded prune the oldest finished first.
 - **Retry by hand** keeps ``attempt`` and the error history, clears ``finished_at`` and
   ``cancel_reason``, and raises ``max_attempts`` to ``attempt + 1`` only when exhausted.
 - **Fencing** is by token, not by time: an expired lease still works until someone else changes
@@ -24,14 +23,9 @@ Semantics this driver pins down (the SQL drivers follow them):
   ``executor=tx`` are staged on it and applied together, under the lock, at commit, or
   dropped when the ``with`` block raises. Dedupe inside the transaction sees committed rows and
   the rows this transaction staged.
-- **Limits** (``ultimat3.jobs.limits``). A claim with ``limited`` takes a job with a
-  ``limit_key`` only while its key has fewer than ``limit_max`` running jobs with unexpired
-  leases and, under a rate limit, fewer than ``rate_max`` starts (``attempted_at``) within
-  ``rate_period``; within a priority, keys take turns (every key's first due job, then every
-  key's second; the unlimited jobs first, as one key; keys in order after the last key the
-  previous claim took). A claim without ``limited`` never takes a job with a key. A unique key
-  is held by a job in one of its ``unique_states``; a conflict returns the holder, after
-  giving it the new input, ``run_at`` and priority if ``unique_replace`` and it waits.
+- **Limits** (``ultimat3.jobs.limits``; ``rows.within_limits``). A claim without ``limited``
+  never takes a job with a key. A unique key is held by a job in one of its
+  ``unique_states``; a conflict returns the holder (debounced if ``unique_replace``).
 - **Wake-ups.** ``wait_for_jobs`` returns early after an insert (a staged one at its commit), a
   failure, a snooze, a manual retry or a resumed queue: every change that can make a job
   claimable. ``job_wait`` returns at the change that finishes its job.
@@ -52,7 +46,7 @@ Limits (where it differs from a database, knowingly):
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -207,7 +201,7 @@ class MemoryDriver(Store):
             self._put(job)
             self._keys[key] = job.id
             if unique is not None:
-                self._hold(job.id, unique)
+                self._uniques[job.id] = unique
             inserted = True
         for holder, new in tx.replaces:
             inserted = self._debounce(holder, new) or inserted
@@ -245,7 +239,7 @@ class MemoryDriver(Store):
                         continue
                     unique = (new.unique_key, new.unique_states)
                     if tx is None:
-                        self._hold(job.id, unique)
+                        self._uniques[job.id] = unique
                     else:
                         tx.uniques[job.id] = unique
                 limits = self._limits if tx is None else tx.limits
@@ -280,9 +274,6 @@ class MemoryDriver(Store):
                 ):
                     return job.id
         return None
-
-    def _hold(self, job_id: str, unique: tuple[str, int]) -> None:
-        self._uniques[job_id] = unique
 
     def _replace_holder(self, holder: str, new: Job, tx: MemoryTransaction | None) -> None:
         """Debounce: the holder, if still waiting, takes ``new``'s input, run_at and priority."""
@@ -410,25 +401,12 @@ class MemoryDriver(Store):
         return CycleResult(completed, failed, claimed, wake_in)
 
     def job_release_claim(self, token: str, *, now: datetime | None = None) -> list[str]:
-        prefix = f"{token}."
-        return self._release(lambda job: (job.lease_token or "").startswith(prefix), self._at(now))
-
-    def _release(self, which: Callable[[Job], bool], at: datetime) -> list[str]:
-        """Put the running jobs ``which`` picks back, available at ``at``, attempt refunded."""
+        at, prefix = self._at(now), f"{token}."
         released: list[str] = []
         with self._lock:
             for job in list(self._jobs.values()):
-                if job.state is JobState.RUNNING and which(job):
-                    self._put(
-                        unleased(
-                            replace(
-                                job,
-                                state=JobState.AVAILABLE,
-                                run_at=at,
-                                attempt=max(0, job.attempt - 1),
-                            )
-                        )
-                    )
+                if job.state is JobState.RUNNING and (job.lease_token or "").startswith(prefix):
+                    self._put_back(job, at, at)
                     released.append(job.id)
             if released:
                 self._notify()
@@ -455,17 +433,7 @@ class MemoryDriver(Store):
             job = self._held(lease)
             if job is None:
                 return False
-            until = job.run_at if delay is None else at + delay
-            self._put(
-                unleased(
-                    replace(
-                        job,
-                        state=waiting_state(until, at),
-                        run_at=until,
-                        attempt=max(0, job.attempt - 1),
-                    )
-                )
-            )
+            self._put_back(job, job.run_at if delay is None else at + delay, at)
             self._notify()
             return True
 
@@ -586,8 +554,6 @@ class MemoryDriver(Store):
             if not paused:
                 self._notify()
 
-    # -- wake-ups ----------------------------------------------------------------------------
-
     # -- cron schedules and leadership -----------------------------------------------------
 
     def schedule_state(
@@ -699,6 +665,13 @@ class MemoryDriver(Store):
         if job.id in self._limits:
             self._notify()  # a slot is free: a worker waiting on a full limit may claim
         return True
+
+    def _put_back(self, job: Job, run_at: datetime, at: datetime) -> None:
+        """A held job back to waiting, due at ``run_at``, its attempt given back."""
+        attempt = max(0, job.attempt - 1)
+        self._put(
+            unleased(replace(job, state=waiting_state(run_at, at), run_at=run_at, attempt=attempt))
+        )
 
     def _put(self, job: Job) -> None:
         self._jobs[job.id] = job

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from ultimat3.jobs.clock import Clock, SystemClock
-from ultimat3.jobs.drivers.memory.rows import Flow, matches, utc
+from ultimat3.jobs.drivers.memory.rows import Flow, holds_slot, matches, utc
 from ultimat3.jobs.records import (
     FINAL_STATES,
     FinishedCount,
@@ -116,11 +116,7 @@ class Store:
                 other = self._limits.get(job.id)
                 if other is None or other.key != flow.key:
                     continue
-                if (
-                    job.state is JobState.RUNNING
-                    and job.lease_expires_at is not None
-                    and job.lease_expires_at > at
-                ):
+                if holds_slot(job, at):
                     running += 1
                 if (
                     flow.rate_max

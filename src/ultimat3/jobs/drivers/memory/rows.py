@@ -43,6 +43,12 @@ def waiting_state(run_at: datetime, now: datetime) -> JobState:
     return JobState.SCHEDULED if run_at > now else JobState.AVAILABLE
 
 
+def holds_slot(job: Job, at: datetime) -> bool:
+    """A running job whose lease has not expired: it holds a slot of its key (``limits``)."""
+    expires = job.lease_expires_at
+    return job.state is JobState.RUNNING and expires is not None and expires > at
+
+
 def unleased(job: Job) -> Job:
     return replace(job, lease_token=None, lease_expires_at=None)
 
@@ -111,11 +117,7 @@ def within_limits(
         flow = flows.get(job.id)
         if flow is None or flow.key not in by_key:
             continue
-        if (
-            job.state is JobState.RUNNING
-            and job.lease_expires_at is not None
-            and job.lease_expires_at > at
-        ):
+        if holds_slot(job, at):
             running[flow.key] += 1
         if job.attempted_at is not None:
             starts.setdefault(flow.key, []).append(job.attempted_at)

@@ -18,18 +18,11 @@ What it guarantees:
 - **One schema.** Migrations are numbered ``.sql`` files applied inside ``BEGIN IMMEDIATE``,
   recorded in ``x_migrations``; any number of processes may migrate an empty file at once.
 - **Transactional enqueue on the caller's connection.** ``executor=`` runs the insert as part
-  of the caller's transaction (``dialects.sqlite.write_in``: in a savepoint of an open one; the
-  ``BEGIN`` a legacy-mode connection's own INSERT would have issued; a transaction of its own
-  in autocommit), so the rows become visible if and only if the caller commits. A failure
-  rolls back all of our part and nothing of the caller's, and says so: it is not retryable
-  inside that transaction (``errors.in_callers_transaction``), unless SQLite itself rolled the
-  whole transaction back (a full disk, an I/O error), which it then says.
-- **Limits** (``ultimat3.jobs.limits``): a limited claim counts each key's running jobs and
-  recent starts under the write lock it already holds, so the counts are exact; a unique key is
-  a partial unique index (``x_jobs_unique``) named as a second ``ON CONFLICT`` target.
-- **Wake-ups across processes.** ``wait_for_jobs`` reads ``PRAGMA data_version`` on a
-  connection of its own, sleeping between looks on a watch of the ``-wal`` file (Linux) or
-  polling every 1-4 ms elsewhere (``wait``).
+  of the caller's transaction (``dialects.sqlite.write_in``), so the rows become visible if and
+  only if the caller commits; a failure rolls back all of our part and nothing of the caller's.
+- **Limits** (``ultimat3.jobs.limits``) are counted under the write lock the claim holds; a
+  unique key is a partial unique index (``x_jobs_unique``), a second ``ON CONFLICT`` target.
+- **Wake-ups across processes**: ``wait.wait_for_jobs``.
 
 Storage: times are INTEGER microseconds since the epoch (UTC), ids and tokens TEXT, the error
 history a JSON array, ``tenant_id`` NULL for "no tenant" (``''`` is a tenant like any other; a
@@ -39,12 +32,8 @@ unique expression index makes NULLs collide for dedupe). A job id reused under a
 Limits:
 
 - SQLite 3.37 or newer (STRICT tables, ``RETURNING``). "The database clock" of SQLite is the
-  clock of whichever host calls: every process sharing the file must agree on the time. A
-  step of it is harmless on Linux: the file stores the host clock's frame (``clock.Frame``),
-  and the first write after a step moves the stored due times and lease expiries by it
-  (``frame.align``). Elsewhere nothing moves: a delayed job's due time is a time on the host's
-  wall clock. Processes that do not share ``CLOCK_BOOTTIME`` (one in a time namespace of its
-  own) would each take the other's frame for a step: they must not share a file.
+  clock of whichever host calls: every process sharing the file must agree on the time (a
+  step of it: ``frame``), and so share ``CLOCK_BOOTTIME`` (no time namespace of its own).
 - A caller's transaction that read before enqueueing (a deferred ``BEGIN`` then a SELECT) can
   be overtaken by another writer; SQLite then refuses the upgrade and the whole caller
   transaction must be retried. That surfaces as ``DriverUnavailableError`` telling the caller to
@@ -74,7 +63,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ultimat3.jobs.clock import Clock, SystemClock, frame_reader
-from ultimat3.jobs.dialects.sqlite import MICROSECOND, SYNCHRONOUS, file_path
+from ultimat3.jobs.dialects.sqlite import MICROSECOND, SYNCHRONOUS, dt_or_none, file_path
 from ultimat3.jobs.dialects.sqlite import dt as _dt
 from ultimat3.jobs.dialects.sqlite import now_us as _now_us
 from ultimat3.jobs.dialects.sqlite import us as _us
@@ -217,7 +206,7 @@ class SqliteDriver(Connections):
             return insert.insert(conn, jobs, now_us, rows, batches)
 
         if executor is None:
-            return self._write(body, self._enqueue_held_here)
+            return self._write(body, lambda: self._held_here("this enqueue"))
         return self._on_executor(executor, body)
 
     def job_cycle(self, cycle: Cycle, *, now: datetime | None = None) -> CycleResult:
@@ -269,13 +258,7 @@ class SqliteDriver(Connections):
             return None
         key, most, running, rate_max, period, starts, oldest = row
         return FlowState(
-            key,
-            most,
-            running,
-            rate_max,
-            period * MICROSECOND,
-            starts,
-            None if oldest is None else _dt(oldest),
+            key, most, running, rate_max, period * MICROSECOND, starts, dt_or_none(oldest)
         )
 
     def job_peek_isolated(self, queues: Sequence[str], *, now: datetime | None = None) -> bool:
@@ -364,11 +347,9 @@ class SqliteDriver(Connections):
         return None if row is None else reads.job(row)
 
     def job_wait(self, job_id: str, *, timeout: float, tenant_id: str | None = None) -> Job | None:
-        """Woken by any commit to the file, as a worker is (``wait_for_jobs``: the file watch,
-        then ``PRAGMA data_version`` on this thread's waiting connection), then one read of the
-        job. The
-        first wait, with no timeout, marks where the file stands before the read, so a
-        completion between the read and the wait still wakes it."""
+        """Woken by any commit to the file, as a worker is (``wait_for_jobs``). The first wait,
+        with no timeout, marks where the file stands before the read, so a completion between
+        the read and the wait still wakes it."""
         never = Wake()  # never set: a Wake lets the wait sleep on the file watch
         self.wait_for_jobs(0.0, never)
         return wait_until_final(

@@ -63,26 +63,10 @@ _SETUP_FIX = (
     "opens a transaction"
 )
 
-_NETWORK_FILESYSTEMS = frozenset(
-    {
-        "nfs",
-        "nfs4",
-        "cifs",
-        "smb3",
-        "smbfs",
-        "9p",
-        "afs",
-        "ceph",
-        "glusterfs",
-        "lustre",
-        "gpfs",
-        "fuse.sshfs",
-        "fuse.glusterfs",
-        "fuse.s3fs",
-        "fuse.rclone",
-        "fuse.gcsfuse",
-    }
-)
+_NETWORK_FILESYSTEMS = frozenset((
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre", "gpfs",
+    "fuse.sshfs", "fuse.glusterfs", "fuse.s3fs", "fuse.rclone", "fuse.gcsfuse",
+))  # fmt: skip
 
 
 def _translatable(exc: BaseException) -> bool:
@@ -244,11 +228,8 @@ class Connections:
         held_here: Callable[[], ConfigurationError] | None = None,
     ) -> _T:
         """Run ``attempt`` until it is not refused as busy, up to ``busy_timeout`` seconds
-        (``dialects.sqlite.retry_busy``). A long wait is noted in ``stalls``: other writers
-        could not write meanwhile either. With ``held_here``, a wait for a lock that this
-        process holds on a connection of its own ends with the error it makes: at once when
-        no other thread could release it, else at the timeout
-        (``dialects.sqlite.HolderWatch``)."""
+        (``dialects.sqlite.retry_busy``), noting a long wait in ``stalls``. ``held_here``: the
+        error of a wait for this process's own connection (``dialects.sqlite.HolderWatch``)."""
         watch = None
         if held_here is not None:
             joined = current_tx.get()
@@ -284,9 +265,6 @@ class Connections:
             "connection, so the job is part of its transaction; or enqueue after it commits. "
             "If another thread of this process holds it, keep that transaction short",
         )
-
-    def _enqueue_held_here(self) -> ConfigurationError:
-        return self._held_here("this enqueue")
 
     def _migrate_held_here(self) -> ConfigurationError:
         return ConfigurationError(
@@ -346,11 +324,9 @@ class Connections:
         executor: Joined,
         body: Callable[[sqlite3.Connection], _T],
     ) -> _T:
-        """Run ``body`` as part of the caller's transaction on ``executor``, in a savepoint
-        (see ``dialects.sqlite.write_in``, also for connections in legacy and autocommit
-        modes). A failure inside the caller's open transaction was rolled back to the
-        savepoint: it raises ``errors.in_callers_transaction``, which says so and names the
-        cause."""
+        """Run ``body`` as part of the caller's transaction on ``executor``
+        (``dialects.sqlite.write_in``); a failure inside it raises
+        ``errors.in_callers_transaction``, which says so and names the cause."""
         conn = self.adopt(executor).connection
         opened = conn.in_transaction
         try:
@@ -483,13 +459,12 @@ class Connections:
                 fix="use the transaction you are in (app.using(conn)), or open this one after "
                 "it ends",
             )
-
-        def held_here() -> ConfigurationError:
-            return self._held_here("driver.transaction() (app.transaction())")
-
+        doing = "driver.transaction() (app.transaction())"
         slot.depth = 1
         try:
-            with transaction(conn, retry=lambda attempt: self._retry(attempt, held_here)):
+            with transaction(
+                conn, retry=lambda attempt: self._retry(attempt, lambda: self._held_here(doing))
+            ):
                 yield joined
         finally:
             slot.depth = 0

@@ -23,7 +23,6 @@ from ultimat3.jobs.sql import queries
 
 _Q = queries("sqlite")
 _CLAIM_QUEUE = _Q["job_claim_queue"]
-_COMPLETE = _Q["job_complete"]
 
 
 def _claim_order(job: Job) -> tuple[int, datetime, str]:
@@ -53,8 +52,6 @@ def apply_each(
     """Run a one-row fenced UPDATE per row; return the ids it changed. ``executemany`` does the
     whole batch at once; only when some row matched nothing (a stale lease, a repeated id) is
     the batch redone row by row to learn which."""
-    if len(rows) == 1:
-        return {ids_[0]} if conn.execute(query, rows[0]).rowcount == 1 else set()
     try:
         with savepoint(conn):
             if conn.executemany(query, rows).rowcount != len(rows):
@@ -69,9 +66,9 @@ def apply_each(
 def claim(
     conn: sqlite3.Connection, params: ClaimParams, *, after: dict[str, str]
 ) -> tuple[list[Job], timedelta | None]:
-    """Claim for ``params`` in the open transaction, marking the jobs started; and
-    how long after its ``now`` a job held back by a rate limit may be claimed. ``after`` holds the per-queue key
-    cursor of limited claims, and is advanced."""
+    """Claim for ``params`` in the open transaction, marking the jobs started; and how long
+    after its ``now`` a job held back by a rate limit may be claimed. ``after`` holds the
+    per-queue key cursor of limited claims, and is advanced."""
     now_us = _now_us(params.now)
     args: dict[str, Any] = {
         "now": now_us,
@@ -131,12 +128,10 @@ def _limited_candidates(
     conn: sqlite3.Connection, args: dict[str, Any], after: dict[str, str], wake: list[int]
 ) -> list[tuple[int, int, int, int, str]]:
     """The unlimited due jobs of one queue (the claim's first ``limit``), and those that fit
-    their key's free slots (``limits``, steps 1 and 2):
-    key by key from the one after the queue's cursor (wrapping around once, at most
-    ``KEYS_PER_CLAIM`` keys), each key's first due jobs up to its free slots, until the claim's
-    ``limit`` is met (at most ``keys_to_look(limit)`` keys); the cursor moves to the last key
-    taken. The keys are read lazily, so the
-    walk stops where the claim is full. The claim holds the write lock: the counts are exact."""
+    their key's free slots (``limits``, steps 1 and 2), key by key from the one after the
+    queue's cursor (wrapping around once, at most ``keys_to_look(limit)`` keys) until the
+    claim's ``limit`` is met; the cursor moves to the last key taken. The keys are read
+    lazily, so the walk stops where the claim is full."""
     queue = args["queue"]
     need = args["limit"]
     most_keys = keys_to_look(need)

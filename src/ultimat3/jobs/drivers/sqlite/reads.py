@@ -39,14 +39,6 @@ def job(row: Sequence[Any]) -> Job:
     return job_from_row(row, to_time=_dt, to_errors=_errors)
 
 
-def _claim_order(job: Job) -> tuple[int, datetime, str]:
-    return (-job.priority, job.run_at, job.id)
-
-
-def json_or_none(values: Any) -> str | None:
-    return None if values is None else json.dumps(sorted(values))
-
-
 def _oldest_ready(conn: sqlite3.Connection, now_us: int) -> list[tuple[str, int | None]]:
     """Per queue with a waiting job, the run_at of its oldest job due by ``now_us`` (None:
     none is due): a walk of the claim index's (queue, priority) groups, a seek a step, and the
@@ -73,7 +65,7 @@ def _oldest_ready(conn: sqlite3.Connection, now_us: int) -> list[tuple[str, int 
 
 def _filter_args(where: JobFilter) -> dict[str, Any]:
     return {
-        "states": json_or_none(where.states),
+        "states": None if where.states is None else json.dumps(sorted(where.states)),
         "queue": where.queue,
         "name": where.name,
         "tenant_id": where.tenant_id,
@@ -83,13 +75,8 @@ def _filter_args(where: JobFilter) -> dict[str, Any]:
 
 
 def in_order(requested: Sequence[str], changed: set[str]) -> list[str]:
-    seen: set[str] = set()
-    ordered = []
-    for id_ in requested:
-        if id_ in changed and id_ not in seen:
-            seen.add(id_)
-            ordered.append(id_)
-    return ordered
+    """The ``changed`` ids in the order first ``requested``."""
+    return list(dict.fromkeys(id_ for id_ in requested if id_ in changed))
 
 
 def jobs(rows: Sequence[Sequence[Any]]) -> list[Job]:

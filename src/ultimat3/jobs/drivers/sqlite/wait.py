@@ -11,52 +11,37 @@ import os
 import sqlite3
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ultimat3.jobs.clock import Clock
 from ultimat3.jobs.wake import FileWatch, Wake
 
 _log = logging.getLogger("ultimat3.jobs.drivers.sqlite")
 
-# wait_for_jobs, where no file watch is to be had (not Linux): a poll costs a thread wake-up
-# plus a read transaction, 50-150 us of CPU on a busy 2-core VM, so polling every millisecond
-# forever would burn 5-15% of a core. Poll every millisecond for a second after the last change
-# (jobs are flowing), then every _POLL_SLOW: an idle waiter stays under 2% of a core and
-# notices the next commit within 4 ms.
+# wait_for_jobs without a file watch (not Linux): poll every millisecond for a second after the
+# last change (jobs are flowing), then every _POLL_SLOW, so an idle waiter costs little CPU.
 _POLL_FAST = 0.001
 _POLL_FAST_FOR = 1.0
 _POLL_SLOW = 0.004
-# With a file watch: the -wal file is written before its commit is visible (the frames, their
-# fsync, then the index in shared memory), so after a write the waiter looks again every
-# _SETTLE_POLL until the commit shows or _SETTLE_FOR passes without another write (a write
-# that was no commit: a rolled-back transaction whose pages spilled, a WAL reset). The window
-# outlives one wait: a wait that returned for one commit may have drained the events of the
-# next one, still in flight, and the following wait must look for it.
+# With a file watch: the -wal file is written before its commit is visible, so after a write
+# the waiter looks again every _SETTLE_POLL until the commit shows or _SETTLE_FOR passes without
+# another write (a write that was no commit). The window outlives one wait: a wait may have
+# drained the events of the next commit, still in flight.
 _SETTLE_POLL = 0.0005
 _SETTLE_FOR = 0.25
 
 
+@dataclass(slots=True, weakref_slot=True, eq=False)
 class Slot:
     """Owns one thread's connection; when the thread ends, the slot is dropped and closes it."""
 
-    __slots__ = (
-        "__weakref__",
-        "changed_at",
-        "conn",
-        "depth",
-        "seen_version",
-        "watch",
-        "watched",
-        "written_at",
-    )
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self.conn = conn
-        self.depth = 0  # nesting of transaction() on this thread
-        self.seen_version: int | None = None  # wait_for_jobs: last PRAGMA data_version
-        self.changed_at = -math.inf  # wait_for_jobs: monotonic time of the last change
-        self.watch: FileWatch | None = None  # wait_for_jobs: the file watch, once opened
-        self.watched = False  # whether it was opened (it stays None where there is none)
-        self.written_at = -math.inf  # wait_for_jobs: monotonic time of the last write seen
+    conn: sqlite3.Connection
+    depth: int = 0  # nesting of transaction() on this thread
+    seen_version: int | None = None  # wait_for_jobs: last PRAGMA data_version
+    changed_at: float = -math.inf  # wait_for_jobs: monotonic time of the last change
+    watch: FileWatch | None = None  # wait_for_jobs: the file watch, once opened
+    watched: bool = False  # whether it was opened (it stays None where there is none)
+    written_at: float = -math.inf  # wait_for_jobs: monotonic time of the last write seen
 
 
 def wait_for_jobs(
@@ -73,11 +58,8 @@ def wait_for_jobs(
     happened: it changes whenever another connection commits, and a commit since this
     thread's last wait returns at once, so a change made between two waits is not missed.
 
-    Between two looks the thread sleeps in the kernel on a watch of the database's files
-    (``FileWatch``: every commit writes the ``-wal`` file) and on ``wake`` when it is a
-    ``Wake``: a commit is seen within a thread wake-up, and idle costs nothing. Without a
-    watch (not Linux) or with a plain ``threading.Event``, it polls: every millisecond
-    for a second after the last change, then every 4 ms."""
+    Between two looks the thread sleeps on a watch of the ``-wal`` file and on ``wake`` when
+    it is a ``Wake``; without a watch (not Linux) or with a plain ``Event``, it polls."""
     if wake.is_set():
         return
     conn = slot.conn

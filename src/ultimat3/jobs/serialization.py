@@ -192,15 +192,23 @@ class Serializer:
         """``value`` checked and converted to JSON-ready data (the same object when it already
         is); raises ``_Reject`` carrying the path back up. Subclasses of the JSON types
         (``StrEnum``, ``IntEnum``, ``OrderedDict``) are stored as their base value."""
-        codec = self._by_type.get(type(value))  # never a JSON type: ``_register``
-        if codec is not None:
-            return _tagged(codec.tag, self._walk(_run_encode(codec, value), stack))
+        kind = type(value)
+        if kind is int or kind is bool or value is None:
+            return value
+        if kind is dict:
+            return self._dict(value, stack)
+        if kind is list:
+            return self._list(value, stack)
+        if kind is not str:
+            codec = self._by_type.get(kind)  # never a JSON type's: ``_register``
+            if codec is not None:
+                return _tagged(codec.tag, self._walk(_run_encode(codec, value), stack))
         if isinstance(value, str):
-            text = value if type(value) is str else str.__str__(value)
+            text = value if kind is str else str.__str__(value)
             if "\x00" in text or (not text.isascii() and _SURROGATE.search(text)):
                 raise _Reject(*_bad_text(text, "text"))
             return value
-        if isinstance(value, int) or value is None:
+        if isinstance(value, int):
             return value
         if isinstance(value, float):
             if not math.isfinite(value):

@@ -190,7 +190,10 @@ class Builder:
         "_handle",
         "_key_of",
         "_limit",
-        "_template",
+        "_make",
+        "_name",
+        "_queue",
+        "_tenant",
         "_unique",
     )
 
@@ -249,13 +252,12 @@ class Builder:
         self._limit = limit
         self._unique = unique
         self._given_key = options.idempotency_key
-        # The fields every job of these options shares; each job copies it with its own.
-        self._template = NewJob(
-            id="",
+        self._name, self._queue, self._tenant = handle.name, queue, tenant
+        # A job of these options: the fields they share, given; each job adds its own.
+        self._make = partial(
+            NewJob,
             name=handle.name,
             queue=queue,
-            input="",
-            idempotency_key="",
             max_attempts=attempts,
             run_at=run_at,
             priority=priority,
@@ -271,12 +273,7 @@ class Builder:
     def __call__(self, values: Sequence[Any], now: datetime) -> list[NewJob]:
         """The jobs of ``values``, in order (``now``: the instant a uniqueness window counts
         from)."""
-        template = self._template
-        name, queue, tenant = template.name, template.queue, template.tenant_id
-        make = partial(
-            NewJob,
-            **{f: getattr(template, f) for f in NewJob.__slots__ if f not in _PER_JOB},
-        )
+        name, queue, tenant, make = self._name, self._queue, self._tenant, self._make
         dumps, key_of, given_key = self._dumps, self._key_of, self._given_key
         limit, unique = self._limit, self._unique
         inject = events.trace_context_for  # a tracing integration's, or None
@@ -303,10 +300,6 @@ class Builder:
                 )
             )
         return jobs
-
-
-#: The fields of a ``NewJob`` that differ between the jobs of one enqueue.
-_PER_JOB = frozenset(("id", "input", "idempotency_key", "trace_context", "limit_key", "unique_key"))
 
 
 def _key_of(handle: JobHandle[Any], key_of: Callable[[Any], str], input: Any) -> str:

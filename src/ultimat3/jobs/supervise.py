@@ -81,6 +81,8 @@ class Loop:
             self.done.wait()
         else:
             self.clock.sleep(timeout, self.done)
+        if self.done.is_set():
+            thread.join()  # ``run`` has returned: only the thread's exit is left, so not alive
 
     @property
     def alive(self) -> bool:

@@ -1118,6 +1118,10 @@ def test_a_batch_that_loses_a_deadlock_is_retried(driver: Any, pg_dsn: str, size
             outcome.append(exc)
 
     with psycopg.connect(pg_dsn) as caller, psycopg.connect(pg_dsn, autocommit=True) as watch:
+        # The batch's deadlock check (after deadlock_timeout, 1 s) must run before the
+        # caller's: on a loaded machine two checks a few milliseconds apart can run in either
+        # order, so the caller's waits far longer (the test's user is a superuser).
+        caller.execute("SET deadlock_timeout = '20s'")
         mine = driver.job_insert_many(
             [new_job(idempotency_key="k2")], executor=driver.adopt(caller), now=T0
         )

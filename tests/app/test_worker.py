@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ultimat3.jobs import App, Cancel, JobContext, JobState, Retry, Snooze, job
+from ultimat3.jobs import App, Cancel, JobContext, JobState, Retry, Snooze, events, job
 from ultimat3.jobs.records import ClaimParams, Cycle
 from ultimat3.jobs.testing import FakeClock, drain
 
@@ -466,10 +466,19 @@ def test_a_worker_runs_its_handlers_and_three_loops(
     loop, not a thread of its own (before, a presence loop ran beside them)."""
     app = make_app(make_module(record=record))
     ids = [record.enqueue({"n": n}).id for n in range(30)]
-    with app.worker(concurrency=3, poll_interval="50ms"):
-        deadline = time.monotonic() + 30
-        while app.count_jobs(state="completed") < len(ids) and time.monotonic() < deadline:
-            time.sleep(0.01)
+    completed: list[object] = []
+    all_done = threading.Event()
+
+    def on_completed(event: object) -> None:
+        completed.append(event)
+        if len(completed) == len(ids):
+            all_done.set()
+
+    with (
+        events.subscribe(on_completed, names=["jobs.job.completed"]),
+        app.worker(concurrency=3, poll_interval="50ms"),
+    ):
+        assert all_done.wait(30), f"{len(completed)} of {len(ids)} jobs completed in 30 s"
         mine = sorted(t.name for t in threading.enumerate() if t.name.startswith("ultimat3-jobs-"))
     assert app.count_jobs(state="completed") == len(ids)
     handlers = [n for n in mine if n.startswith("ultimat3-jobs-handler-")]

@@ -188,3 +188,39 @@ def test_the_command_says_when_its_port_is_taken(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
     assert "fix: pick another --port (0: any free port)" in result.stderr
+
+
+def test_create_app_takes_the_budget_of_a_request() -> None:
+    import asyncio
+
+    from ultimat3.jobs.dashboard import Budget
+
+    app = App("memory://")
+    with pytest.raises(ConfigurationError, match="budget= must be a Budget, got dict"):
+        create_app(app, budget={"bulk_limit": 7})  # type: ignore[arg-type]
+    asgi = create_app(app, budget=Budget(bulk_limit=7))
+    sent: list[dict[str, object]] = []
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/dead",
+        "raw_path": b"/dead",
+        "query_string": b"",
+        "headers": [],
+        "scheme": "http",
+        "server": ("test", 80),
+        "client": ("127.0.0.1", 1),
+        "root_path": "",
+        "http_version": "1.1",
+    }
+    asyncio.run(asgi(scope, receive, send))  # type: ignore[arg-type]
+    body = b"".join(m.get("body", b"") for m in sent)  # type: ignore[misc]
+    assert sent[0]["status"] == 200
+    assert b"(at most 7 per confirmation)" in body

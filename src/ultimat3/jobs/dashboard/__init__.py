@@ -15,6 +15,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without the
     raise missing_extra("the dashboard", "dashboard", exc) from exc
 
 from ultimat3.jobs.dashboard.security import BasicAuth
+from ultimat3.jobs.dashboard.views import Budget
 from ultimat3.jobs.dashboard.web import HTMX_SHA256, HTMX_VERSION, create_app
 
-__all__ = ["HTMX_SHA256", "HTMX_VERSION", "BasicAuth", "create_app"]
+__all__ = ["HTMX_SHA256", "HTMX_VERSION", "BasicAuth", "Budget", "create_app"]

@@ -62,6 +62,7 @@ def create_app(
     tenant: str | None = None,
     auth: BasicAuth | None = None,
     refresh: float = 3.0,
+    budget: views.Budget = views.DEFAULT_BUDGET,
 ) -> ASGIApp:
     """The dashboard of ``app`` as an ASGI application.
 
@@ -70,7 +71,8 @@ def create_app(
     the pages about shared things (cron tasks, workers, pausing queues) are left out.
     ``auth`` checks HTTP basic auth on every request; leave it None only where the host
     application's own auth stands in front (or on a loopback bind). ``refresh`` is how often,
-    in seconds, a page refreshes its live part (0: never).
+    in seconds, a page refreshes its live part (0: never). ``budget`` bounds what one request
+    reads or changes (``Budget``: a text search's time, a filter's window, a bulk action's size).
     """
     if not isinstance(app, App):
         raise ConfigurationError(
@@ -85,7 +87,12 @@ def create_app(
         raise ConfigurationError(
             f"refresh={refresh!r} is negative", fix="pass seconds >= 0 (0: no live refresh)"
         )
-    site = _Site(app, read_only=read_only, tenant=tenant, refresh=refresh)
+    if not isinstance(budget, views.Budget):
+        raise ConfigurationError(
+            f"budget= must be a Budget, got {type(budget).__name__}",
+            fix="pass budget=Budget(scan_seconds=0.04, window=10_000, bulk_limit=1_000)",
+        )
+    site = _Site(app, read_only=read_only, tenant=tenant, refresh=refresh, budget=budget)
     routes = [
         Route("/", site.overview, name="overview"),
         Route("/jobs", site.jobs, name="jobs"),
@@ -187,12 +194,20 @@ def _checked(action: _Action) -> Callable[[_Site, Request], Awaitable[Response]]
 
 
 class _Site:
-    def __init__(self, app: App, *, read_only: bool, tenant: str | None, refresh: float) -> None:
+    def __init__(
+        self,
+        app: App,
+        *,
+        read_only: bool,
+        tenant: str | None,
+        refresh: float,
+        budget: views.Budget,
+    ) -> None:
         self.app = app
         self.read_only = read_only
         self.tenant = tenant
         self.refresh = refresh
-        self.budget = views.DEFAULT_BUDGET
+        self.budget = budget
         self.env = Environment(
             loader=PackageLoader("ultimat3.jobs.dashboard", "templates"),
             autoescape=select_autoescape(default=True, default_for_string=True),

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import itertools
 import zoneinfo
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -108,33 +109,11 @@ class Schedule:
     def after(self, after: datetime) -> Iterator[datetime]:
         """Occurrences strictly after ``after``, ascending, without end."""
         after = _utc(after, "after")
-        zone = self.zone
-        wall = _wall(after, zone)
+        wall = _wall(after, self.zone)
         # Start at the beginning of a fold we are inside: its earlier wall times come round
         # again on the second pass, after ``after``.
-        walls = CronSim(self.cron, wall - _fold_length(wall, zone))
         last = after
-        pending: list[datetime] = []  # second-pass instants of the fold being walked
-        for w in _safe(walls):
-            kind, first, second = _classify(w, zone)
-            if pending and (kind != _FOLD or first >= pending[0]):
-                for at in pending:
-                    if at > last:
-                        yield at
-                        last = at
-                pending.clear()
-            if kind == _GAP:
-                if not self.fixed_time:
-                    continue
-                at = _gap_end(zone, second, first)
-            else:
-                at = first
-                if kind == _FOLD and not self.fixed_time:
-                    pending.append(second)
-            if at > last:
-                yield at
-                last = at
-        for at in pending:
+        for at in self._walk(wall - _fold_length(wall, self.zone), reverse=False):
             if at > last:
                 yield at
                 last = at
@@ -142,38 +121,39 @@ class Schedule:
     def before(self, before: datetime) -> Iterator[datetime]:
         """Occurrences at or before ``before``, descending, without end."""
         before = _utc(before, "before")
-        zone = self.zone
-        wall = _wall(before, zone)
+        wall = _wall(before, self.zone)
         # Start past the end of a fold we are inside: its later wall times were shown on the
         # first pass, before ``before``. cronsim's reverse walk excludes its start, hence +1 s.
-        start = wall + _fold_length(wall, zone) + timedelta(seconds=1)
-        walls = CronSim(self.cron, start, reverse=True)
-        last: datetime | None = None
-        pending: list[datetime] = []  # first-pass instants of the fold being walked
-        for w in _safe(walls):
-            kind, first, second = _classify(w, zone)
-            if pending and (kind != _FOLD or second <= pending[0]):
-                for at in pending:
-                    if at <= before and (last is None or at < last):
-                        yield at
-                        last = at
+        start = wall + _fold_length(wall, self.zone) + timedelta(seconds=1)
+        last = before + timedelta(microseconds=1)  # ``before`` itself may be returned
+        for at in self._walk(start, reverse=True):
+            if at < last:
+                yield at
+                last = at
+
+    def _walk(self, start: datetime, *, reverse: bool) -> Iterator[datetime]:
+        """The instants of cronsim's wall times from ``start`` in walk order (ascending, or
+        descending with ``reverse``), a repeat or a step back included: the callers drop
+        those. A fold's pass the walk reaches second (the second pass ascending, the first
+        descending) is held until the walk is past the fold."""
+        pending: list[datetime] = []
+        for w in _safe(CronSim(self.cron, start, reverse=reverse)):
+            kind, first, second = _classify(w, self.zone)
+            reached, later = (second, first) if reverse else (first, second)
+            if pending and (
+                kind != _FOLD or (reached <= pending[0] if reverse else reached >= pending[0])
+            ):
+                yield from pending
                 pending.clear()
             if kind == _GAP:
-                if not self.fixed_time:
-                    continue
-                at = _gap_end(zone, second, first)
+                if self.fixed_time:
+                    yield _gap_end(self.zone, second, first)
             elif kind == _FOLD and not self.fixed_time:
-                at = second
-                pending.append(first)
+                yield reached
+                pending.append(later)
             else:
-                at = first
-            if at <= before and (last is None or at < last):
-                yield at
-                last = at
-        for at in pending:
-            if at <= before and (last is None or at < last):
-                yield at
-                last = at
+                yield first
+        yield from pending
 
     def next_after(self, after: datetime) -> datetime:
         for at in self.after(after):
@@ -241,14 +221,7 @@ def next_runs(cron: str, tz: str, after: datetime, count: int = 5) -> list[datet
     """The next ``count`` occurrences after ``after``, in UTC (``ultimat3-jobs schedule``)."""
     if count < 0:
         raise ValueError(f"count must be >= 0, got {count}")
-    runs: list[datetime] = []
-    if count == 0:
-        return runs
-    for at in schedule(cron, tz).after(after):
-        runs.append(at)
-        if len(runs) == count:
-            break
-    return runs
+    return list(itertools.islice(schedule(cron, tz).after(after), count))
 
 
 def explain(cron: str) -> str:
@@ -311,16 +284,7 @@ def plan(
     with ``last_fired`` set to the last of ``fire`` (or to ``skip_to``) plans nothing.
     """
     sched = schedule(cron, tz)
-    if catch_up not in CATCH_UP_POLICIES:
-        raise ConfigurationError(
-            f"catch_up must be one of {', '.join(CATCH_UP_POLICIES)}, got {catch_up!r}",
-            fix='pass catch_up="skip" (the default), "run-once" or "run-all"',
-        )
-    if isinstance(max_catch_up, bool) or not isinstance(max_catch_up, int) or max_catch_up < 1:
-        raise ConfigurationError(
-            f"max_catch_up must be an int >= 1, got {max_catch_up!r}",
-            fix="pass max_catch_up=10 (the default) or another positive bound",
-        )
+    check_catch_up(catch_up, max_catch_up)
     now = _utc(now, "now")
     since = _utc(last_fired, "last_fired") if last_fired is not None else None
     if since is None:
@@ -357,6 +321,20 @@ def plan(
     missed = min(due - len(fire), MISSED_COUNT_LIMIT)
     skip_to = None if fire and fire[-1].at == latest else latest
     return Plan(fire=tuple(fire), missed=missed, next_at=next_at, skip_to=skip_to)
+
+
+def check_catch_up(catch_up: object, max_catch_up: object) -> None:
+    """``ConfigurationError`` unless ``catch_up`` is a policy and ``max_catch_up`` an int >= 1."""
+    if catch_up not in CATCH_UP_POLICIES:
+        raise ConfigurationError(
+            f"catch_up must be one of {', '.join(CATCH_UP_POLICIES)}, got {catch_up!r}",
+            fix='pass catch_up="skip" (the default), "run-once" or "run-all"',
+        )
+    if isinstance(max_catch_up, bool) or not isinstance(max_catch_up, int) or max_catch_up < 1:
+        raise ConfigurationError(
+            f"max_catch_up must be an int >= 1, got {max_catch_up!r}",
+            fix="pass max_catch_up=10 (the default) or another positive bound",
+        )
 
 
 def _zone(tz: str) -> ZoneInfo:

@@ -58,14 +58,14 @@ __all__ = [
     "Snooze",
     "check_queue_name",
     "current_app",
-    "is_job_handle",
     "job",
 ]
 
 InputT = TypeVar("InputT")
 F = TypeVar("F", bound=Callable[..., Any])
 
-_NAME_RE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-:")
+#: What a job, task or queue name may hold, so names read alike in keys and logs.
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-:")
 
 
 class EnqueueKwargs(TypedDict, total=False):
@@ -185,9 +185,9 @@ class JobHandle(Generic[InputT]):
                 fix="put @job directly above a `def` or `async def` that takes one input",
             )
         self.fn = fn
-        self._name = _check_name(name, "job") if name is not None else None
+        self._name = check_name(name, "job") if name is not None else None
         self._explicit_name = name is not None
-        self.queue = _check_name(queue, "queue") if queue is not None else DEFAULT_QUEUE
+        self.queue = check_name(queue, "queue") if queue is not None else DEFAULT_QUEUE
         self.retry = retry if retry is not None else DEFAULT_RETRY
         if not isinstance(self.retry, Retry):
             raise ConfigurationError(
@@ -248,7 +248,7 @@ class JobHandle(Generic[InputT]):
 
     def _bind_name(self, name: str) -> None:
         if self._name is None:
-            self._name = _check_name(name, "job")
+            self._name = check_name(name, "job")
         elif self._name != name and not self._explicit_name:
             raise RegistrationError(
                 f"one job handle is exported under two names: {self._name!r} and {name!r}",
@@ -383,10 +383,6 @@ def job(
     return wrap
 
 
-def is_job_handle(value: object) -> bool:
-    return isinstance(value, JobHandle)
-
-
 @dataclass(frozen=True, slots=True)
 class Registered:
     """One name that ``register`` bound (seed ``RegisteredPrimitive``)."""
@@ -507,9 +503,12 @@ def valid_priority(priority: object) -> bool:
     return type(priority) is not bool and isinstance(priority, int) and -100 <= priority <= 100
 
 
-def _check_name(name: str, what: str) -> str:
-    if not isinstance(name, str) or not name or len(name) > 200 or not set(name) <= _NAME_RE_CHARS:
-        raise ConfigurationError(
+def check_name(
+    name: str, what: str, error: type[ConfigurationError | RegistrationError] = ConfigurationError
+) -> str:
+    """``name`` when it is 1-200 characters of ``_NAME_CHARS``, else ``error`` saying so."""
+    if not isinstance(name, str) or not name or len(name) > 200 or not set(name) <= _NAME_CHARS:
+        raise error(
             f"{what} name {name!r} is not valid",
             fix=f"use 1-200 characters of letters, digits and _ . - : for a {what} name",
         )
@@ -517,7 +516,7 @@ def _check_name(name: str, what: str) -> str:
 
 
 def check_queue_name(name: str) -> str:
-    return _check_name(name, "queue")
+    return check_name(name, "queue")
 
 
 #: The names a context parameter may have when it is not annotated ``JobContext``.

@@ -25,13 +25,12 @@ from typing import Any, Literal
 
 from ultimat3.jobs import cron as _cron
 from ultimat3.jobs.errors import ConfigurationError, RegistrationError
+from ultimat3.jobs.job import check_name
 
-__all__ = ["CatchUp", "TaskHandle", "is_task_handle", "task"]
+__all__ = ["CatchUp", "TaskHandle", "task"]
 
 CatchUp = _cron.CatchUp
 
-# The same alphabet job names use (ultimat3.jobs.job), so names read alike in keys and logs.
-_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-:")
 _ENQUEUE_FIX = (
     "make enqueue return a list of (job, input) pairs, e.g. `lambda: [(send_digest, {})]`"
 )
@@ -58,22 +57,13 @@ class TaskHandle:
             raise ConfigurationError(
                 f"enqueue= must be a function, got {type(enqueue).__name__}", fix=_ENQUEUE_FIX
             )
-        if catch_up not in _cron.CATCH_UP_POLICIES:
-            raise ConfigurationError(
-                f"catch_up must be one of {', '.join(_cron.CATCH_UP_POLICIES)}, got {catch_up!r}",
-                fix='pass catch_up="skip" (the default), "run-once" or "run-all"',
-            )
-        if isinstance(max_catch_up, bool) or not isinstance(max_catch_up, int) or max_catch_up < 1:
-            raise ConfigurationError(
-                f"max_catch_up must be an int >= 1, got {max_catch_up!r}",
-                fix="pass max_catch_up=10 (the default) or another positive bound",
-            )
+        _cron.check_catch_up(catch_up, max_catch_up)
         self.cron = self._schedule.cron
         self.tz = tz
         self.enqueue = enqueue
         self.catch_up: CatchUp = catch_up
         self.max_catch_up = max_catch_up
-        self._name = _check_name(name) if name is not None else None
+        self._name = check_name(name, "task", RegistrationError) if name is not None else None
 
     @property
     def name(self) -> str | None:
@@ -82,7 +72,7 @@ class TaskHandle:
 
     def _bind_name(self, name: str) -> None:
         if self._name is None:
-            self._name = _check_name(name)
+            self._name = check_name(name, "task", RegistrationError)
         elif self._name != name:
             raise RegistrationError(
                 f"task {self._name!r} cannot also be named {name!r}",
@@ -162,16 +152,3 @@ def task(
     return TaskHandle(
         cron, tz=tz, enqueue=enqueue, catch_up=catch_up, max_catch_up=max_catch_up, name=name
     )
-
-
-def is_task_handle(obj: object) -> bool:
-    return isinstance(obj, TaskHandle)
-
-
-def _check_name(name: str) -> str:
-    if not isinstance(name, str) or not name or len(name) > 200 or not set(name) <= _NAME_CHARS:
-        raise RegistrationError(
-            f"task name {name!r} is not valid",
-            fix="use 1-200 characters of letters, digits and _ . - : for a task name",
-        )
-    return name

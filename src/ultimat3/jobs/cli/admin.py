@@ -9,10 +9,10 @@ import click
 
 from ultimat3.jobs.cli.context import (
     DURATION,
-    JSON_HELP,
     Context,
     emit,
     explained,
+    json_option,
     pass_ctx,
 )
 from ultimat3.jobs.drivers import open_driver
@@ -45,7 +45,7 @@ from ultimat3.jobs.outboxes import open_store
     "are not checked).",
 )
 @click.option("-q", "--queue", "queues", multiple=True, help="Check only these queues' ready age.")
-@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+@json_option
 @pass_ctx
 def healthcheck(
     ctx: Context,

@@ -296,13 +296,12 @@ class Duration(click.ParamType):  # type: ignore[type-arg]  # generic in newer c
 DURATION = Duration()
 
 
-def table(rows: list[list[str]], headers: list[str]) -> list[str]:
-    """Rows as lines with every column lined up (the last column is not padded)."""
+def table(rows: list[list[str]], headers: list[str], *, indent: str = "") -> None:
+    """Print the rows under their headers, every column lined up (the last is not padded)."""
     widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers))]
-    return [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in [headers, *rows]
-    ]
+    for row in [headers, *rows]:
+        cells = "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
+        click.echo(indent + cells.rstrip())
 
 
 def clip(text: str, limit: int) -> str:
@@ -311,4 +310,15 @@ def clip(text: str, limit: int) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-JSON_HELP = "Print JSON."
+def options(*decorators: Callable[[F], F]) -> Callable[[F], F]:
+    """Several ``click.option`` decorators as one, in the order they are written."""
+
+    def apply(f: F) -> F:
+        for decorator in reversed(decorators):
+            f = decorator(f)
+        return f
+
+    return apply
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")

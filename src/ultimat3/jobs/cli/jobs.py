@@ -12,11 +12,11 @@ import click
 
 from ultimat3.jobs.app import App
 from ultimat3.jobs.cli.context import (
-    JSON_HELP,
     Context,
     clip,
     emit,
     explained,
+    json_option,
     pass_ctx,
     table,
 )
@@ -79,7 +79,7 @@ def _flow_text(flow: FlowState) -> str:
     return f"{', '.join(parts)} on {flow.limit_key}"
 
 
-_TENANT_HELP = "Only the jobs of this tenant (tenant_id)."
+_tenant_option = click.option("--tenant", help="Only the jobs of this tenant (tenant_id).")
 
 
 @jobs.command("list")
@@ -91,7 +91,7 @@ _TENANT_HELP = "Only the jobs of this tenant (tenant_id)."
 )
 @click.option("--queue", help="Only jobs of this queue.")
 @click.option("--name", help="Only jobs of this name (the job's export name).")
-@click.option("--tenant", help=_TENANT_HELP)
+@_tenant_option
 @click.option(
     "--limit",
     default=50,
@@ -100,7 +100,7 @@ _TENANT_HELP = "Only the jobs of this tenant (tenant_id)."
     help="At most this many jobs.",
 )
 @click.option("--before", "before_id", help="Page: only jobs older than this id.")
-@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+@json_option
 @pass_ctx
 def jobs_list(
     ctx: Context,
@@ -140,14 +140,13 @@ def jobs_list(
             ]
             for j in found
         ]
-        for line in table(rows, ["ID", "STATE", "NAME", "QUEUE", "ATTEMPT", "LAST ERROR"]):
-            click.echo(line)
+        table(rows, ["ID", "STATE", "NAME", "QUEUE", "ATTEMPT", "LAST ERROR"])
 
 
 @jobs.command("show")
 @click.argument("job_id")
-@click.option("--tenant", help=_TENANT_HELP)
-@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+@_tenant_option
+@json_option
 @pass_ctx
 def jobs_show(ctx: Context, job_id: str, tenant: str | None, as_json: bool) -> None:
     """One job with its input, its result (once completed) and every attempt's error."""
@@ -193,8 +192,8 @@ def _action(
 
     @jobs.command(action, help=about)
     @click.argument("ids", nargs=-1, required=True)
-    @click.option("--tenant", help=_TENANT_HELP)
-    @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+    @_tenant_option
+    @json_option
     @pass_ctx
     def act(ctx: Context, ids: tuple[str, ...], tenant: str | None, as_json: bool) -> None:
         with explained(as_json):
@@ -245,7 +244,7 @@ def worker_dict(w: WorkerInfo) -> dict[str, Any]:
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+@json_option
 @pass_ctx
 def workers(ctx: Context, as_json: bool) -> None:
     """Live worker processes (one row each, refreshed with its heartbeat)."""
@@ -272,8 +271,7 @@ def workers(ctx: Context, as_json: bool) -> None:
             for w in found
         ]
         headers = ["ID", "PID", "QUEUES", "CONCURRENCY", "STARTED", "HEARTBEAT", "VERSION"]
-        for line in table(rows, headers):
-            click.echo(line)
+        table(rows, headers)
 
 
 @click.group()
@@ -282,7 +280,7 @@ def queues() -> None:
 
 
 @queues.command("list")
-@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+@json_option
 @pass_ctx
 def queues_list(ctx: Context, as_json: bool) -> None:
     """Queues with their per-state counts."""
@@ -311,25 +309,22 @@ def queues_list(ctx: Context, as_json: bool) -> None:
             ]
             for q in found
         ]
-        for line in table(rows, ["QUEUE", "PAUSED", "JOBS"]):
-            click.echo(line)
+        table(rows, ["QUEUE", "PAUSED", "JOBS"])
 
 
-@queues.command("pause")
-@click.argument("name")
-@pass_ctx
-def queues_pause(ctx: Context, name: str) -> None:
-    """Stop claiming from a queue (running jobs finish)."""
-    with explained():
-        ctx.existing_app.pause_queue(name)
-        click.echo(f"paused {name}")
+def _queue_action(action: str, done: str, about: str, change: Callable[[App, str], Any]) -> None:
+    """``queues <action> NAME``: says what it did."""
+
+    @queues.command(action, help=about)
+    @click.argument("name")
+    @pass_ctx
+    def act(ctx: Context, name: str) -> None:
+        with explained():
+            change(ctx.existing_app, name)
+            click.echo(f"{done} {name}")
 
 
-@queues.command("resume")
-@click.argument("name")
-@pass_ctx
-def queues_resume(ctx: Context, name: str) -> None:
-    """Claim from a paused queue again."""
-    with explained():
-        ctx.existing_app.resume_queue(name)
-        click.echo(f"resumed {name}")
+_queue_action(
+    "pause", "paused", "Stop claiming from a queue (running jobs finish).", App.pause_queue
+)
+_queue_action("resume", "resumed", "Claim from a paused queue again.", App.resume_queue)

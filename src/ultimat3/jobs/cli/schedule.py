@@ -12,6 +12,7 @@ from ultimat3.jobs.cli.context import (
     Context,
     emit,
     explained,
+    json_option,
     pass_ctx,
     table,
 )
@@ -23,7 +24,7 @@ from ultimat3.jobs.retry import retry_schedule
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 @click.option(
     "--count",
     default=5,
@@ -104,8 +105,7 @@ def schedule(ctx: Context, as_json: bool, count: int) -> None:
                 headers.append("LIMITS")
                 for cells, spec in zip(rows, jobs, strict=True):
                     cells.append("; ".join(f"{k} {v}" for k, v in spec["limits"].items()) or "-")
-            for line in table(rows, headers):
-                click.echo(line)
+            table(rows, headers)
             if any(j["jitter"] and j["schedule"] for j in jobs):
                 click.echo("(jittered: each wait is between half and all of the one shown)")
         for row in tasks:
@@ -116,8 +116,7 @@ def schedule(ctx: Context, as_json: bool, count: int) -> None:
                 f"catch-up {row['catch_up']}"
             )
             runs_rows = [[r["local"], r["utc"]] for r in row["next"]]
-            for line in table(runs_rows, [f"NEXT RUNS ({row['tz']})", "UTC"]):
-                click.echo(f"  {line}")
+            table(runs_rows, [f"NEXT RUNS ({row['tz']})", "UTC"], indent="  ")
 
 
 def _limits_of(handle: JobHandle[Any]) -> dict[str, str]:

@@ -20,8 +20,8 @@ from ultimat3.jobs.app import App
 from ultimat3.jobs.cli.context import (
     DURATION,
     Context,
-    F,
     explained,
+    options,
     pass_ctx,
 )
 from ultimat3.jobs.errors import ConfigurationError
@@ -29,103 +29,98 @@ from ultimat3.jobs.logs import say
 from ultimat3.jobs.pool import POOL_PID, ProcessPool, watch_parent
 from ultimat3.jobs.worker import Worker, WorkerStats
 
+#: The options of a worker, shared by ``worker`` and ``run``.
+_worker_options = options(
+    click.option(
+        "-q",
+        "--queue",
+        "queues",
+        multiple=True,
+        help="Queue to serve (repeatable); default: every registered job's queue.",
+    ),
+    click.option(
+        "-c",
+        "--concurrency",
+        default=10,
+        show_default=True,
+        type=click.IntRange(1, 1000),
+        help="Jobs run at once.",
+    ),
+    click.option(
+        "--lease",
+        default="30s",
+        show_default=True,
+        type=DURATION,
+        help="How long a claimed job is this worker's without a renewal; after it, a "
+        "dead worker's job is run again.",
+    ),
+    click.option(
+        "--shutdown-grace",
+        default="10s",
+        show_default=True,
+        type=DURATION,
+        help="On SIGTERM, how long running jobs may take to finish before they are "
+        "released (without using up an attempt).",
+    ),
+    click.option(
+        "--poll-interval",
+        default="1s",
+        show_default=True,
+        type=DURATION,
+        help="How often an idle worker looks for due jobs when no notification wakes it.",
+    ),
+    click.option(
+        "--rescue-interval",
+        default="5s",
+        show_default=True,
+        type=DURATION,
+        help="How often expired leases are looked for.",
+    ),
+    click.option(
+        "--heartbeat",
+        default=None,
+        type=DURATION,
+        help="Lease renewal interval, at most half the lease (default: a third of the lease).",
+    ),
+    click.option(
+        "--stuck-limit",
+        default="5m",
+        show_default=True,
+        type=DURATION,
+        help="Exit (code 70) when jobs past their timeout hold every slot for this long.",
+    ),
+    click.option(
+        "--unknown-grace",
+        default="1h",
+        show_default=True,
+        type=DURATION,
+        help="How long a job whose name this worker lacks waits for a worker that knows it "
+        "(given back without using an attempt) before it is dead-lettered.",
+    ),
+)
 
-def _worker_options(f: F) -> F:
-    """The options of a worker, shared by ``worker`` and ``run``."""
-    options = [
-        click.option(
-            "-q",
-            "--queue",
-            "queues",
-            multiple=True,
-            help="Queue to serve (repeatable); default: every registered job's queue.",
-        ),
-        click.option(
-            "-c",
-            "--concurrency",
-            default=10,
-            show_default=True,
-            type=click.IntRange(1, 1000),
-            help="Jobs run at once.",
-        ),
-        click.option(
-            "--lease",
-            default="30s",
-            show_default=True,
-            type=DURATION,
-            help="How long a claimed job is this worker's without a renewal; after it, a "
-            "dead worker's job is run again.",
-        ),
-        click.option(
-            "--shutdown-grace",
-            default="10s",
-            show_default=True,
-            type=DURATION,
-            help="On SIGTERM, how long running jobs may take to finish before they are "
-            "released (without using up an attempt).",
-        ),
-        click.option(
-            "--poll-interval",
-            default="1s",
-            show_default=True,
-            type=DURATION,
-            help="How often an idle worker looks for due jobs when no notification wakes it.",
-        ),
-        click.option(
-            "--rescue-interval",
-            default="5s",
-            show_default=True,
-            type=DURATION,
-            help="How often expired leases are looked for.",
-        ),
-        click.option(
-            "--heartbeat",
-            default=None,
-            type=DURATION,
-            help="Lease renewal interval, at most half the lease (default: a third of the lease).",
-        ),
-        click.option(
-            "--stuck-limit",
-            default="5m",
-            show_default=True,
-            type=DURATION,
-            help="Exit (code 70) when jobs past their timeout hold every slot for this long.",
-        ),
-        click.option(
-            "--unknown-grace",
-            default="1h",
-            show_default=True,
-            type=DURATION,
-            help="How long a job whose name this worker lacks waits for a worker that knows it "
-            "(given back without using an attempt) before it is dead-lettered.",
-        ),
-    ]
-    for option in reversed(options):
-        f = option(f)
-    return f
-
-
-def _metrics_options(f: F) -> F:
-    """The metrics options, shared by ``worker`` and ``run``."""
-    f = click.option(
-        "--metrics-tenant",
-        is_flag=True,
-        help="Label job metrics by tenant too (only for a bounded number of tenants).",
-    )(f)
-    f = click.option(
+#: The metrics options, shared by ``worker`` and ``run``.
+_metrics_options = options(
+    click.option(
+        "--metrics-port",
+        type=click.IntRange(1, 65535),
+        help="Serve Prometheus metrics on this port at /metrics (needs the [prometheus] "
+        "extra); with --processes the pool serves the sum of its processes. Off by default.",
+    ),
+    click.option(
         "--metrics-host",
         default="127.0.0.1",
         show_default=True,
         metavar="ADDRESS",
         help="The address --metrics-port listens on (0.0.0.0: every interface; the metrics "
         "have no authentication).",
-    )(f)
-    return click.option(
-        "--metrics-port",
-        type=click.IntRange(1, 65535),
-        help="Serve Prometheus metrics on this port at /metrics (needs the [prometheus] "
-        "extra); with --processes the pool serves the sum of its processes. Off by default.",
-    )(f)
+    ),
+    click.option(
+        "--metrics-tenant",
+        is_flag=True,
+        help="Label job metrics by tenant too (only for a bounded number of tenants).",
+    ),
+)
 
 
 def _build_worker(app: App, queues: tuple[str, ...], concurrency: int, **settings: Any) -> Worker:
@@ -286,28 +281,30 @@ def _without_processes(argv: list[str]) -> list[str]:
     return kept
 
 
-def _scheduler_options(f: F) -> F:
-    f = click.option(
-        "--leader",
-        type=click.Choice(["sole", "database"]),
-        default="database",
-        show_default=True,
-        help="database: elect one active scheduler among many; sole: this is the only one.",
-    )(f)
-    f = click.option(
-        "--leader-ttl",
-        default="15s",
-        show_default=True,
-        type=DURATION,
-        help="How long an elected scheduler stays leader without renewing.",
-    )(f)
-    return click.option(
+#: The options of a scheduler, shared by ``scheduler`` and ``run``.
+_scheduler_options = options(
+    click.option(
         "--tick",
         default="1s",
         show_default=True,
         type=DURATION,
         help="How often due occurrences are checked.",
-    )(f)
+    ),
+    click.option(
+        "--leader-ttl",
+        default="15s",
+        show_default=True,
+        type=DURATION,
+        help="How long an elected scheduler stays leader without renewing.",
+    ),
+    click.option(
+        "--leader",
+        type=click.Choice(["sole", "database"]),
+        default="database",
+        show_default=True,
+        help="database: elect one active scheduler among many; sole: this is the only one.",
+    ),
+)
 
 
 @click.command()

@@ -60,7 +60,7 @@ def healthcheck(
     5 too few live workers, 6 a ready job waited too long (the first failing check's)."""
     try:
         app = ctx.app_with_a_database
-        driver = app._driver or open_driver(app.url or "")  # never migrates
+        driver = app._driver or open_driver(app.url or "", clock=app.clock)  # never migrates
     except JobsError as exc:
         checks = [Check("database", False, exc.cause, exc.fix or "")]
     else:
@@ -92,7 +92,7 @@ def migrate(ctx: Context, print_sql: bool) -> None:
     with explained():
         app = ctx.app
         if print_sql:
-            driver = app._driver or open_driver(app.url or "")
+            driver = app._driver or open_driver(app.url or "", clock=app.clock)
             for version, sql in driver.migration_sql():
                 click.echo(f"-- migration {version}\n{sql.rstrip()}\n")
             if app._outbox is not None:

@@ -83,12 +83,13 @@ retry of the whole transaction fixes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import sys
 import threading
 import types
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any, cast
@@ -231,25 +232,9 @@ def _failed(running: Any, ctx: JobContext) -> None:
 
 
 def _replace(result: Any, **changes: Any) -> Any:
-    fresh = TaskResult(
-        **{
-            name: changes.get(name, getattr(result, name))
-            for name in (
-                "task",
-                "id",
-                "status",
-                "enqueued_at",
-                "started_at",
-                "finished_at",
-                "last_attempted_at",
-                "args",
-                "kwargs",
-                "backend",
-                "errors",
-                "worker_ids",
-            )
-        }
-    )
+    """``result`` with ``changes``, its return value kept (``dataclasses.replace`` resets it:
+    it is no ``__init__`` field)."""
+    fresh = dataclasses.replace(result, **changes)
     object.__setattr__(fresh, "_return_value", result._return_value)
     return fresh
 
@@ -372,10 +357,8 @@ class JobsBackend(BaseTaskBackend):  # type: ignore[misc]  # Django's classes ar
             "run_at": run_at,
             "max_attempts": self._max_attempts,
         }
-        if connections[self._database].in_atomic_block:
-            with using(app, self._database):
-                done = app.enqueue(handle, payload, **options)
-        else:
+        joined = connections[self._database].in_atomic_block
+        with using(app, self._database) if joined else nullcontext():
             done = app.enqueue(handle, payload, **options)
         result = TaskResult(
             task=task,
@@ -560,7 +543,7 @@ def _migrate_job_tables(apps: Any, schema_editor: Any) -> None:
         if target.url in done:
             continue
         done.add(target.url)
-        driver = open_driver(target.url)
+        driver = open_driver(target.url, clock=target.clock)
         try:
             applied = driver.migrate()
         finally:

@@ -88,7 +88,6 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
 )
 from sqlalchemy.orm import (
-    ORMExecuteState,
     Session,
     SessionTransaction,
     scoped_session,
@@ -318,10 +317,8 @@ def _matcher(target: Any) -> Callable[[Session], bool]:
 def _created(session: Session, transaction: SessionTransaction) -> None:
     if transaction.parent is not None:
         return  # a savepoint: session.connection() at the enqueue emits it and writes in it
-    if not any(i.matches(session) for i in _installs):
-        return
-    kept = tuple(o for o in _open.get() if o.live() is not None)
-    _open.set((*kept, _Open(weakref.ref(session), weakref.ref(transaction))))
+    if any(i.matches(session) for i in _installs):
+        _push(session, transaction)
 
 
 def _ended(session: Session, transaction: SessionTransaction) -> None:
@@ -337,31 +334,16 @@ def _used(session: Session) -> None:
     when it began in a context that did not carry back (FastAPI's ``def`` dependency runs in
     a thread pool, in a copy of the request's context)."""
     transaction = session.get_transaction()
-    if transaction is None:
+    if transaction is None or any(o.transaction() is transaction for o in _open.get()):
         return
-    opened = _open.get()
-    for o in opened:
-        if o.transaction() is transaction:
-            return
     if any(i.matches(session) for i in _installs):
-        kept = tuple(o for o in opened if o.live() is not None)
-        _open.set((*kept, _Open(weakref.ref(session), weakref.ref(transaction))))
+        _push(session, transaction)
 
 
-def _attached(session: Session, instance: object) -> None:
-    _used(session)
-
-
-def _executing(state: ORMExecuteState) -> None:
-    _used(state.session)
-
-
-def _flushing(session: Session, flush_context: object, instances: object) -> None:
-    _used(session)
-
-
-def _began(session: Session, transaction: SessionTransaction, connection: Connection) -> None:
-    _used(session)
+def _push(session: Session, transaction: SessionTransaction) -> None:
+    """``transaction`` is the innermost this code runs in (ended ones are dropped)."""
+    kept = tuple(o for o in _open.get() if o.live() is not None)
+    _open.set((*kept, _Open(weakref.ref(session), weakref.ref(transaction))))
 
 
 #: The session events an installed App listens to: a transaction's start and end, and the
@@ -369,10 +351,10 @@ def _began(session: Session, transaction: SessionTransaction, connection: Connec
 _EVENTS: tuple[tuple[str, Callable[..., None]], ...] = (
     ("after_transaction_create", _created),
     ("after_transaction_end", _ended),
-    ("after_attach", _attached),
-    ("do_orm_execute", _executing),
-    ("before_flush", _flushing),
-    ("after_begin", _began),
+    ("after_attach", lambda session, instance: _used(session)),
+    ("do_orm_execute", lambda state: _used(state.session)),
+    ("before_flush", lambda session, flush_context, instances: _used(session)),
+    ("after_begin", lambda session, transaction, connection: _used(session)),
 )
 
 

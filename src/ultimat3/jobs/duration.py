@@ -68,27 +68,20 @@ def to_timedelta(value: DurationInput, *, name: str | None = None) -> timedelta:
     given, the option's ``name``; durations over ``MAX_DURATION`` (10 years) are refused.
     """
     try:
-        found = _to_timedelta(value)
+        return _to_timedelta(value)
     except DurationError as exc:
         if name is None:
             raise
         cause = exc.cause.replace(f"duration {value!r}", f"{name}={value!r}", 1)
         raise DurationError(cause, fix=exc.fix, **exc.context) from None
-    if found > MAX_DURATION:
-        label = f"{name}={value!r}" if name else f"duration {value!r}"
-        raise DurationError(
-            f"{label} is longer than 10 years",
-            fix=_TOO_LONG_FIX,
-            value=repr(value),
-            why="is longer than 10 years",
-        )
-    return found
 
 
 def _to_timedelta(value: DurationInput) -> timedelta:
     if isinstance(value, timedelta):
         if value < timedelta(0):
             raise _error(value, "is negative")
+        if value > MAX_DURATION:
+            raise _error(value, "is longer than 10 years")
         return value
     if isinstance(value, bool):
         raise _error(value, "is a bool, not a duration")

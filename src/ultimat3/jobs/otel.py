@@ -110,17 +110,11 @@ class Tracing:
 
     def produce(self, queue: str, name: str, job_id: str) -> str | None:
         """The ``send {queue}`` span of one enqueue, and the trace context to store."""
-        attributes = {
-            "messaging.system": SYSTEM,
-            "messaging.destination.name": queue,
-            "messaging.message.id": job_id,
-            "messaging.operation.type": "send",
-            "messaging.operation.name": "send",
-            "ultimat3_jobs.job.name": name,
-        }
         carrier: dict[str, str] = {}
         with self.tracer.start_as_current_span(
-            f"send {queue}", kind=SpanKind.PRODUCER, attributes=attributes
+            f"send {queue}",
+            kind=SpanKind.PRODUCER,
+            attributes=_attributes("send", queue, job_id, name),
         ):
             propagate.inject(carrier)
         parent = carrier.get("traceparent")
@@ -158,12 +152,7 @@ class Tracing:
                 kind=SpanKind.CONSUMER,
                 links=links,
                 attributes={
-                    "messaging.system": SYSTEM,
-                    "messaging.destination.name": job.queue,
-                    "messaging.message.id": job.id,
-                    "messaging.operation.type": "process",
-                    "messaging.operation.name": "process",
-                    "ultimat3_jobs.job.name": job.name,
+                    **_attributes("process", job.queue, job.id, job.name),
                     "ultimat3_jobs.attempt": job.attempt,
                 },
             )
@@ -182,6 +171,18 @@ class Tracing:
             span.set_status(Status(StatusCode.ERROR, str(event.fields.get("error"))))
         context.detach(token)
         span.end()
+
+
+def _attributes(operation: str, queue: str, job_id: str, name: str) -> dict[str, Any]:
+    """The messaging conventions' attributes of a ``send`` or ``process`` span."""
+    return {
+        "messaging.system": SYSTEM,
+        "messaging.destination.name": queue,
+        "messaging.message.id": job_id,
+        "messaging.operation.type": operation,
+        "messaging.operation.name": operation,
+        "ultimat3_jobs.job.name": name,
+    }
 
 
 _installed: Tracing | None = None

@@ -220,12 +220,7 @@ def bulk_ids(
             f" and the filter is {filters.state}",
             fix="filter on state dead (or cancelled)",
         )
-    where = JobFilter(
-        states=frozenset(states),
-        queue=filters.queue or None,
-        name=filters.name or None,
-        tenant_id=filters.tenant or None,
-    )
+    where = replace(filters.job_filter(), states=frozenset(states))
     most = budget.bulk_limit
     scan = _scan(app, where, None, want=most, accept=None, budget=budget)
     return [j.id for j in scan.jobs], scan.stopped is not None or len(scan.jobs) == most

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import datetime, timedelta
 from importlib.resources import files
 from typing import Any
@@ -317,9 +318,7 @@ class _Site:
     async def _list(self, request: Request, *, dead: bool) -> Response:
         filters = views.Filters.parse(request.query_params, tenant=self.tenant)
         if dead and not filters.state:
-            filters = views.Filters(
-                filters.queue, "dead", filters.name, filters.tenant, filters.text
-            )
+            filters = replace(filters, state="dead")
         before = request.query_params.get("before") or None
         page = await run_in_threadpool(views.jobs_page, self.app, filters, before, self.budget)
         return self.render(

@@ -62,8 +62,7 @@ class ProcessPool:
     ) -> None:
         self.argv = list(argv)
         self.processes = processes
-        self.backoff_first = backoff
-        self.backoff_max = backoff_max
+        self.backoff = Backoff(backoff, backoff_max)
         self.healthy_after = healthy_after
         self.executable = executable
         self.check_every = check_every
@@ -90,10 +89,6 @@ class ProcessPool:
     def stop(self) -> None:
         """Stop gracefully, as a first SIGTERM does."""
         self._on_signal(signal.SIGTERM, None)
-
-    @property
-    def pids(self) -> list[int]:
-        return sorted(child.process.pid for child in self._children.values())
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -128,11 +123,8 @@ class ProcessPool:
                 if self._stop.is_set():
                     continue  # stopping: collected below
                 lived = now - child.started
-                self._backoff = (
-                    0.0
-                    if lived >= self.healthy_after
-                    else Backoff(self.backoff_first, self.backoff_max).after(self._backoff)
-                )
+                healthy = lived >= self.healthy_after
+                self._backoff = 0.0 if healthy else self.backoff.after(self._backoff)
                 events.warning(
                     "jobs.pool.exited",
                     slot=slot,

@@ -46,13 +46,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DatabaseCollector", "Metrics", "serve"]
 
-_OUTCOMES = {
-    "jobs.job.completed": "completed",
-    "jobs.job.retried": "retried",
-    "jobs.job.dead": "dead",
-    "jobs.job.snoozed": "snoozed",
-    "jobs.job.cancelled": "cancelled",
-}
+#: The event written for each outcome (a released job has none), and its outcome.
+_OUTCOMES = {f"jobs.job.{word}": word for word in events.OUTCOMES if word != "released"}
 #: Latencies from a millisecond to an hour.
 _BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import functools
 import importlib.util
 import inspect
 import json
@@ -617,13 +618,9 @@ def _preview(obj: Any) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-_PYDANTIC: list[bool] = []
-
-
+@functools.cache
 def _pydantic_installed() -> bool:
-    if not _PYDANTIC:
-        _PYDANTIC.append(importlib.util.find_spec("pydantic") is not None)
-    return _PYDANTIC[0]
+    return importlib.util.find_spec("pydantic") is not None
 
 
 def _resolve(fn: Callable[..., Any], name: str, annotation: str) -> Any:

@@ -26,7 +26,7 @@ from datetime import datetime
 from ultimat3.jobs.clock import utcnow
 from ultimat3.jobs.driver import DatabaseId, Joined
 from ultimat3.jobs.errors import ConfigurationError
-from ultimat3.jobs.outbox_store import OutboxRecord, OutboxStore
+from ultimat3.jobs.outbox_store import OutboxRecord
 from ultimat3.jobs.records import NewJob
 
 __all__ = ["MemoryOutboxStore", "MemoryOutboxTransaction"]
@@ -174,9 +174,3 @@ class MemoryOutboxStore:
             for id_ in old:
                 del self._committed[id_]
         return len(old)
-
-
-if __debug__:
-
-    def _conforms(store: MemoryOutboxStore) -> OutboxStore:
-        return store  # mypy proves here that the class satisfies the protocol

@@ -53,7 +53,7 @@ from ultimat3.jobs.dialects.postgres import (
 )
 from ultimat3.jobs.driver import DatabaseId, Joined, OneConnection
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError, JobsError
-from ultimat3.jobs.outbox_store import OutboxRecord, OutboxStore
+from ultimat3.jobs.outbox_store import OutboxRecord
 from ultimat3.jobs.records import NewJob
 from ultimat3.jobs.sql import migrations, queries
 
@@ -322,9 +322,3 @@ def _described(jobs: Sequence[NewJob]) -> tuple[str, str]:
         f"staging {jobs_named(jobs)} in the outbox",
         f"another transaction staged job id {listed([job.id for job in jobs])} and has not ended",
     )
-
-
-if __debug__:
-
-    def _conforms(store: PostgresOutboxStore) -> OutboxStore:
-        return store  # mypy proves here that the class satisfies the protocol

@@ -72,7 +72,7 @@ from ultimat3.jobs.errors import (
     ConfigurationError,
     DriverUnavailableError,
 )
-from ultimat3.jobs.outbox_store import OutboxRecord, OutboxStore
+from ultimat3.jobs.outbox_store import OutboxRecord
 from ultimat3.jobs.records import NewJob
 from ultimat3.jobs.sql import migrations, queries
 
@@ -374,9 +374,3 @@ class SqliteOutboxStore(OneConnection):
         with self._write() as conn:
             args = {"before": us(published_before), "limit": limit}
             return conn.execute(_Q["prune"], args).rowcount
-
-
-if __debug__:
-
-    def _conforms(store: SqliteOutboxStore) -> OutboxStore:
-        return store  # mypy proves here that the class satisfies the protocol

@@ -440,7 +440,7 @@ def test_a_pool_needs_at_least_one_process(project: Path) -> None:
 
 
 def test_a_pool_child_runs_the_same_command_without_processes() -> None:
-    from ultimat3.jobs.cli import _without_processes
+    from ultimat3.jobs.cli.worker import _without_processes
 
     argv = ["--app", "m:app", "worker", "--processes", "4", "-c", "2", "--processes=3", "-q", "p"]
     assert _without_processes(argv) == ["--app", "m:app", "worker", "-c", "2", "-q", "p"]
@@ -483,7 +483,7 @@ def test_jobs_list_lines_up(app_ref: str) -> None:
 
 
 def test_a_long_last_error_is_cut_with_an_ellipsis() -> None:
-    from ultimat3.jobs.cli import clip
+    from ultimat3.jobs.cli.context import clip
 
     assert clip("ValueError: " + "x" * 100, 60) == "ValueError: " + "x" * 47 + "…"
     assert clip("one\ntwo   three", 60) == "one two three"

@@ -20,12 +20,11 @@ from typing import Literal
 import click
 
 from ultimat3.jobs.cli import admin, jobs, schedule, worker
-from ultimat3.jobs.cli.context import Context, clip, load_app
-from ultimat3.jobs.cli.worker import _without_processes
+from ultimat3.jobs.cli.context import Context
 from ultimat3.jobs.logs import LEVELS
 from ultimat3.jobs.logs import configure as configure_logs
 
-__all__ = ["Context", "_without_processes", "cli", "clip", "load_app", "main"]
+__all__ = ["cli", "main"]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -437,7 +437,7 @@ class Registry:
         return self.jobs.get(name)
 
     def knows(self, handle: JobHandle[Any]) -> bool:
-        name = handle._name  # every enqueue asks: the attribute, not the property
+        name = handle.bound_name
         return name is not None and self.jobs.get(name) is handle
 
 

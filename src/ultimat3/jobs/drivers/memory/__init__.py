@@ -8,8 +8,8 @@ Semantics this driver pins down (the SQL drivers follow them):
 
 - **Tenants.** ``tenant_id=None`` means "no tenant": jobs without a tenant share one dedupe
   space, as if None were a value (unlike SQL's ``NULL``, which never equals itself). ``""`` is
-  an ordinary tenant id, distinct from None. In ``JobFilter`` and in the ``tenant_id=``
-  arguments of ``job_get``/``job_cancel``/``job_retry``/``job_discard``, None means "any
+  an ordinary tenant id, distinct from None. In ``JobFilter``, ``Cancellation`` and the
+  ``tenant_id=`` arguments of ``job_get``/``job_retry``/``job_discard``, None means "any
   tenant" (no scoping); a string scopes to exactly that tenant.
 - **Time.** ``now`` is used when given, else the host clock. A retry or snooze time that is
   not after ``now`` makes the job ``available`` with ``run_at`` kept as given.

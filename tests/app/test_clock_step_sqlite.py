@@ -14,7 +14,7 @@ import pytest
 
 from ultimat3.jobs import App, job
 from ultimat3.jobs.drivers.sqlite import SqliteDriver
-from ultimat3.jobs.records import ClaimParams, Cycle, NewJob
+from ultimat3.jobs.records import ClaimParams, Cycle, ExpiredQuery, Leadership, NewJob
 from ultimat3.jobs.testing import FakeClock
 
 START = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
@@ -126,9 +126,9 @@ def test_a_lease_keeps_its_true_length_across_a_step(
     assert _claim(app, clock) == [made.id]
     clock.step(by)
     assert _claim(app, clock) == []  # a write: the file follows the step
-    assert app.driver.job_list_expired(limit=10, now=clock.now()) == []
+    assert app.driver.job_list_expired(ExpiredQuery(10), now=clock.now()) == []
     clock.advance(31)
-    expired = app.driver.job_list_expired(limit=10, now=clock.now())
+    expired = app.driver.job_list_expired(ExpiredQuery(10), now=clock.now())
     assert [j.id for j in expired] == [made.id]
 
 
@@ -272,11 +272,13 @@ def test_a_leader_lease_keeps_its_length_across_a_backward_step(tmp_path: Path) 
     try:
         driver.migrate()
         ttl = timedelta(seconds=10)
-        assert driver.leader_elect("m", "a", ttl, now=clock.now())
+        assert driver.leader_elect(Leadership("m", "a", ttl), now=clock.now())
         clock.step(-timedelta(hours=1))
-        assert not driver.leader_elect("m", "b", ttl, now=clock.now())
+        assert not driver.leader_elect(Leadership("m", "b", ttl), now=clock.now())
         clock.advance(11)
-        assert driver.leader_elect("m", "b", ttl, now=clock.now()), "a lapsed lease held on"
+        assert driver.leader_elect(Leadership("m", "b", ttl), now=clock.now()), (
+            "a lapsed lease held on"
+        )
     finally:
         driver.close()
 

@@ -29,6 +29,7 @@ from ultimat3.jobs.records import (
     AttemptError,
     ClaimParams,
     Cycle,
+    ExpiredQuery,
     Failure,
     InsertResult,
     Job,
@@ -189,7 +190,7 @@ def expire_and_reclaim(driver: Driver, job: Job, now: datetime) -> tuple[Lease, 
     stale = job.lease
     assert job.lease_expires_at is not None
     assert job.lease_expires_at < now
-    assert [j.id for j in driver.job_list_expired(limit=10, now=now)] == [job.id]
+    assert [j.id for j in driver.job_list_expired(ExpiredQuery(10), now=now)] == [job.id]
     assert fail(driver, job, now, retry_in=timedelta(0), message="worker lost") == {job.id}
     again = claim_one(driver, now, worker_id="worker-2")
     assert again.id == job.id

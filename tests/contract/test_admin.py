@@ -9,7 +9,16 @@ import pytest
 
 from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.ids import uuid7
-from ultimat3.jobs.records import InsertResult, Job, JobState
+from ultimat3.jobs.records import (
+    Cancellation,
+    ExpiredQuery,
+    Fire,
+    InsertResult,
+    Job,
+    JobState,
+    Prune,
+    Rewind,
+)
 
 from .helpers import T0, at, claim, claim_one, complete, fail, get, insert, new_job
 
@@ -33,7 +42,7 @@ def parked(driver: Driver) -> dict[str, Job]:
     completed = claim_one(driver, at(5))
     complete(driver, [completed.lease], now=at(6))
     claim_one(driver, at(7))
-    driver.job_cancel(jobs["cancelled"].id, reason="mistake", now=at(8))
+    driver.job_cancel(Cancellation(jobs["cancelled"].id, "mistake"), now=at(8))
     stored = {name: get(driver, job.id) for name, job in jobs.items()}
     assert {name: job.state.value for name, job in stored.items()} == {n: n for n in jobs}
     return stored
@@ -100,7 +109,7 @@ def test_discard_is_tenant_scoped_and_frees_the_key(driver: Driver, parked: dict
 def _finish(driver: Driver, how: str, when: float) -> str:
     [job_id] = insert(driver, new_job(queue=f"prune-{how}"), now=T0)
     if how == "cancelled":
-        assert driver.job_cancel(job_id, reason="x", now=at(when))
+        assert driver.job_cancel(Cancellation(job_id, "x"), now=at(when))
         return job_id
     [job] = claim(driver, T0, queues=[f"prune-{how}"])
     if how == "completed":
@@ -116,7 +125,7 @@ def test_prune_by_state_and_finish_time(driver: Driver) -> None:
     active = insert(driver, new_job(), new_job(run_at=at(5)), now=T0)
 
     completed_only = frozenset({JobState.COMPLETED})
-    assert driver.job_prune(states=completed_only, finished_before=at(30), limit=100) == 2
+    assert driver.job_prune(Prune(completed_only, at(30), 100)) == 2
     assert driver.job_get(c1) is None
     assert driver.job_get(c2) is None
     assert get(driver, c3).state is JobState.COMPLETED, "finished exactly at the cutoff"
@@ -124,9 +133,35 @@ def test_prune_by_state_and_finish_time(driver: Driver) -> None:
     assert get(driver, cancelled).state is JobState.CANCELLED
 
     everything = frozenset(JobState)
-    assert driver.job_prune(states=everything, finished_before=at(10), limit=100) == 0
-    assert driver.job_prune(states=everything, finished_before=at(999), limit=2) == 2
-    assert driver.job_prune(states=everything, finished_before=at(999), limit=2) == 1
-    assert driver.job_prune(states=everything, finished_before=at(999), limit=2) == 0
+    assert driver.job_prune(Prune(everything, at(10), 100)) == 0
+    assert driver.job_prune(Prune(everything, at(999), 2)) == 2
+    assert driver.job_prune(Prune(everything, at(999), 2)) == 1
+    assert driver.job_prune(Prune(everything, at(999), 2)) == 0
     assert [driver.job_get(job_id) for job_id in (c3, dead, cancelled)] == [None, None, None]
     assert [get(driver, job_id).id for job_id in active] == active, "active jobs are never pruned"
+
+
+def test_the_seam_records_check_their_arguments_once_for_every_driver(driver: Driver) -> None:
+    """The records carry what every driver checked for itself: naive times are refused, a
+    negative limit reads as none, a prune keeps to the final states, and a cancel through
+    another job's lease matches nothing."""
+    naive = at(10).replace(tzinfo=None)
+    for build in (
+        lambda: Prune(frozenset({JobState.COMPLETED}), naive, 10),
+        lambda: Fire("t", naive),
+        lambda: Rewind("t", naive, T0),
+    ):
+        with pytest.raises(ValueError, match="naive"):
+            build()
+    done = _finish(driver, "completed", 10)
+    assert ExpiredQuery(-1).limit == 0 and driver.job_list_expired(ExpiredQuery(-1)) == []
+    assert Prune(frozenset(JobState), at(999), -5).empty
+    assert driver.job_prune(Prune(frozenset(JobState), at(999), -5)) == 0
+    active = frozenset({JobState.RUNNING, JobState.AVAILABLE, JobState.SCHEDULED})
+    assert Prune(active, at(999), 10).empty and driver.job_prune(Prune(active, at(999), 10)) == 0
+    assert get(driver, done).state is JobState.COMPLETED
+    insert(driver, new_job(), new_job(), now=T0)
+    [a, b] = claim(driver, T0, limit=2)
+    stray = Cancellation(a.id, "x", lease=b.lease)
+    assert stray.stray and driver.job_cancel(stray, now=at(1)) is False
+    assert get(driver, a.id).state is JobState.RUNNING

@@ -10,7 +10,7 @@ import pytest
 
 from ultimat3.jobs.clock import SystemClock
 from ultimat3.jobs.driver import Driver
-from ultimat3.jobs.records import ClaimParams, Cycle, Failure, Job, JobState
+from ultimat3.jobs.records import ClaimParams, Cycle, Failure, Fire, Job, JobState, Rewind
 
 from .helpers import LEASE, T0, error, get, insert, new_job
 
@@ -75,15 +75,15 @@ def test_database_now_is_the_pinned_time_or_the_databases_clock(driver: Driver) 
 def test_rewind_is_a_compare_and_set(driver: Driver) -> None:
     driver.schedule_state(["t"], now=T0)
     ahead = T0 + timedelta(hours=2)
-    assert driver.schedule_fire("t", ahead, [], now=T0) == []
-    assert not driver.schedule_rewind("t", ahead + timedelta(minutes=1), T0), "a stale was"
+    assert driver.schedule_fire(Fire("t", ahead), now=T0) == []
+    assert not driver.schedule_rewind(Rewind("t", ahead + timedelta(minutes=1), T0)), "a stale was"
     assert driver.schedule_read(["t"])["t"].last_fired_at == ahead
-    assert driver.schedule_rewind("t", ahead, T0)
+    assert driver.schedule_rewind(Rewind("t", ahead, T0))
     assert driver.schedule_read(["t"])["t"].last_fired_at == T0
-    assert not driver.schedule_rewind("t", ahead, T0), "only once"
-    assert not driver.schedule_rewind("unknown", ahead, T0)
+    assert not driver.schedule_rewind(Rewind("t", ahead, T0)), "only once"
+    assert not driver.schedule_rewind(Rewind("unknown", ahead, T0))
     # The next occurrence fires again after the rewind.
-    assert driver.schedule_fire("t", T0 + timedelta(minutes=1), [], now=T0) == []
+    assert driver.schedule_fire(Fire("t", T0 + timedelta(minutes=1)), now=T0) == []
 
 
 def test_times_are_utc(driver: Driver) -> None:

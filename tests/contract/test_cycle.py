@@ -7,7 +7,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from ultimat3.jobs.driver import Driver
-from ultimat3.jobs.records import ClaimParams, Cycle, Failure, JobState
+from ultimat3.jobs.records import ClaimParams, Cycle, ExpiredQuery, Failure, JobState
 
 from .helpers import LEASE, at, claim, error, expire_and_reclaim, get, insert, new_job
 
@@ -52,9 +52,9 @@ def test_jobs_claimed_by_a_cycle_are_started(driver: Driver) -> None:
     [by_cycle] = insert(driver, new_job())
     [cycled] = driver.job_cycle(Cycle(claim=_params(1, now=at(1))), now=at(1)).claimed
     assert cycled.id == by_cycle
-    assert driver.job_list_expired(limit=10, now=at(1) + LEASE) == []
+    assert driver.job_list_expired(ExpiredQuery(10), now=at(1) + LEASE) == []
     after = at(1) + LEASE + timedelta(seconds=1)
-    assert [job.id for job in driver.job_list_expired(limit=10, now=after)] == [by_cycle]
+    assert [job.id for job in driver.job_list_expired(ExpiredQuery(10), now=after)] == [by_cycle]
 
 
 def test_each_write_of_a_cycle_is_fenced(driver: Driver) -> None:
@@ -103,10 +103,10 @@ def test_a_rescue_beside_others_gives_the_attempt_back_and_one_alone_keeps_it(
     first, beside = claim(driver, at(1), limit=2)
     assert {first.id, beside.id} == {job_id, other}
     late = at(1) + LEASE + timedelta(seconds=1)
-    assert driver.job_list_expired(limit=10, now=late, isolated=True) == []
-    expired = driver.job_list_expired(limit=10, now=late, isolated=False)
+    assert driver.job_list_expired(ExpiredQuery(10, isolated=True), now=late) == []
+    expired = driver.job_list_expired(ExpiredQuery(10, isolated=False), now=late)
     assert {j.id for j in expired} == {job_id, other}
-    assert {j.id for j in driver.job_list_expired(limit=10, now=late)} == {job_id, other}
+    assert {j.id for j in driver.job_list_expired(ExpiredQuery(10), now=late)} == {job_id, other}
     refund = Failure(first.lease, error(1, late), retry_in=timedelta(0), isolate=True, refund=True)
     assert driver.job_fail_many([refund], now=late) == {first.id}
     back = get(driver, first.id)
@@ -120,8 +120,10 @@ def test_a_rescue_beside_others_gives_the_attempt_back_and_one_alone_keeps_it(
     [again] = alone.claimed
     assert (again.id, again.attempt) == (first.id, 1)
     later = late + LEASE + timedelta(seconds=1)
-    assert [j.id for j in driver.job_list_expired(limit=10, now=later, isolated=True)] == [first.id]
-    assert {j.id for j in driver.job_list_expired(limit=10, now=later, isolated=False)} == {
+    assert [j.id for j in driver.job_list_expired(ExpiredQuery(10, isolated=True), now=later)] == [
+        first.id
+    ]
+    assert {j.id for j in driver.job_list_expired(ExpiredQuery(10, isolated=False), now=later)} == {
         beside.id
     }
     charged = Failure(again.lease, error(1, later), retry_in=timedelta(0), isolate=True)

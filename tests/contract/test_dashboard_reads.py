@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from ultimat3.jobs.driver import Driver
-from ultimat3.jobs.records import FinishedCount, JobState
+from ultimat3.jobs.records import FinishedCount, Fire, JobState
 
 from .helpers import T0, at, claim, complete, fail, insert, new_job
 
@@ -47,7 +47,7 @@ def test_schedule_read_creates_nothing(driver: Driver) -> None:
     assert driver.schedule_read([]) == {}
     driver.schedule_state(["nightly"], now=T0)
     assert driver.schedule_read(["nightly", "other"]) == driver.schedule_state(["nightly"], now=T0)
-    assert driver.schedule_fire("nightly", at(60), [new_job()], now=T0) is not None
+    assert driver.schedule_fire(Fire("nightly", at(60), [new_job()]), now=T0) is not None
     state = driver.schedule_read(["nightly", "other"])
     assert list(state) == ["nightly"] and state["nightly"].last_fired_at == at(60)
     assert state["nightly"].first_seen_at == T0

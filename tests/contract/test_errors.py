@@ -19,7 +19,7 @@ import pytest
 
 from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.errors import DriverUnavailableError, JobsError
-from ultimat3.jobs.records import ClaimParams, Lease
+from ultimat3.jobs.records import ClaimParams, ExpiredQuery, Leadership, Lease
 
 from .helpers import T0, claim_with, complete, new_job
 
@@ -123,8 +123,11 @@ CALLS: list[tuple[str, Callable[[Driver], Any]]] = [
     ("insert", lambda d: d.job_insert_many([new_job()], now=T0)),
     ("heartbeat", lambda d: d.lease_extend([Lease("x", "y")], timedelta(seconds=30), now=T0)),
     ("complete", lambda d: complete(d, [Lease("x", "y")], now=T0)),
-    ("rescue", lambda d: d.job_list_expired(limit=5, now=T0)),
-    ("leader", lambda d: d.leader_elect("maintenance", "w", timedelta(seconds=15), now=T0)),
+    ("rescue", lambda d: d.job_list_expired(ExpiredQuery(5), now=T0)),
+    (
+        "leader",
+        lambda d: d.leader_elect(Leadership("maintenance", "w", timedelta(seconds=15)), now=T0),
+    ),
 ]
 
 

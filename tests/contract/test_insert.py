@@ -21,6 +21,7 @@ from ultimat3.jobs.records import (
     JobState,
     NewJob,
     NewJobs,
+    Prune,
 )
 
 from .helpers import (
@@ -213,9 +214,7 @@ def test_prune_frees_the_key(driver: Driver) -> None:
     insert(driver, first)
     job = claim_one(driver, at(1))
     complete(driver, [job.lease], now=at(2))
-    pruned = driver.job_prune(
-        states=frozenset({JobState.COMPLETED}), finished_before=at(3), limit=10
-    )
+    pruned = driver.job_prune(Prune(frozenset({JobState.COMPLETED}), at(3), 10))
     assert pruned == 1
     second = new_job(key="k")
     assert driver.job_insert_many([second], now=at(4)) == [InsertResult(second.id, deduped=False)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from ultimat3.jobs.driver import Driver
-from ultimat3.jobs.records import ClaimParams, JobFilter, JobState
+from ultimat3.jobs.records import ClaimParams, JobFilter, JobState, Prune
 
 from .helpers import claim_with, complete, new_job
 
@@ -48,9 +48,7 @@ def test_kept_counts_follow_claims_completions_and_prunes(driver: Driver) -> Non
         ("q1", JobState.RUNNING): 1,
         ("q1", JobState.COMPLETED): 2,
     }
-    pruned = driver.job_prune(
-        states=frozenset({JobState.COMPLETED}), finished_before=T0 + timedelta(days=1), limit=10
-    )
+    pruned = driver.job_prune(Prune(frozenset({JobState.COMPLETED}), T0 + timedelta(days=1), 10))
     assert pruned == 2
     q1 = next(q for q in driver.queue_list(now=T0) if q.name == "q1")
     assert {s: n for s, n in q1.counts.items() if n} == {

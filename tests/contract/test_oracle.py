@@ -22,12 +22,15 @@ from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.drivers.memory import MemoryDriver
 from ultimat3.jobs.records import (
     FINAL_STATES,
+    Cancellation,
     ClaimParams,
+    ExpiredQuery,
     Failure,
     Job,
     JobFilter,
     JobState,
     Lease,
+    Prune,
     QueueInfo,
 )
 
@@ -153,16 +156,15 @@ def _step(pair: Pair, op: str) -> None:
         chosen = pair.some_leases(1) if rng.random() < 0.4 else []
         expected, actual = pair.both(
             lambda d, side: d.job_cancel(
-                job_id,
-                reason="r",
-                lease=chosen[0][side] if chosen else None,
-                tenant_id=tenant,
+                Cancellation(
+                    job_id, "r", lease=chosen[0][side] if chosen else None, tenant_id=tenant
+                ),
                 now=now,
             )
         )
         assert actual == expected
     elif op == "expired":
-        expected, actual = pair.both(lambda d, _: d.job_list_expired(limit=1000, now=now))
+        expected, actual = pair.both(lambda d, _: d.job_list_expired(ExpiredQuery(1000), now=now))
         # Ties in expiry may come in any order.
         assert _norm_all(sorted(actual, key=_by_id)) == _norm_all(sorted(expected, key=_by_id))
         assert [j.lease_expires_at for j in actual] == [j.lease_expires_at for j in expected]
@@ -177,9 +179,7 @@ def _step(pair: Pair, op: str) -> None:
     elif op == "prune":
         states = frozenset(rng.sample(sorted(FINAL_STATES), k=rng.randint(1, 3)))
         before = pair.later(-60, 0)
-        expected, actual = pair.both(
-            lambda d, _: d.job_prune(states=states, finished_before=before, limit=100_000)
-        )
+        expected, actual = pair.both(lambda d, _: d.job_prune(Prune(states, before, 100_000)))
         assert actual == expected
     elif op == "pause":
         queue, paused = rng.choice(QUEUES), rng.random() < 0.5

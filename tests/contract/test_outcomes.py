@@ -9,7 +9,16 @@ import pytest
 
 from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.ids import token, uuid7
-from ultimat3.jobs.records import ClaimParams, Cycle, Failure, Job, JobState, Lease
+from ultimat3.jobs.records import (
+    Cancellation,
+    ClaimParams,
+    Cycle,
+    ExpiredQuery,
+    Failure,
+    Job,
+    JobState,
+    Lease,
+)
 
 from .helpers import (
     LEASE,
@@ -101,7 +110,7 @@ def test_stale_lease_cannot_snooze(driver: Driver, stale: tuple[Lease, Job]) -> 
 
 def test_stale_lease_cannot_cancel(driver: Driver, stale: tuple[Lease, Job]) -> None:
     lease, current = stale
-    assert driver.job_cancel(current.id, reason="late", lease=lease, now=at(21)) is False
+    assert driver.job_cancel(Cancellation(current.id, "late", lease=lease), now=at(21)) is False
     _unchanged(driver, current)
 
 
@@ -130,7 +139,7 @@ def test_lease_extend_pushes_the_expiry_of_held_leases(driver: Driver) -> None:
     assert get(driver, a.id).lease_expires_at == at(35)
     assert get(driver, a.id).lease_token == a.lease_token
     assert driver.lease_extend([], timedelta(seconds=30), now=at(5)) == set()
-    assert driver.job_list_expired(limit=10, now=at(20)) == []
+    assert driver.job_list_expired(ExpiredQuery(10), now=at(20)) == []
 
 
 def test_list_expired_only_running_rows_past_expiry_in_order(driver: Driver) -> None:
@@ -142,13 +151,13 @@ def test_list_expired_only_running_rows_past_expiry_in_order(driver: Driver) -> 
     finished = claim_one(driver, at(0), lease_for=timedelta(seconds=5))
     complete(driver, [finished.lease], now=at(1))
 
-    expired = driver.job_list_expired(limit=10, now=at(40))
+    expired = driver.job_list_expired(ExpiredQuery(10), now=at(40))
     assert [job.id for job in expired] == [early.id, late.id], "expiry equal to now is not past"
     assert all(job.state is JobState.RUNNING for job in expired)
     assert [job.lease_token for job in expired] == [early.lease_token, late.lease_token]
-    assert [job.id for job in driver.job_list_expired(limit=1, now=at(40))] == [early.id]
-    assert driver.job_list_expired(limit=10, now=at(5)) == []
-    assert {job.id for job in driver.job_list_expired(limit=10, now=at(91))} == {
+    assert [job.id for job in driver.job_list_expired(ExpiredQuery(1), now=at(40))] == [early.id]
+    assert driver.job_list_expired(ExpiredQuery(10), now=at(5)) == []
+    assert {job.id for job in driver.job_list_expired(ExpiredQuery(10), now=at(91))} == {
         early.id,
         late.id,
         exact.id,
@@ -280,8 +289,8 @@ def _cancelled(driver: Driver, job_id: str, when: int, reason: str) -> None:
 def test_cancel_waiting_jobs(driver: Driver) -> None:
     scheduled, available = new_job(run_at=at(60)), new_job()
     insert(driver, scheduled, available)
-    assert driver.job_cancel(scheduled.id, reason="not needed", now=at(1)) is True
-    assert driver.job_cancel(available.id, reason="typo", now=at(2)) is True
+    assert driver.job_cancel(Cancellation(scheduled.id, "not needed"), now=at(1)) is True
+    assert driver.job_cancel(Cancellation(available.id, "typo"), now=at(2)) is True
     _cancelled(driver, scheduled.id, 1, "not needed")
     _cancelled(driver, available.id, 2, "typo")
     assert claim(driver, at(100)) == []
@@ -290,7 +299,7 @@ def test_cancel_waiting_jobs(driver: Driver) -> None:
 def test_cancel_a_running_job_without_lease_fences_its_worker(driver: Driver) -> None:
     insert(driver, new_job())
     job = claim_one(driver, at(0))
-    assert driver.job_cancel(job.id, reason="operator", now=at(1)) is True
+    assert driver.job_cancel(Cancellation(job.id, "operator"), now=at(1)) is True
     _cancelled(driver, job.id, 1, "operator")
     assert complete(driver, [job.lease], now=at(2)) == set()
     assert driver.lease_extend([job.lease], timedelta(seconds=30), now=at(2)) == set()
@@ -300,8 +309,8 @@ def test_cancel_a_running_job_without_lease_fences_its_worker(driver: Driver) ->
 def test_cancel_with_the_held_lease(driver: Driver) -> None:
     insert(driver, new_job(), new_job())
     a, b = claim(driver, at(0), limit=2)
-    assert driver.job_cancel(a.id, reason="handler", lease=b.lease, now=at(1)) is False
-    assert driver.job_cancel(a.id, reason="handler", lease=a.lease, now=at(1)) is True
+    assert driver.job_cancel(Cancellation(a.id, "handler", lease=b.lease), now=at(1)) is False
+    assert driver.job_cancel(Cancellation(a.id, "handler", lease=a.lease), now=at(1)) is True
     _cancelled(driver, a.id, 1, "handler")
     assert get(driver, b.id) == b
 
@@ -310,7 +319,7 @@ def test_cancel_with_a_lease_needs_a_running_job(driver: Driver) -> None:
     insert(driver, new_job())
     job = claim_one(driver, at(0))
     driver.job_snooze(job.lease, timedelta(0), now=at(1))
-    assert driver.job_cancel(job.id, reason="x", lease=job.lease, now=at(2)) is False
+    assert driver.job_cancel(Cancellation(job.id, "x", lease=job.lease), now=at(2)) is False
     assert get(driver, job.id).state is JobState.AVAILABLE
 
 
@@ -319,24 +328,24 @@ def test_final_states_cannot_be_cancelled(driver: Driver) -> None:
     done, dead, cancelled = claim(driver, at(0), limit=3)
     complete(driver, [done.lease], now=at(1))
     fail(driver, dead, at(1), retry_in=None)
-    driver.job_cancel(cancelled.id, reason="first", now=at(1))
+    driver.job_cancel(Cancellation(cancelled.id, "first"), now=at(1))
     before = [get(driver, job.id) for job in (done, dead, cancelled)]
     for job in (done, dead, cancelled):
-        assert driver.job_cancel(job.id, reason="again", now=at(2)) is False
+        assert driver.job_cancel(Cancellation(job.id, "again"), now=at(2)) is False
     assert [get(driver, job.id) for job in (done, dead, cancelled)] == before
 
 
 def test_cancel_is_tenant_scoped(driver: Driver) -> None:
     job = new_job(tenant_id="acme")
     insert(driver, job)
-    assert driver.job_cancel(job.id, reason="x", tenant_id="other", now=at(1)) is False
-    assert driver.job_cancel(job.id, reason="x", tenant_id="", now=at(1)) is False
+    assert driver.job_cancel(Cancellation(job.id, "x", tenant_id="other"), now=at(1)) is False
+    assert driver.job_cancel(Cancellation(job.id, "x", tenant_id=""), now=at(1)) is False
     assert get(driver, job.id).state is JobState.AVAILABLE
-    assert driver.job_cancel(job.id, reason="x", tenant_id="acme", now=at(1)) is True
+    assert driver.job_cancel(Cancellation(job.id, "x", tenant_id="acme"), now=at(1)) is True
 
 
 def test_cancel_an_unknown_job(driver: Driver) -> None:
-    assert driver.job_cancel(uuid7(), reason="x", now=at(1)) is False
+    assert driver.job_cancel(Cancellation(uuid7(), "x"), now=at(1)) is False
 
 
 def test_a_claim_whose_reply_was_lost_is_released_at_once_with_its_attempt_back(

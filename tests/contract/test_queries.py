@@ -9,7 +9,7 @@ import pytest
 
 from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.ids import uuid7
-from ultimat3.jobs.records import Job, JobFilter, JobState
+from ultimat3.jobs.records import Cancellation, Job, JobFilter, JobState
 
 from .helpers import at, claim, complete, fail, get, insert, new_job
 
@@ -51,7 +51,7 @@ def jobs(driver: Driver) -> list[Job]:
             assert fail(driver, job, at(2), retry_in=None) == {job.id}
     for job_id, target in targets.items():
         if target is JobState.CANCELLED:
-            assert driver.job_cancel(job_id, reason="test", now=at(2))
+            assert driver.job_cancel(Cancellation(job_id, "test"), now=at(2))
     stored = [get(driver, job.id) for job in new]
     assert [job.state for job in stored] == [targets[job.id] for job in stored]
     return stored

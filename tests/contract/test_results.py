@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from ultimat3.jobs.driver import Driver
-from ultimat3.jobs.records import FINAL_STATES, Cycle, Failure, JobState
+from ultimat3.jobs.records import FINAL_STATES, Cancellation, Cycle, Failure, JobState, Prune
 
 from .helpers import at, claim, claim_one, error, expire_and_reclaim, get, insert, new_job
 
@@ -55,10 +55,7 @@ def test_a_result_is_pruned_with_its_row(driver: Driver) -> None:
     [job_id] = insert(driver, new_job())
     job = claim_one(driver, at(1))
     driver.job_cycle(Cycle(completes=[job.lease], results={job_id: RESULT}), now=at(2))
-    assert (
-        driver.job_prune(states=frozenset({JobState.COMPLETED}), finished_before=at(3), limit=10)
-        == 1
-    )
+    assert driver.job_prune(Prune(frozenset({JobState.COMPLETED}), at(3), 10)) == 1
     assert driver.job_get(job_id) is None
     assert driver.job_wait(job_id, timeout=0.0) is None
 
@@ -113,7 +110,7 @@ def test_wait_is_woken_by_the_write_that_finishes_the_job(driver: Driver, how: s
         elif how == "dead":
             driver.job_cycle(Cycle(failures=[Failure(job.lease, error(1, at(2)), None)]), now=at(2))
         else:
-            assert driver.job_cancel(job_id, reason="by hand", now=at(2))
+            assert driver.job_cancel(Cancellation(job_id, "by hand"), now=at(2))
 
     waited, found = _woken_by(driver, job_id, finish)
     assert found is not None and found.state in FINAL_STATES  # type: ignore[attr-defined]

@@ -16,7 +16,7 @@ import dashjobs  # type: ignore[import-not-found]
 from playwright.sync_api import expect
 
 from ultimat3.jobs.ids import uuid7
-from ultimat3.jobs.records import JobState, NewJob
+from ultimat3.jobs.records import Fire, JobState, NewJob
 
 from .conftest import Site, wait_until
 
@@ -89,7 +89,7 @@ def test_every_page_renders_and_refreshes_live(site: Site, page: Any) -> None:
     # As a scheduler records an occurrence it fired (its jobs: none here).
     fired = datetime(2031, 3, 14, 1, 30, tzinfo=UTC)
     app.driver.schedule_state(["nightly"])
-    assert app.driver.schedule_fire("nightly", fired, []) is not None
+    assert app.driver.schedule_fire(Fire("nightly", fired)) is not None
     page.goto(site.base + "/cron")
     task = page.locator("section[data-task='nightly']")
     expect(task).to_contain_text("Last fired2031-03-14 01:30:00Z")

@@ -28,11 +28,14 @@ from ultimat3.jobs.drivers.postgres import PostgresDriver
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
 from ultimat3.jobs.ids import uuid7
 from ultimat3.jobs.records import (
+    Cancellation,
     ClaimParams,
     Cycle,
+    Fire,
     InsertResult,
     JobFilter,
     JobState,
+    Leadership,
     NewJob,
     NewJobs,
 )
@@ -423,7 +426,7 @@ def test_retry_resume_and_snooze_notify(driver: Any, listener: Any) -> None:
     assert driver.job_snooze(job.lease, timedelta(0), now=T0)
     assert payloads(listener) == ["mail"]
     [job] = claim(driver, queue="mail")
-    driver.job_cancel(job.id, reason="x", now=T0)
+    driver.job_cancel(Cancellation(job.id, "x"), now=T0)
     assert driver.job_retry([job.id], now=T0) == [job.id]
     assert payloads(listener) == ["mail"]
 
@@ -932,7 +935,7 @@ def test_ids_with_any_characters_survive_the_array_parameters(driver: Any) -> No
         Cycle(completes=[job.lease for job in claimed[:4]]), now=T0
     ).completed == {job.id for job in claimed[:4]}
     for job in claimed[4:]:
-        assert driver.job_cancel(job.id, reason="odd", now=T0)
+        assert driver.job_cancel(Cancellation(job.id, "odd"), now=T0)
     rest = [job.id for job in claimed[4:]]
     assert driver.job_retry(rest, now=T0) == rest
     assert {job.id for job in claim(driver, limit=10)} == set(rest)
@@ -954,13 +957,15 @@ def test_schedule_state_remembers_when_a_task_was_first_seen(driver: Any) -> Non
 
 def test_schedule_fire_moves_forward_only(driver: Any) -> None:
     occurrence = T0 + timedelta(minutes=1)
-    fired = driver.schedule_fire("nightly", occurrence, [new_job(idempotency_key="n@1")], now=T0)
+    fired = driver.schedule_fire(
+        Fire("nightly", occurrence, [new_job(idempotency_key="n@1")]), now=T0
+    )
     assert fired is not None and not fired[0].deduped
-    assert driver.schedule_fire("nightly", occurrence, [new_job()], now=T0) is None
-    assert driver.schedule_fire("nightly", T0, [new_job()], now=T0) is None
+    assert driver.schedule_fire(Fire("nightly", occurrence, [new_job()]), now=T0) is None
+    assert driver.schedule_fire(Fire("nightly", T0, [new_job()]), now=T0) is None
     assert driver.schedule_state(["nightly"])["nightly"].last_fired_at == occurrence
     assert sum(driver.job_count(JobFilter()).values()) == 1
-    assert driver.schedule_fire("nightly", occurrence + timedelta(minutes=1), [], now=T0) == []
+    assert driver.schedule_fire(Fire("nightly", occurrence + timedelta(minutes=1)), now=T0) == []
 
 
 def test_racing_schedulers_fire_each_occurrence_once(pg_dsn: str) -> None:
@@ -972,7 +977,7 @@ def test_racing_schedulers_fire_each_occurrence_once(pg_dsn: str) -> None:
     def run(drv: Any) -> None:
         barrier.wait(10)
         for occurrence in occurrences:
-            result = drv.schedule_fire("race", occurrence, [new_job()], now=T0)
+            result = drv.schedule_fire(Fire("race", occurrence, [new_job()]), now=T0)
             if result is not None:
                 fired.append(occurrence)
 
@@ -992,16 +997,24 @@ def test_racing_schedulers_fire_each_occurrence_once(pg_dsn: str) -> None:
 
 def test_leader_election_by_lease(driver: Any) -> None:
     ttl = timedelta(seconds=15)
-    assert driver.leader_elect("scheduler", "a", ttl, now=T0)
-    assert not driver.leader_elect("scheduler", "b", ttl, now=T0 + timedelta(seconds=5))
-    assert driver.leader_elect("scheduler", "a", ttl, now=T0 + timedelta(seconds=10)), "renew"
-    assert not driver.leader_elect("scheduler", "b", ttl, now=T0 + timedelta(seconds=20))
-    assert driver.leader_elect("scheduler", "b", ttl, now=T0 + timedelta(seconds=25)), "expired"
-    driver.leader_resign("scheduler", "a")  # not the holder: nothing happens
-    assert not driver.leader_elect("scheduler", "a", ttl, now=T0 + timedelta(seconds=26))
-    driver.leader_resign("scheduler", "b")
-    assert driver.leader_elect("scheduler", "a", ttl, now=T0 + timedelta(seconds=27))
-    assert driver.leader_elect("other", "b", ttl, now=T0 + timedelta(seconds=27))
+    assert driver.leader_elect(Leadership("scheduler", "a", ttl), now=T0)
+    assert not driver.leader_elect(Leadership("scheduler", "b", ttl), now=T0 + timedelta(seconds=5))
+    assert driver.leader_elect(Leadership("scheduler", "a", ttl), now=T0 + timedelta(seconds=10)), (
+        "renew"
+    )
+    assert not driver.leader_elect(
+        Leadership("scheduler", "b", ttl), now=T0 + timedelta(seconds=20)
+    )
+    assert driver.leader_elect(Leadership("scheduler", "b", ttl), now=T0 + timedelta(seconds=25)), (
+        "expired"
+    )
+    driver.leader_resign(Leadership("scheduler", "a", ttl))  # not the holder: nothing happens
+    assert not driver.leader_elect(
+        Leadership("scheduler", "a", ttl), now=T0 + timedelta(seconds=26)
+    )
+    driver.leader_resign(Leadership("scheduler", "b", ttl))
+    assert driver.leader_elect(Leadership("scheduler", "a", ttl), now=T0 + timedelta(seconds=27))
+    assert driver.leader_elect(Leadership("other", "b", ttl), now=T0 + timedelta(seconds=27))
 
 
 # -- big batches (the COPY path) ---------------------------------------------------------------

@@ -34,7 +34,7 @@ from ultimat3.jobs import App, ConfigurationError, DriverUnavailableError
 from ultimat3.jobs.drivers import open_driver
 from ultimat3.jobs.drivers.postgres import PostgresDriver
 from ultimat3.jobs.outboxes.postgres import PostgresOutboxStore
-from ultimat3.jobs.records import ClaimParams, Cycle, NewJob
+from ultimat3.jobs.records import Cancellation, ClaimParams, Cycle, NewJob
 
 pytestmark = pytest.mark.postgres
 _LEASE = timedelta(seconds=30)
@@ -233,12 +233,12 @@ def test_a_row_lock_wait_ends_at_the_lock_timeout(pg_dsn: str) -> None:
             )
             started = time.monotonic()
             with pytest.raises(DriverUnavailableError, match="lock timeout") as raised:
-                driver.job_cancel(result.id, reason="operator")
+                driver.job_cancel(Cancellation(result.id, "operator"))
             waited = time.monotonic() - started
             holder.rollback()
         assert raised.value.retryable
         assert 0.25 <= waited < 3.0, waited
-        assert driver.job_cancel(result.id, reason="operator"), "the next call goes through"
+        assert driver.job_cancel(Cancellation(result.id, "operator")), "the next call goes through"
     finally:
         driver.close()
 

@@ -32,6 +32,7 @@ from ultimat3.jobs.records import (
     AttemptError,
     ClaimParams,
     Cycle,
+    ExpiredQuery,
     Failure,
     InsertResult,
     Job,
@@ -374,7 +375,7 @@ def test_a_separate_write_inside_a_transaction_fails_fast(driver: SqliteDriver) 
             driver.job_insert_many([new_job()])
         assert time.monotonic() - start < 1
         assert "executor=" in raised.value.fix
-        assert driver.job_list_expired(limit=1) == []  # reads still work inside
+        assert driver.job_list_expired(ExpiredQuery(1)) == []  # reads still work inside
     assert driver.job_insert_many([job := new_job()]) == [InsertResult(job.id, False)]
 
 
@@ -777,7 +778,7 @@ def test_kill_9_inside_a_write_transaction_leaves_the_file_intact(driver: Sqlite
         }, "the uncommitted batch of 3000 vanished"
         # The claimed job is rescued once its lease runs out, and claimable again.
         later = datetime.now(UTC) + timedelta(seconds=5)
-        [expired] = quick.job_list_expired(limit=10, now=later)
+        [expired] = quick.job_list_expired(ExpiredQuery(10), now=later)
         assert (expired.id, expired.worker_id, expired.attempt) == (kept.id, "doomed", 1)
         lost = AttemptError(expired.attempt, later, "worker_lost", "killed")
         assert quick.job_fail_many([Failure(expired.lease, lost, timedelta(0))], now=later) == {

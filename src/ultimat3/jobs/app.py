@@ -54,6 +54,7 @@ from ultimat3.jobs.outbox import (
 from ultimat3.jobs.outbox_store import OutboxStore
 from ultimat3.jobs.outboxes import open_store
 from ultimat3.jobs.records import (
+    Cancellation,
     FlowState,
     Job,
     JobFilter,
@@ -675,9 +676,8 @@ class App(Enqueuer):
         self, job_id: str, *, reason: str = "cancelled by an operator", tenant_id: str | None = None
     ) -> bool:
         """Cancel a scheduled, available or running job (a running one loses its lease)."""
-        return self.driver.job_cancel(
-            job_id, reason=reason, tenant_id=tenant_id, now=self.clock.pinned()
-        )
+        cancel = Cancellation(job_id, reason, tenant_id=tenant_id)
+        return self.driver.job_cancel(cancel, now=self.clock.pinned())
 
     def pause_queue(self, queue: str) -> None:
         """Stop workers from claiming the queue's jobs (running ones finish; enqueues go on)

@@ -55,18 +55,24 @@ from ultimat3.jobs.clock import Clock, SystemClock
 from ultimat3.jobs.errors import ConfigurationError
 from ultimat3.jobs.records import (
     FINAL_STATES,
+    Cancellation,
     Cycle,
     CycleResult,
+    ExpiredQuery,
     Failure,
     FinishedCount,
+    Fire,
     FlowState,
     InsertResult,
     Job,
     JobFilter,
     JobState,
+    Leadership,
     Lease,
     NewJob,
+    Prune,
     QueueInfo,
+    Rewind,
     ScheduleState,
     WorkerInfo,
 )
@@ -260,7 +266,13 @@ def check_clock_skew(driver: Driver, clock: Clock, *, service: str) -> datetime:
 
 class Driver(Protocol):
     """The job-processing seam: what the enqueue path, the worker, the scheduler and the
-    maintenance service need of a storage backend. The operator's reads are ``Inspection``."""
+    maintenance service need of a storage backend. The operator's reads are ``Inspection``.
+
+    A method takes at most two loose domain arguments; more travel as one frozen record of
+    ``records.py`` (``Cycle``, ``Cancellation``, ``ExpiredQuery``, ``Prune``, ``Fire``,
+    ``Rewind``, ``Leadership``). ``now: datetime | None = None`` is not a domain argument but
+    the clock's injection: the one keyword, beside the record, of every method that reads the
+    time (None: the database's clock)."""
 
     #: "memory", "sqlite" or "postgres".
     name: str
@@ -365,27 +377,16 @@ class Driver(Protocol):
         name it lacks (None)."""
         ...
 
-    def job_cancel(
-        self,
-        job_id: str,
-        *,
-        reason: str,
-        lease: Lease | None = None,
-        tenant_id: str | None = None,
-        now: datetime | None = None,
-    ) -> bool:
-        """Cancel an active job. With ``lease``, only while that lease is held (a handler
-        cancelling itself); without, any scheduled, available or running job (a running one
-        loses its lease, so its worker's later writes match nothing)."""
+    def job_cancel(self, cancel: Cancellation, *, now: datetime | None = None) -> bool:
+        """Cancel an active job. With ``cancel.lease``, only while that lease is held (a
+        handler cancelling itself); without, any scheduled, available or running job (a running
+        one loses its lease, so its worker's later writes match nothing)."""
         ...
 
-    def job_list_expired(
-        self, *, limit: int, now: datetime | None = None, isolated: bool | None = None
-    ) -> list[Job]:
-        """Started running jobs whose lease expired before now, oldest expiry first. The caller
-        fails them through their (expired) lease, so a worker that comes back races fairly.
-        ``isolated``: None lists them all, True those claimed alone (isolated, see
-        ``Failure.isolate``), False those claimed beside others."""
+    def job_list_expired(self, query: ExpiredQuery, *, now: datetime | None = None) -> list[Job]:
+        """Started running jobs whose lease expired before now, oldest expiry first, up to
+        ``query.limit``, narrowed by ``query.isolated``. The caller fails them through their
+        (expired) lease, so a worker that comes back races fairly."""
         ...
 
     def job_get(self, job_id: str, *, tenant_id: str | None = None) -> Job | None:
@@ -402,10 +403,9 @@ class Driver(Protocol):
         """Delete dead or cancelled jobs; return the ids deleted."""
         ...
 
-    def job_prune(
-        self, *, states: frozenset[JobState], finished_before: datetime, limit: int
-    ) -> int:
-        """Delete up to ``limit`` jobs in final ``states`` that finished before the given time."""
+    def job_prune(self, prune: Prune) -> int:
+        """Delete up to ``prune.limit`` jobs in its final ``states`` that finished before
+        ``prune.finished_before``; return how many."""
         ...
 
     # -- cron schedules and leadership -----------------------------------------------------
@@ -417,24 +417,20 @@ class Driver(Protocol):
         ...
 
     def schedule_fire(
-        self,
-        task: str,
-        occurrence: datetime,
-        jobs: Sequence[NewJob],
-        *,
-        now: datetime | None = None,
+        self, fire: Fire, *, now: datetime | None = None
     ) -> list[InsertResult] | None:
         """Dispatch one occurrence, exactly once: in ONE transaction, move the task's
-        ``last_fired_at`` forward to ``occurrence`` only if it is before it (compare-and-set;
-        a task unknown to ``schedule_state`` counts as never fired), and insert ``jobs``.
+        ``last_fired_at`` forward to ``fire.occurrence`` only if it is before it
+        (compare-and-set; a task unknown to ``schedule_state`` counts as never fired), and
+        insert ``fire.jobs``.
         Returns None, writing nothing, when the occurrence (or a later one) was already fired,
         so two schedulers racing cannot both fire it, and a crash between the two writes cannot
         happen."""
         ...
 
-    def schedule_rewind(self, task: str, was: datetime, to: datetime) -> bool:
-        """Move a task's ``last_fired_at`` back from ``was`` to ``to``, only if it is still
-        ``was`` (compare-and-set): the scheduler's repair of a last-fired time that lies in the
+    def schedule_rewind(self, rewind: Rewind) -> bool:
+        """Move a task's ``last_fired_at`` back from ``rewind.was`` to ``rewind.to``, only if it
+        is still ``was`` (compare-and-set): the scheduler's repair of a last-fired time that lies in the
         future after its clock stepped back. True when it moved."""
         ...
 
@@ -444,16 +440,14 @@ class Driver(Protocol):
         through ``clock.wall_ns``)."""
         ...
 
-    def leader_elect(
-        self, name: str, holder: str, ttl: timedelta, *, now: datetime | None = None
-    ) -> bool:
-        """Become or stay the leader of ``name`` until ``now + ttl``: succeeds when nobody
-        holds it, its lease expired, or ``holder`` holds it already. Expiry is judged on the
-        database's clock."""
+    def leader_elect(self, lead: Leadership, *, now: datetime | None = None) -> bool:
+        """Become or stay the leader of ``lead.name`` until ``now + lead.ttl``: succeeds when
+        nobody holds it, its lease expired, or ``lead.holder`` holds it already. Expiry is
+        judged on the database's clock."""
         ...
 
-    def leader_resign(self, name: str, holder: str) -> None:
-        """Give up leadership of ``name`` if ``holder`` has it."""
+    def leader_resign(self, lead: Leadership) -> None:
+        """Give up leadership of ``lead.name`` if ``lead.holder`` has it."""
         ...
 
     # -- live workers ------------------------------------------------------------------------

@@ -67,7 +67,15 @@ from ultimat3.jobs import events
 from ultimat3.jobs.clock import Clock
 from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.job import JobHandle
-from ultimat3.jobs.records import AttemptError, Failure, Job, JobState
+from ultimat3.jobs.records import (
+    AttemptError,
+    ExpiredQuery,
+    Failure,
+    Job,
+    JobState,
+    Leadership,
+    Prune,
+)
 from ultimat3.jobs.retry import DEFAULT_RETRY, next_retry
 
 TRACEBACK_LIMIT = 16_000
@@ -165,9 +173,7 @@ class Maintenance:
     def tick(self, *, rescue_every: float, prune_every: float) -> int:
         """One pass: keep or take leadership; rescue when due (on every node); on the leader,
         prune when due. Returns how many jobs were rescued."""
-        self.leading = self.driver.leader_elect(
-            LEADERSHIP, self.holder, self.leader_ttl, now=self.clock.pinned()
-        )
+        self.leading = self.driver.leader_elect(self._leadership(), now=self.clock.pinned())
         # A standby asks again at the rescue cadence (at most a third of the leadership's
         # time to live): each ask is an upsert that waits on the leader's row.
         self._standby_every = min(rescue_every, self.leader_ttl.total_seconds() / 3)
@@ -201,10 +207,13 @@ class Maintenance:
     def resign(self) -> None:
         if self.leading:
             try:
-                self.driver.leader_resign(LEADERSHIP, self.holder)
+                self.driver.leader_resign(self._leadership())
             except Exception:
                 pass
             self.leading = False
+
+    def _leadership(self) -> Leadership:
+        return Leadership(LEADERSHIP, self.holder, self.leader_ttl)
 
     def rescue(self) -> list[str]:
         """Fail every job whose lease expired; return the ids this call rescued. A job that ran
@@ -239,9 +248,8 @@ class Maintenance:
     def _rescue(self, *, isolated: bool, stepped: float) -> list[str]:
         rescued: list[str] = []
         while True:
-            expired = self.driver.job_list_expired(
-                limit=self.config.rescue_batch, now=self.clock.pinned(), isolated=isolated
-            )
+            query = ExpiredQuery(self.config.rescue_batch, isolated)
+            expired = self.driver.job_list_expired(query, now=self.clock.pinned())
             if not expired or self.clock.stepped_at() != stepped:
                 return rescued  # (a step seen meanwhile: the next pass defers)
             now = self.clock.now()
@@ -314,9 +322,7 @@ class Maintenance:
             plans.append((frozenset({JobState.DEAD}), self.config.dead_retention))
         for states, keep in plans:
             while True:
-                deleted = self.driver.job_prune(
-                    states=states, finished_before=now - keep, limit=self.config.prune_batch
-                )
+                deleted = self.driver.job_prune(Prune(states, now - keep, self.config.prune_batch))
                 total += deleted
                 if deleted < self.config.prune_batch:
                     break

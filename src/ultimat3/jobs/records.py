@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -313,6 +313,100 @@ class Failure:
     #: The attempt is given back (``attempt`` goes down by one): a rescue of a job whose worker
     #: died while it ran beside other jobs, which cannot tell which of them caused it.
     refund: bool = False
+
+
+def aware(moment: datetime) -> datetime:
+    """``moment`` in UTC; ``ValueError`` for a naive one (drivers take aware times only)."""
+    if moment.tzinfo is None:
+        raise ValueError(f"{moment!r} is naive; drivers take timezone-aware UTC datetimes")
+    return moment if moment.tzinfo is UTC else moment.astimezone(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Cancellation:
+    """A job to cancel (``Driver.job_cancel``). With ``lease``, only while that lease is held
+    (a handler cancelling itself); with ``tenant_id``, only that tenant's job."""
+
+    job_id: str
+    reason: str
+    lease: Lease | None = None
+    tenant_id: str | None = None
+
+    @property
+    def stray(self) -> bool:
+        """The lease is another job's: the cancel matches nothing."""
+        return self.lease is not None and self.lease.id != self.job_id
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiredQuery:
+    """Which expired leases to list (``Driver.job_list_expired``): up to ``limit`` (a negative
+    one reads as 0); ``isolated`` None lists them all, True those claimed alone (see
+    ``Failure.isolate``), False those claimed beside others."""
+
+    limit: int
+    isolated: bool | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "limit", max(0, self.limit))
+
+
+@dataclass(frozen=True, slots=True)
+class Prune:
+    """Finished jobs to delete (``Driver.job_prune``): up to ``limit`` (a negative one reads
+    as 0) of those in ``states`` (kept to the final ones) that finished before
+    ``finished_before`` (aware, held in UTC)."""
+
+    states: frozenset[JobState]
+    finished_before: datetime
+    limit: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "states", frozenset(self.states) & FINAL_STATES)
+        object.__setattr__(self, "finished_before", aware(self.finished_before))
+        object.__setattr__(self, "limit", max(0, self.limit))
+
+    @property
+    def empty(self) -> bool:
+        """Nothing can match: no final state, or a limit of 0."""
+        return not self.states or not self.limit
+
+
+@dataclass(frozen=True, slots=True)
+class Fire:
+    """One occurrence of a cron task to dispatch, with its jobs (``Driver.schedule_fire``);
+    ``occurrence`` is aware, held in UTC."""
+
+    task: str
+    occurrence: datetime
+    jobs: Sequence[NewJob] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "occurrence", aware(self.occurrence))
+
+
+@dataclass(frozen=True, slots=True)
+class Rewind:
+    """A task's ``last_fired_at`` to move back from ``was`` to ``to`` (``Driver.
+    schedule_rewind``); both aware, held in UTC."""
+
+    task: str
+    was: datetime
+    to: datetime
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "was", aware(self.was))
+        object.__setattr__(self, "to", aware(self.to))
+
+
+@dataclass(frozen=True, slots=True)
+class Leadership:
+    """A lease on the leadership of ``name`` held by ``holder``, ``ttl`` at a time
+    (``Driver.leader_elect``; ``leader_resign`` ignores ``ttl``)."""
+
+    name: str
+    holder: str
+    ttl: timedelta
 
 
 @dataclass(frozen=True, slots=True)

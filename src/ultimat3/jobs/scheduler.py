@@ -43,7 +43,7 @@ from ultimat3.jobs.driver import Driver, check_clock_skew
 from ultimat3.jobs.errors import JobsError
 from ultimat3.jobs.ids import token
 from ultimat3.jobs.job import JobHandle
-from ultimat3.jobs.records import InsertResult, NewJob, ScheduleState
+from ultimat3.jobs.records import Fire, InsertResult, Leadership, NewJob, Rewind, ScheduleState
 from ultimat3.jobs.supervise import BACKOFF, Loop
 from ultimat3.jobs.tasks import TaskHandle
 
@@ -104,9 +104,7 @@ class DatabaseLeader:
     def acquire(self) -> bool:
         started = self.clock.monotonic()
         try:
-            won = self.driver.leader_elect(
-                self.name, self.holder, self.ttl, now=self.clock.pinned()
-            )
+            won = self.driver.leader_elect(self._leadership(), now=self.clock.pinned())
         except JobsError as exc:
             events.warning("jobs.scheduler.leader-unknown", holder=self.holder, error=exc.cause)
             won = False
@@ -120,6 +118,9 @@ class DatabaseLeader:
         self._renewed_at = None
         return False
 
+    def _leadership(self) -> Leadership:
+        return Leadership(self.name, self.holder, self.ttl)
+
     @property
     def is_leader(self) -> bool:
         """True while the last renewal is recent enough to act on (a margin of a third)."""
@@ -130,7 +131,7 @@ class DatabaseLeader:
     def release(self) -> None:
         if self._renewed_at is not None:
             try:
-                self.driver.leader_resign(self.name, self.holder)
+                self.driver.leader_resign(self._leadership())
             except JobsError:
                 pass
         self._renewed_at = None
@@ -242,7 +243,7 @@ class Scheduler:
         if last is not None and (last - now).total_seconds() > STEP:
             # Fired ahead of our time (by a clock that stepped back since, or another host's):
             # keeping it would leave the task silent until then. Bring it back to now.
-            if self.driver.schedule_rewind(name, last, now):
+            if self.driver.schedule_rewind(Rewind(name, last, now)):
                 events.warning(
                     "jobs.scheduler.rewound",
                     task=name,
@@ -272,7 +273,8 @@ class Scheduler:
                 replace(job, run_at=due) if job.run_at is None and job.delay is None else job
                 for job in (self.build(job_handle, value, key) for job_handle, value in entries)
             ]
-            results = self.driver.schedule_fire(name, occurrence.at, jobs, now=self.clock.pinned())
+            fire = Fire(name, occurrence.at, jobs)
+            results = self.driver.schedule_fire(fire, now=self.clock.pinned())
             if results is None:
                 continue  # another scheduler fired it (or a later one) first
             out.append(
@@ -294,7 +296,7 @@ class Scheduler:
             )
         if p.skip_to is not None and (not out or out[-1].occurrence < p.skip_to):
             # Skipped occurrences are settled too, so the next round does not see them again.
-            self.driver.schedule_fire(name, p.skip_to, [], now=self.clock.pinned())
+            self.driver.schedule_fire(Fire(name, p.skip_to), now=self.clock.pinned())
         return out
 
     # -- running -----------------------------------------------------------------------------

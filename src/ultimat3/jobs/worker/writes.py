@@ -13,7 +13,7 @@ from ultimat3.jobs import events
 from ultimat3.jobs.clock import Clock
 from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.ids import token
-from ultimat3.jobs.records import ClaimParams, Cycle, Failure, Job
+from ultimat3.jobs.records import Cancellation, ClaimParams, Cycle, Failure, Job
 from ultimat3.jobs.run import Life, skipped
 from ultimat3.jobs.worker.config import WorkerConfig, WorkerStats
 from ultimat3.jobs.worker.handlers import Held, Outcome, fields
@@ -133,7 +133,8 @@ class Writer:
                 else:
                     self._note_lost([h])
             else:
-                if self.driver.job_cancel(h.job.id, reason=outcome.reason, lease=h.lease, now=now):
+                cancel = Cancellation(h.job.id, outcome.reason, h.lease)
+                if self.driver.job_cancel(cancel, now=now):
                     self.stats.cancelled += 1
                     events.info("jobs.job.cancelled", h.job, **fields(h), reason=outcome.reason)
                 else:

@@ -8,8 +8,8 @@ Semantics this driver pins down (the SQL drivers follow them):
 
 - **Tenants.** ``tenant_id=None`` means "no tenant": jobs without a tenant share one dedupe
   space, as if None were a value (unlike SQL's ``NULL``, which never equals itself). ``""`` is
-  an ordinary tenant id, distinct from None. In ``JobFilter`` and in the ``tenant_id=``
-  arguments of ``job_get``/``job_cancel``/``job_retry``/``job_discard``, None means "any
+  an ordinary tenant id, distinct from None. In ``JobFilter``, ``Cancellation`` and the
+  ``tenant_id=`` arguments of ``job_get``/``job_retry``/``job_discard``, None means "any
   tenant" (no scoping); a string scopes to exactly that tenant.
 - **Time.** ``now`` is used when given, else the host clock. A retry or snooze time that is
   not after ``now`` makes the job ``available`` with ``run_at`` kept as given.
@@ -69,7 +69,6 @@ from ultimat3.jobs.drivers.memory.rows import (
     new_job,
     order,
     unleased,
-    utc,
     waiting_state,
     within_limits,
 )
@@ -79,15 +78,21 @@ from ultimat3.jobs.limits import STATE_BITS
 from ultimat3.jobs.records import (
     ACTIVE_STATES,
     FINAL_STATES,
+    Cancellation,
     ClaimParams,
     Cycle,
     CycleResult,
+    ExpiredQuery,
     Failure,
+    Fire,
     InsertResult,
     Job,
     JobState,
+    Leadership,
     Lease,
     NewJob,
+    Prune,
+    Rewind,
     ScheduleState,
     WorkerInfo,
 )
@@ -437,35 +442,25 @@ class MemoryDriver(Store):
             self._notify()
             return True
 
-    def job_cancel(
-        self,
-        job_id: str,
-        *,
-        reason: str,
-        lease: Lease | None = None,
-        tenant_id: str | None = None,
-        now: datetime | None = None,
-    ) -> bool:
+    def job_cancel(self, cancel: Cancellation, *, now: datetime | None = None) -> bool:
         at = self._at(now)
+        if cancel.stray:
+            return False
         with self._lock:
-            job = self._scoped(job_id, tenant_id)
+            job = self._scoped(cancel.job_id, cancel.tenant_id)
             if job is None:
                 return False
-            if lease is not None:
-                if lease.id != job_id or self._held(lease) is None:
+            if cancel.lease is not None:
+                if self._held(cancel.lease) is None:
                     return False
             elif job.state not in ACTIVE_STATES:
                 return False
-            self._put(
-                unleased(
-                    replace(job, state=JobState.CANCELLED, finished_at=at, cancel_reason=reason)
-                )
-            )
+            reason = cancel.reason
+            cancelled = replace(job, state=JobState.CANCELLED, finished_at=at, cancel_reason=reason)
+            self._put(unleased(cancelled))
             return True
 
-    def job_list_expired(
-        self, *, limit: int, now: datetime | None = None, isolated: bool | None = None
-    ) -> list[Job]:
+    def job_list_expired(self, query: ExpiredQuery, *, now: datetime | None = None) -> list[Job]:
         at = self._at(now)
         with self._lock:
             expired = [
@@ -474,10 +469,10 @@ class MemoryDriver(Store):
                 if job.state is JobState.RUNNING
                 and job.lease_expires_at is not None
                 and job.lease_expires_at < at
-                and (isolated is None or (job.id in self._isolated) is isolated)
+                and (query.isolated is None or (job.id in self._isolated) is query.isolated)
             ]
         expired.sort(key=lambda job: (job.lease_expires_at, job.id))
-        return expired[: max(0, limit)]
+        return expired[: query.limit]
 
     def job_get(self, job_id: str, *, tenant_id: str | None = None) -> Job | None:
         with self._lock:
@@ -528,23 +523,19 @@ class MemoryDriver(Store):
                     deleted.append(job_id)
         return deleted
 
-    def job_prune(
-        self, *, states: frozenset[JobState], finished_before: datetime, limit: int
-    ) -> int:
-        cutoff = utc(finished_before)
+    def job_prune(self, prune: Prune) -> int:
         with self._lock:
             old = [
                 job
                 for job in self._jobs.values()
-                if job.state in states
-                and job.state in FINAL_STATES
+                if job.state in prune.states
                 and job.finished_at is not None
-                and job.finished_at < cutoff
+                and job.finished_at < prune.finished_before
             ]
             old.sort(key=lambda job: (job.finished_at, job.id))
-            for job in old[: max(0, limit)]:
+            for job in old[: prune.limit]:
                 self._delete(job)
-        return min(len(old), max(0, limit))
+        return min(len(old), prune.limit)
 
     # -- queues ------------------------------------------------------------------------------
 
@@ -566,49 +557,41 @@ class MemoryDriver(Store):
             return {task: self._schedules[task] for task in tasks}
 
     def schedule_fire(
-        self,
-        task: str,
-        occurrence: datetime,
-        jobs: Sequence[NewJob],
-        *,
-        now: datetime | None = None,
+        self, fire: Fire, *, now: datetime | None = None
     ) -> list[InsertResult] | None:
         at = self._at(now)
-        occurrence = utc(occurrence)
         with self._lock:
-            state = self._schedules.get(task) or ScheduleState(task, at, None)
-            if state.last_fired_at is not None and state.last_fired_at >= occurrence:
+            state = self._schedules.get(fire.task) or ScheduleState(fire.task, at, None)
+            if state.last_fired_at is not None and state.last_fired_at >= fire.occurrence:
                 return None
-            self._schedules[task] = replace(state, last_fired_at=occurrence)
-        return self.job_insert_many(jobs, now=now)
+            self._schedules[fire.task] = replace(state, last_fired_at=fire.occurrence)
+        return self.job_insert_many(fire.jobs, now=now)
 
-    def schedule_rewind(self, task: str, was: datetime, to: datetime) -> bool:
+    def schedule_rewind(self, rewind: Rewind) -> bool:
         with self._lock:
-            state = self._schedules.get(task)
-            if state is None or state.last_fired_at != utc(was):
+            state = self._schedules.get(rewind.task)
+            if state is None or state.last_fired_at != rewind.was:
                 return False
-            self._schedules[task] = replace(state, last_fired_at=utc(to))
+            self._schedules[rewind.task] = replace(state, last_fired_at=rewind.to)
             return True
 
     def database_now(self, *, now: datetime | None = None) -> datetime:
         return self._at(now)
 
-    def leader_elect(
-        self, name: str, holder: str, ttl: timedelta, *, now: datetime | None = None
-    ) -> bool:
+    def leader_elect(self, lead: Leadership, *, now: datetime | None = None) -> bool:
         at = self._at(now)
         with self._lock:
-            current = self._leaders.get(name)
-            if current is not None and current[0] != holder and current[1] > at:
+            current = self._leaders.get(lead.name)
+            if current is not None and current[0] != lead.holder and current[1] > at:
                 return False
-            self._leaders[name] = (holder, at + ttl)
+            self._leaders[lead.name] = (lead.holder, at + lead.ttl)
             return True
 
-    def leader_resign(self, name: str, holder: str) -> None:
+    def leader_resign(self, lead: Leadership) -> None:
         with self._lock:
-            current = self._leaders.get(name)
-            if current is not None and current[0] == holder:
-                del self._leaders[name]
+            current = self._leaders.get(lead.name)
+            if current is not None and current[0] == lead.holder:
+                del self._leaders[lead.name]
 
     # -- live workers ------------------------------------------------------------------------
 

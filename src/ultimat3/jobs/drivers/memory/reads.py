@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from ultimat3.jobs.clock import Clock, SystemClock
-from ultimat3.jobs.drivers.memory.rows import Flow, holds_slot, matches, utc
+from ultimat3.jobs.drivers.memory.rows import Flow, holds_slot, matches
 from ultimat3.jobs.records import (
     FINAL_STATES,
     FinishedCount,
@@ -22,6 +22,7 @@ from ultimat3.jobs.records import (
     QueueInfo,
     ScheduleState,
     WorkerInfo,
+    aware,
 )
 
 Key = tuple[str | None, str]
@@ -49,7 +50,7 @@ class Store:
 
     def _at(self, now: datetime | None) -> datetime:
         """``now`` in UTC (refusing a naive one), or the clock's time when None."""
-        return self._clock.now() if now is None else utc(now)
+        return self._clock.now() if now is None else aware(now)
 
     def job_list(
         self, where: JobFilter, *, limit: int = 100, before_id: str | None = None
@@ -80,7 +81,7 @@ class Store:
     def job_finished_counts(
         self, since: datetime, bucket: timedelta, *, tenant_id: str | None = None
     ) -> list[FinishedCount]:
-        since = utc(since)
+        since = aware(since)
         with self._lock:
             counts = Counter(
                 (job.queue, job.state, (job.finished_at - since) // bucket)

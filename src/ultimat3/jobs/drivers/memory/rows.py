@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import NamedTuple
 
 from ultimat3.jobs.limits import keys_to_look
-from ultimat3.jobs.records import Job, JobFilter, JobState, NewJob
+from ultimat3.jobs.records import Job, JobFilter, JobState, NewJob, aware
 
 
 class Flow(NamedTuple):
@@ -22,12 +22,6 @@ class Flow(NamedTuple):
     most: int
     rate_max: int
     rate_period: timedelta
-
-
-def utc(moment: datetime) -> datetime:
-    if moment.tzinfo is None:
-        raise ValueError(f"{moment!r} is naive; drivers take timezone-aware UTC datetimes")
-    return moment.astimezone(UTC)
 
 
 def debounced(job: Job, new: Job) -> Job:
@@ -54,7 +48,7 @@ def unleased(job: Job) -> Job:
 
 
 def new_job(new: NewJob, now: datetime) -> Job:
-    run_at = now if new.run_at is None else utc(new.run_at)
+    run_at = now if new.run_at is None else aware(new.run_at)
     if new.run_at is None and new.delay is not None:
         run_at = now + new.delay
     return Job(

@@ -14,9 +14,11 @@ from ultimat3.jobs.drivers.postgres.connections import _MICROSECOND, Row, _job, 
 from ultimat3.jobs.drivers.postgres.insert import Inserts
 from ultimat3.jobs.limits import keys_to_look
 from ultimat3.jobs.records import (
+    Cancellation,
     ClaimParams,
     Cycle,
     CycleResult,
+    ExpiredQuery,
     Failure,
     FlowState,
     Job,
@@ -252,36 +254,27 @@ class Cycles(Inserts):
         )
         return bool(rows and rows[0][0])
 
-    def job_cancel(
-        self,
-        job_id: str,
-        *,
-        reason: str,
-        lease: Lease | None = None,
-        tenant_id: str | None = None,
-        now: datetime | None = None,
-    ) -> bool:
-        if lease is not None and lease.id != job_id:
+    def job_cancel(self, cancel: Cancellation, *, now: datetime | None = None) -> bool:
+        if cancel.stray:
             return False
+        lease = cancel.lease
         rows = self._fetch(
             "job_cancel",
             {
-                "id": job_id,
-                "reason": reason,
+                "id": cancel.job_id,
+                "reason": cancel.reason,
                 "token": lease.token if lease is not None else None,
-                "tenant_id": tenant_id,
+                "tenant_id": cancel.tenant_id,
                 "now": now,
                 "finished": self._finished_channel,
             },
         )
         return bool(rows)
 
-    def job_list_expired(
-        self, *, limit: int, now: datetime | None = None, isolated: bool | None = None
-    ) -> list[Job]:
-        if limit <= 0:
+    def job_list_expired(self, query: ExpiredQuery, *, now: datetime | None = None) -> list[Job]:
+        if not query.limit:
             return []
-        params = {"limit": limit, "now": now, "isolated": isolated}
+        params = {"limit": query.limit, "now": now, "isolated": query.isolated}
         rows = self._fetch("job_list_expired", params)
         return [_job(row) for row in rows]
 

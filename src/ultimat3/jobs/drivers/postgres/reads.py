@@ -11,11 +11,11 @@ from ultimat3.jobs.driver import wait_until_final
 from ultimat3.jobs.drivers.postgres.connections import _STATES, _job, _utc
 from ultimat3.jobs.drivers.postgres.cycle import Cycles
 from ultimat3.jobs.records import (
-    FINAL_STATES,
     FinishedCount,
     Job,
     JobFilter,
     JobState,
+    Prune,
     QueueInfo,
     WorkerInfo,
 )
@@ -110,13 +110,11 @@ class Reads(Cycles):
             for queue, state, k, n in sorted(rows)
         ]
 
-    def job_prune(
-        self, *, states: frozenset[JobState], finished_before: datetime, limit: int
-    ) -> int:
-        final = sorted(state.value for state in states & FINAL_STATES)
-        if not final or limit <= 0:
+    def job_prune(self, prune: Prune) -> int:
+        if prune.empty:
             return 0
-        params = {"states": list(final), "before": finished_before, "limit": limit}
+        final = sorted(state.value for state in prune.states)
+        params = {"states": final, "before": prune.finished_before, "limit": prune.limit}
         with self._connection() as conn:
             # The maintenance node prunes: it folds the count deltas too (see 0005).
             self._exec(conn, self._q["job_counts_fold"], {}, bounded=True)

@@ -8,7 +8,14 @@ from datetime import datetime, timedelta
 
 from ultimat3.jobs.drivers.postgres.connections import _utc
 from ultimat3.jobs.drivers.postgres.reads import Reads
-from ultimat3.jobs.records import InsertResult, NewJob, ScheduleState, WorkerInfo
+from ultimat3.jobs.records import (
+    Fire,
+    InsertResult,
+    Leadership,
+    Rewind,
+    ScheduleState,
+    WorkerInfo,
+)
 
 
 class Schedules(Reads):
@@ -39,45 +46,36 @@ class Schedules(Reads):
         return {task: found[task] for task in tasks}
 
     def schedule_fire(
-        self,
-        task: str,
-        occurrence: datetime,
-        jobs: Sequence[NewJob],
-        *,
-        now: datetime | None = None,
+        self, fire: Fire, *, now: datetime | None = None
     ) -> list[InsertResult] | None:
+        jobs = fire.jobs
+        params = {"task": fire.task, "occurrence": fire.occurrence, "now": now}
         with self._connection() as conn, conn.transaction():
             self._bound(conn)
-            advanced = self._exec(
-                conn,
-                self._q["schedule_advance"],
-                {"task": task, "occurrence": occurrence, "now": now},
-            ).fetchall()
+            advanced = self._exec(conn, self._q["schedule_advance"], params).fetchall()
             if not advanced:
                 return None
             results = self._insert(conn, jobs, now, bounded=False) if jobs else []
         self._woke(jobs)
         return results
 
-    def schedule_rewind(self, task: str, was: datetime, to: datetime) -> bool:
-        return bool(self._fetch("schedule_rewind", {"task": task, "was": was, "to": to}))
+    def schedule_rewind(self, rewind: Rewind) -> bool:
+        params = {"task": rewind.task, "was": rewind.was, "to": rewind.to}
+        return bool(self._fetch("schedule_rewind", params))
 
     def database_now(self, *, now: datetime | None = None) -> datetime:
         if now is not None:
             return _utc(now)
         return _utc(self._fetch("database_now", {})[0][0])
 
-    def leader_elect(
-        self, name: str, holder: str, ttl: timedelta, *, now: datetime | None = None
-    ) -> bool:
-        rows = self._fetch("leader_elect", {"name": name, "holder": holder, "ttl": ttl, "now": now})
-        return bool(rows)
+    def leader_elect(self, lead: Leadership, *, now: datetime | None = None) -> bool:
+        params = {"name": lead.name, "holder": lead.holder, "ttl": lead.ttl, "now": now}
+        return bool(self._fetch("leader_elect", params))
 
-    def leader_resign(self, name: str, holder: str) -> None:
+    def leader_resign(self, lead: Leadership) -> None:
+        params = {"name": lead.name, "holder": lead.holder}
         with self._connection() as conn:
-            self._exec(
-                conn, self._q["leader_resign"], {"name": name, "holder": holder}, bounded=True
-            )
+            self._exec(conn, self._q["leader_resign"], params, bounded=True)
 
     def worker_beat(self, worker: WorkerInfo, *, now: datetime | None = None) -> None:
         params = {

@@ -83,18 +83,24 @@ from ultimat3.jobs.drivers.sqlite.frame import unaligned_step
 from ultimat3.jobs.drivers.sqlite.wait import wait_for_jobs
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
 from ultimat3.jobs.records import (
+    Cancellation,
     Cycle,
     CycleResult,
+    ExpiredQuery,
     Failure,
     FinishedCount,
+    Fire,
     FlowState,
     InsertResult,
     Job,
     JobFilter,
     JobState,
+    Leadership,
     Lease,
     NewJob,
+    Prune,
     QueueInfo,
+    Rewind,
     ScheduleState,
     WorkerInfo,
 )
@@ -297,35 +303,25 @@ class SqliteDriver(Connections):
         }
         return self._write(lambda conn: conn.execute(_Q["job_snooze"], args).rowcount == 1)
 
-    def job_cancel(
-        self,
-        job_id: str,
-        *,
-        reason: str,
-        lease: Lease | None = None,
-        tenant_id: str | None = None,
-        now: datetime | None = None,
-    ) -> bool:
+    def job_cancel(self, cancel: Cancellation, *, now: datetime | None = None) -> bool:
+        if cancel.stray:
+            return False
         args: dict[str, Any] = {
-            "id": job_id,
-            "reason": reason,
-            "tenant_id": tenant_id,
+            "id": cancel.job_id,
+            "reason": cancel.reason,
+            "tenant_id": cancel.tenant_id,
             "now": _now_us(now),
         }
         query = _Q["job_cancel"]
-        if lease is not None:
-            if lease.id != job_id:
-                return False
-            args["token"] = lease.token
+        if cancel.lease is not None:
+            args["token"] = cancel.lease.token
             query = _Q["job_cancel_leased"]
         return self._write(lambda conn: conn.execute(query, args).rowcount == 1)
 
-    def job_list_expired(
-        self, *, limit: int, now: datetime | None = None, isolated: bool | None = None
-    ) -> list[Job]:
+    def job_list_expired(self, query: ExpiredQuery, *, now: datetime | None = None) -> list[Job]:
         now_us = _now_us(now)
-        limit = max(0, limit)  # SQLite reads LIMIT -1 as "all"
-        flag = None if isolated is None else int(isolated)
+        limit = query.limit  # never negative: SQLite reads LIMIT -1 as "all"
+        flag = None if query.isolated is None else int(query.isolated)
 
         def body(conn: sqlite3.Connection) -> list[Any]:
             # The lease expiries are stored in the frame they were renewed in: judged there,
@@ -396,15 +392,13 @@ class SqliteDriver(Connections):
         since_us = _us(since)
         return self._read(lambda conn: reads.finished_counts(conn, since_us, bucket, tenant_id))
 
-    def job_prune(
-        self, *, states: frozenset[JobState], finished_before: datetime, limit: int
-    ) -> int:
-        if not states or limit <= 0:
+    def job_prune(self, prune: Prune) -> int:
+        if prune.empty:
             return 0
         args = {
-            "states": json.dumps(sorted(states)),
-            "finished_before": _us(finished_before),
-            "limit": limit,
+            "states": json.dumps(sorted(prune.states)),
+            "finished_before": _us(prune.finished_before),
+            "limit": prune.limit,
         }
         return self._write(lambda conn: conn.execute(_Q["job_prune"], args).rowcount)
 
@@ -441,16 +435,12 @@ class SqliteDriver(Connections):
         return reads.schedules(self._write(body))
 
     def schedule_fire(
-        self,
-        task: str,
-        occurrence: datetime,
-        jobs: Sequence[NewJob],
-        *,
-        now: datetime | None = None,
+        self, fire: Fire, *, now: datetime | None = None
     ) -> list[InsertResult] | None:
         now_us = _now_us(now)
+        jobs = fire.jobs
         rows = [insert.job_row(job, now_us) for job in jobs]
-        args = {"task": task, "now": now_us, "at": _us(occurrence)}
+        args = {"task": fire.task, "now": now_us, "at": _us(fire.occurrence)}
 
         def body(conn: sqlite3.Connection) -> list[InsertResult] | None:
             if conn.execute(_Q["schedule_advance"], args).rowcount == 0:
@@ -459,27 +449,25 @@ class SqliteDriver(Connections):
 
         return self._write(body)
 
-    def schedule_rewind(self, task: str, was: datetime, to: datetime) -> bool:
-        args = {"task": task, "was": _us(was), "to": _us(to)}
+    def schedule_rewind(self, rewind: Rewind) -> bool:
+        args = {"task": rewind.task, "was": _us(rewind.was), "to": _us(rewind.to)}
         return bool(self._write(lambda conn: conn.execute(_Q["schedule_rewind"], args).rowcount))
 
     def database_now(self, *, now: datetime | None = None) -> datetime:
         return _dt(_now_us(now))
 
-    def leader_elect(
-        self, name: str, holder: str, ttl: timedelta, *, now: datetime | None = None
-    ) -> bool:
+    def leader_elect(self, lead: Leadership, *, now: datetime | None = None) -> bool:
         now_us = _now_us(now)
         args = {
-            "name": name,
-            "holder": holder,
+            "name": lead.name,
+            "holder": lead.holder,
             "now": now_us,
-            "expires_at": now_us + ttl // MICROSECOND,
+            "expires_at": now_us + lead.ttl // MICROSECOND,
         }
         return bool(self._write(lambda conn: conn.execute(_Q["leader_elect"], args).rowcount))
 
-    def leader_resign(self, name: str, holder: str) -> None:
-        args = {"name": name, "holder": holder}
+    def leader_resign(self, lead: Leadership) -> None:
+        args = {"name": lead.name, "holder": lead.holder}
         self._write(lambda conn: conn.execute(_Q["leader_resign"], args))
 
     # -- live workers ------------------------------------------------------------------------

@@ -400,9 +400,17 @@ def _insert(
             )
         return driver.job_insert_many(jobs, now=now)
     if joined is not None:
-        if reaches(joined.database, driver):
+        # A transaction on the outbox's database (which is not the job database) is staged
+        # at once: ``reaches`` would first ask the job database, in a transaction of its
+        # own, whether it restarted, on every enqueue.
+        database = joined.database
+        staged = (
+            store is not None and database == store.identity() and database != driver.identity()
+        )
+        if not staged and reaches(database, driver):
             return driver.job_insert_many(jobs, executor=joined, now=now)
-        if store is not None and reaches(joined.database, store):
+        if staged or (store is not None and reaches(database, store)):
+            assert store is not None
             limited = next(
                 (job for job in jobs if job.limit_key is not None or job.unique_key is not None),
                 None,

@@ -8,10 +8,10 @@ Each round runs five fresh business transactions on the caller's own connection,
 (``run.kinds_medians``): the business INSERT alone; it and a bare INSERT into the job table;
 it inside ``with app.using(conn):`` with one ``handle.enqueue``; it inside ``using()`` with
 no enqueue (what joining alone costs); and it with the statements the joined enqueue sends
-(its savepoint, and on SQLite the clock frame's read and the kept count), run bare with a
-row made beforehand: the floor of the SQL, so the rest of the enqueue's cost is the library's
-Python. The added costs are medians minus the first kind's median. Not a test: nothing here
-asserts.
+(its savepoint, and on SQLite the clock frame's read and the kept count), run bare with the
+row's values made before the timings: the floor of the SQL, so the rest of the enqueue's
+cost is the library's Python. The added costs are medians minus the first kind's median.
+Not a test: nothing here asserts.
 """
 
 from __future__ import annotations
@@ -113,9 +113,15 @@ def sqlite_cost(rounds: int) -> None:
 
         job, ours, dialect = _job(), queries("sqlite"), queries("sqlite", "ultimat3.jobs.dialects")
 
+        made = iter(
+            [
+                job_row(replace(job, id=j, idempotency_key=j), wall_ns() // 1000)
+                for j in (uuid7() for _ in range(rounds + 20))
+            ]
+        )
+
         def statements() -> None:
-            j = uuid7()
-            row = job_row(replace(job, id=j, idempotency_key=j), wall_ns() // 1000)
+            row = next(made)
             conn.execute(dialect["savepoint"])
             conn.execute(ours["clock_frame"]).fetchone()
             conn.execute(ours["job_insert"], row)
@@ -148,9 +154,13 @@ def postgres_cost(rounds: int) -> None:
             job, insert = _job(), app.driver._q["job_insert_one"]  # type: ignore[attr-defined]
             channel = app.driver._channel  # type: ignore[attr-defined]
 
+            shared = _pg_params(job, channel)
+            made = iter(
+                [{**shared, "id": j, "key": j} for j in (uuid7() for _ in range(rounds + 20))]
+            )
+
             def statements() -> None:
-                j = uuid7()
-                params = {**_pg_params(job, channel), "id": j, "key": j}
+                params = next(made)
                 conn.execute(SAVEPOINT_SQL)
                 conn.execute(insert, params).fetchall()
                 conn.execute(RELEASE_SQL)

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -215,3 +216,32 @@ def test_the_relay_thread_survives_an_unexpected_error(app: App, spec: StoreSpec
             app.enqueue(job_a, 1)
         assert done.wait(5), "the relay thread published nothing within 5 s of its failure"
     assert len(calls) > 1 and app.count_jobs() == 1
+
+
+def test_a_connection_is_identified_on_its_first_join_only(
+    app: App, spec: StoreSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database a caller's connection reaches is worked out on its first ``using()``, for
+    the outbox's database as for the job database: a later join on it hands the driver and
+    the store the ``Joined`` they accepted, and neither identifies the connection again."""
+    from ultimat3.jobs.driver import Joined
+
+    seen: list[tuple[str, bool]] = []
+    for who, target in (("driver", app.driver), ("store", spec.store)):
+        adopt = target.adopt
+
+        def spy(connection: object, _who: str = who, _adopt: Any = adopt) -> Joined:
+            seen.append((_who, isinstance(connection, Joined)))
+            return _adopt(connection)  # type: ignore[no-any-return]
+
+        monkeypatch.setattr(target, "adopt", spy)
+    with spec.begin() as conn:
+        with app.using(conn):
+            app.enqueue(job_a, 1)
+        first = list(seen)
+        seen.clear()
+        with app.using(conn):
+            app.enqueue(job_a, 2)
+    assert ("store", False) in first  # identified once
+    assert seen and all(joined for _, joined in seen), seen
+    assert app.relay().tick() == 2

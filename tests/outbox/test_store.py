@@ -385,3 +385,18 @@ def test_pg_a_statement_the_server_refuses_raises_a_jobs_error(spec: StoreSpec) 
     assert isinstance(caught.value.__cause__, psycopg.errors.UndefinedColumn)
     assert "SQLSTATE 42703" in caught.value.cause and caught.value.retryable is False
     assert spec.store.pending_count() == 1  # the store goes on
+
+
+@pytest.mark.parametrize("query", ["?busy_timeout=abc", "?busy_timeout=5s", "?timeout=5"])
+def test_a_bad_sqlite_outbox_url_option_is_a_configuration_error(tmp_path: Any, query: str) -> None:
+    """A SQLite outbox URL's options are read as the job driver's are: a busy_timeout that is
+    not a number, or an unknown option, raises ConfigurationError naming it, not ValueError."""
+    with pytest.raises(ConfigurationError) as caught:
+        open_store(f"sqlite:///{tmp_path / 'business.sqlite3'}{query}")
+    assert ("busy_timeout" in caught.value.cause) == query.startswith("?busy_timeout")
+    assert caught.value.fix
+
+
+def test_a_sqlite_outbox_url_takes_a_busy_timeout(tmp_path: Any) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'business.sqlite3'}?busy_timeout=2.5")
+    assert store._busy_timeout == 2.5  # type: ignore[attr-defined]

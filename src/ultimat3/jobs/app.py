@@ -400,10 +400,14 @@ class App(Enqueuer):
 
     def _join(self, connection: Any, *, serial: asyncio.Lock | None = None) -> Joined:
         """The caller's connection as a ``Joined`` on the job database or the outbox's. The
-        job database a connection reaches is worked out on its first join only (``_KNOWN``);
-        the driver checks the rest on each join."""
+        database a connection reaches (the job database, or the outbox's) is worked out on
+        its first join only (``_KNOWN``); the driver or the store checks the rest on each."""
         driver = self._unopened_driver()
         known = None if isinstance(connection, Joined) else _KNOWN.get(connection)
+        if known is not None and self._outbox_opened:
+            store = self._open_outbox()
+            if known == store.identity():
+                return self._serial(store.adopt(Joined(connection, known)), serial)
         try:
             if known is not None:
                 joined = driver.adopt(Joined(connection, known))
@@ -428,9 +432,13 @@ class App(Enqueuer):
                     f"either: {store_exc.cause}",
                     fix=store_exc.fix,
                 ) from store_exc
-        if serial is not None:
-            joined = Joined(joined.connection, joined.database, serial)
-        return joined
+            if not isinstance(connection, Joined):
+                _KNOWN.remember(connection, joined.database)
+        return self._serial(joined, serial)
+
+    @staticmethod
+    def _serial(joined: Joined, serial: asyncio.Lock | None) -> Joined:
+        return joined if serial is None else Joined(joined.connection, joined.database, serial)
 
     def _open_outbox(self) -> OutboxStore:
         """The outbox store, opened and migrated on first use."""

@@ -365,12 +365,19 @@ def insert(
 
 def _staged(driver: Driver, store: OutboxStore | None) -> bool:
     joined = current_tx.get()
-    return (
-        joined is not None
-        and store is not None
-        and not reaches(joined.database, driver)
-        and reaches(joined.database, store)
-    )
+    return joined is not None and _on_store(joined.database, driver, store)
+
+
+def _on_store(database: DatabaseId, driver: Driver, store: OutboxStore | None) -> bool:
+    """Whether a transaction on ``database`` is staged in ``store``: it reaches the outbox's
+    database and not the job database. One the store joined (its identity, not the job
+    database's) is told at once: ``reaches`` would first ask the job database, in a
+    transaction of its own, whether it restarted, on every enqueue."""
+    if store is None:
+        return False
+    if database == store.identity() and database != driver.identity():
+        return True
+    return not reaches(database, driver) and reaches(database, store)
 
 
 def _insert(
@@ -400,9 +407,7 @@ def _insert(
             )
         return driver.job_insert_many(jobs, now=now)
     if joined is not None:
-        if reaches(joined.database, driver):
-            return driver.job_insert_many(jobs, executor=joined, now=now)
-        if store is not None and reaches(joined.database, store):
+        if store is not None and _on_store(joined.database, driver, store):
             limited = next(
                 (job for job in jobs if job.limit_key is not None or job.unique_key is not None),
                 None,
@@ -418,6 +423,8 @@ def _insert(
             # publishes after commit. The id is final; whether it dedupes is known only then.
             store.stage(joined, jobs, now=now)
             return [InsertResult(id=job.id, deduped=False) for job in jobs]
+        if reaches(joined.database, driver):
+            return driver.job_insert_many(jobs, executor=joined, now=now)
         where = joined.database.label or joined.database.kind
         raise ConfigurationError(
             f"job {label!r} was enqueued inside a transaction on {where}, which is neither "

@@ -400,8 +400,10 @@ _SENT_TYPES: tuple[type, ...] = (str, int, bool, datetime, timedelta)
 _ADAPTERS: weakref.WeakKeyDictionary[Any, list[tuple[str, Any, Any]]] = weakref.WeakKeyDictionary()
 
 
-#: identify's answers, per caller connection (weakly: a closed, dropped connection goes) and
-#: table: the database key of the connection where that table exists.
+#: identify's answers, per connection (weakly: a closed, dropped connection goes) and table:
+#: the database key of the connection where that table exists. Not ``outbox.KnownDatabases``
+#: (which database a caller's connection was joined as, SQLite's too): this one also answers
+#: ``identity(refresh=True)`` on the driver's and the store's own pooled connections.
 _IDENTIFIED: weakref.WeakKeyDictionary[Any, dict[str, tuple[Any, ...]]] = (
     weakref.WeakKeyDictionary()
 )

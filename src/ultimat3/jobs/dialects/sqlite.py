@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from pathlib import Path
 from typing import Protocol, TypeVar
+from urllib.parse import parse_qsl, urlsplit
 
 from ultimat3.jobs.clock import Backoff, Clock, SystemClock, wall_ns
 from ultimat3.jobs.dialects.sqlite_locks import write_lock_holders
@@ -94,6 +95,25 @@ def sqlite_path(url: str, *, fix: str) -> Path:
     if not rest.startswith("/") or rest in ("/", ""):
         raise ConfigurationError(f"the SQLite URL {url!r} names no file", fix=fix)
     return Path(rest[1:].split("?", 1)[0]).expanduser()
+
+
+def url_options(url: str, allowed: Collection[str], *, what: str, fix: str) -> dict[str, str]:
+    """The ``?name=value`` options of a ``sqlite://`` URL (the job driver's, ``what``, or the
+    outbox store's), each one of ``allowed`` (``fix`` says which), with ``busy_timeout``
+    checked to be a number of seconds: the one reading of both URLs' options."""
+    options = dict(parse_qsl(urlsplit(url).query))
+    unknown = set(options) - set(allowed)
+    if unknown:
+        raise ConfigurationError(f"unknown {what} option(s): {', '.join(sorted(unknown))}", fix=fix)
+    raw = options.setdefault("busy_timeout", "30")
+    try:
+        float(raw)
+    except ValueError:
+        raise ConfigurationError(
+            f"?busy_timeout={raw} is not a number of seconds",
+            fix="write ?busy_timeout=30, for example",
+        ) from None
+    return options
 
 
 def file_path(path: str | os.PathLike[str], busy_timeout: float, *, owner: str, fix: str) -> str:

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from urllib.parse import parse_qsl, urlsplit
 
 from ultimat3.jobs.clock import Clock
 from ultimat3.jobs.dialects import canonical_url as canonical_url
 from ultimat3.jobs.dialects.sqlite import sqlite_path as dialect_sqlite_path
+from ultimat3.jobs.dialects.sqlite import url_options
 from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.errors import ConfigurationError
 
@@ -51,25 +51,16 @@ def open_driver(url: str, *, clock: Clock | None = None) -> Driver:
     if scheme == "sqlite":
         from ultimat3.jobs.drivers.sqlite import SqliteDriver
 
-        options = dict(parse_qsl(urlsplit(url).query))
-        unknown = set(options) - {"synchronous", "busy_timeout"}
-        if unknown:
-            raise ConfigurationError(
-                f"unknown SQLite URL option(s): {', '.join(sorted(unknown))}",
-                fix="the options are ?synchronous=FULL|NORMAL and ?busy_timeout=SECONDS",
-            )
-        raw_timeout = options.get("busy_timeout", "30")
-        try:
-            busy_timeout = float(raw_timeout)
-        except ValueError:
-            raise ConfigurationError(
-                f"?busy_timeout={raw_timeout} is not a number of seconds",
-                fix="write ?busy_timeout=30, for example",
-            ) from None
+        options = url_options(
+            url,
+            ("synchronous", "busy_timeout"),
+            what="SQLite URL",
+            fix="the options are ?synchronous=FULL|NORMAL and ?busy_timeout=SECONDS",
+        )
         return SqliteDriver(
             sqlite_path(url),
             synchronous=options.get("synchronous", "FULL").upper(),
-            busy_timeout=busy_timeout,
+            busy_timeout=float(options["busy_timeout"]),
             clock=clock,
         )
     if scheme in ("postgresql", "postgres"):

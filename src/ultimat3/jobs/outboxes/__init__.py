@@ -11,10 +11,8 @@ never pulls in psycopg.
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl, urlsplit
-
 from ultimat3.jobs.dialects import canonical_url
-from ultimat3.jobs.dialects.sqlite import sqlite_path
+from ultimat3.jobs.dialects.sqlite import sqlite_path, url_options
 from ultimat3.jobs.errors import ConfigurationError
 from ultimat3.jobs.outbox_store import OutboxStore
 
@@ -34,15 +32,14 @@ def open_store(url: str) -> OutboxStore:
     if scheme == "sqlite":
         from ultimat3.jobs.outboxes.sqlite import SqliteOutboxStore
 
-        options = dict(parse_qsl(urlsplit(url).query))
-        unknown = set(options) - {"busy_timeout"}
-        if unknown:
-            raise ConfigurationError(
-                f"unknown SQLite outbox URL option(s): {', '.join(sorted(unknown))}",
-                fix="the only option is ?busy_timeout=SECONDS",
-            )
+        options = url_options(
+            url,
+            ("busy_timeout",),
+            what="SQLite outbox URL",
+            fix="the only option is ?busy_timeout=SECONDS",
+        )
         return SqliteOutboxStore(
-            sqlite_path(url, fix=URL_HELP), busy_timeout=float(options.get("busy_timeout", 30.0))
+            sqlite_path(url, fix=URL_HELP), busy_timeout=float(options["busy_timeout"])
         )
     if scheme in ("postgresql", "postgres"):
         from ultimat3.jobs.dialects.postgres import LOCK_TIMEOUT, STATEMENT_TIMEOUT

@@ -9,8 +9,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 
+from ultimat3.jobs import events
 from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.testing import FakeClock
 from ultimat3.jobs.worker import Worker
@@ -36,23 +36,32 @@ def pass_time(clock: FakeClock, span: DurationInput, step: DurationInput = "50ms
     )
 
 
-def stop(
-    worker: Worker,
-    clock: FakeClock,
-    grace: DurationInput | None = None,
-    *,
-    step: DurationInput = "50ms",
-) -> None:
-    """Stop ``worker`` (``Worker.stop``), moving fake time while it drains: its grace and the
-    joins of its loops are on the clock. Fails if it takes more than its grace and a minute."""
+def stopping(worker: Worker, grace: DurationInput | None = None) -> threading.Thread:
+    """Begin ``worker.stop(grace)`` on a thread of its own; ``join`` it to move time meanwhile."""
     grace_s = None if grace is None else to_timedelta(grace).total_seconds()
     stopper = threading.Thread(target=worker.stop, args=(grace_s,), daemon=True)
     stopper.start()
-    limit = timedelta(seconds=grace_s or worker.config.shutdown_grace.total_seconds())
-    clock.advance_until(
-        lambda: not stopper.is_alive(), step, limit=limit + timedelta(minutes=1), sleepers=0
-    )
-    stopper.join()
+    return stopper
+
+
+def join(stopper: threading.Thread, clock: FakeClock, step: DurationInput = "50ms") -> None:
+    """Wait for a worker's stop (``stopping``), moving fake time: by ``step`` after each
+    ``step`` of real time the stop has not ended in, about as fast as real time. The stop also
+    waits, with timeouts on the clock, for threads doing real work (the event loop's exit, the
+    loops' joins), which a faster clock would cut short. Fails after ten minutes of fake time."""
+    slice_ = to_timedelta(step)
+    end = clock.monotonic() + 600
+    while True:
+        stopper.join(slice_.total_seconds())
+        if not stopper.is_alive():
+            return
+        assert clock.monotonic() < end, "the worker did not stop"
+        clock.advance(slice_)
+
+
+def stop(worker: Worker, clock: FakeClock, grace: DurationInput | None = None) -> None:
+    """Stop ``worker`` (``Worker.stop``), moving fake time while it drains (``join``)."""
+    join(stopping(worker, grace), clock)
 
 
 @contextmanager
@@ -63,3 +72,12 @@ def running(worker: Worker, clock: FakeClock) -> Iterator[Worker]:
         yield worker
     finally:
         stop(worker, clock)
+
+
+@contextmanager
+def seen(name: str) -> Iterator[threading.Event]:
+    """An event set once ``name`` (a library event, such as ``jobs.job.completed``) is emitted:
+    how a test waits for real work (a job, a write) without polling or moving time."""
+    emitted = threading.Event()
+    with events.subscribe(lambda event: emitted.set(), names=[name]):
+        yield emitted

@@ -317,8 +317,7 @@ def test_graceful_stop_waits_for_short_jobs(gated: App, clock: FakeClock) -> Non
     first = waits_for_gate.enqueue({"n": 1})
     worker = faketime.start(gated.worker(concurrency=1, poll_interval="50ms"), clock)
     assert started.wait(10)
-    stopper = threading.Thread(target=worker.stop, kwargs={"grace": 5})
-    stopper.start()
+    stopper = faketime.stopping(worker, grace="5s")
     faketime.pass_time(clock, "4s")  # within the grace: the stop waits for the job
     assert stopper.is_alive()
     assert gated.get_job(first.id).state is JobState.RUNNING
@@ -326,7 +325,7 @@ def test_graceful_stop_waits_for_short_jobs(gated: App, clock: FakeClock) -> Non
     with events.subscribe(lambda event: done.set(), names=["jobs.job.completed"]):
         gate.set()
         assert done.wait(10)  # written by the stop's drain, in real time: the clock stays
-    clock.advance_until(lambda: not stopper.is_alive(), "50ms", limit="1m", sleepers=0)
+    faketime.join(stopper, clock)
     assert gated.get_job(first.id).state is JobState.COMPLETED
 
 

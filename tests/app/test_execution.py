@@ -283,21 +283,38 @@ def test_a_sync_job_past_its_timeout_keeps_its_lease_until_it_returns(
     assert [e.kind for e in app.get_job(made).errors] == ["timeout"]
 
 
+STUCK = threading.Event()
+UNSTICK = threading.Event()
+
+
 @job(timeout="100ms", retry=Retry(attempts=1))
 def stuck(value: Any) -> None:
-    time.sleep(2.0)
+    STUCK.set()
+    UNSTICK.wait(10)
 
 
 def test_stuck_threads_holding_every_slot_stop_the_worker_for_a_restart(
     make_app: Callable[..., App],
     make_module: Callable[..., types.ModuleType],
     caplog: pytest.LogCaptureFixture,
+    clock: FakeClock,
 ) -> None:
-    app = make_app(make_module("exec_stuck", stuck=stuck))
+    STUCK.clear()
+    UNSTICK.clear()
+    app = make_app(make_module("exec_stuck", stuck=stuck), clock=clock)
     made = stuck.enqueue({}).id
     worker = app.worker(concurrency=1, poll_interval="20ms", stuck_limit="300ms")
-    with caplog.at_level(logging.ERROR, logger="ultimat3.jobs"):
-        worker.run(install_signals=False)
+    runner = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    try:
+        with caplog.at_level(logging.ERROR, logger="ultimat3.jobs"):
+            runner.start()
+            assert STUCK.wait(10)
+            clock.wait_for_sleepers(faketime.LOOPS)
+            stuck_at = clock.monotonic()
+            faketime.join(runner, clock)  # its timeout, then the stuck limit, then the exit
+    finally:
+        UNSTICK.set()
+    assert clock.monotonic() - stuck_at >= 0.4, "timed out (100 ms), then stuck for 300 ms"
     assert worker.exit_code == FATAL_EXIT
     assert any(getattr(r, "event", "") == "jobs.worker.stuck" for r in caplog.records)
     assert app.get_job(made).state is JobState.DEAD  # its timeout was written before exiting

@@ -217,10 +217,20 @@ def test_threaded_worker_runs_many_jobs(make_app: Callable[..., App], make_modul
     app = make_app(make_module(record=record, record_async=record_async))
     app.enqueue_many(record, [{"n": i} for i in range(150)])
     app.enqueue_many(record_async, [{"n": i} for i in range(150, 200)])
-    with app.worker(concurrency=8, poll_interval="50ms") as worker:
-        deadline = time.monotonic() + 20
-        while app.count_jobs(state="completed") < 200 and time.monotonic() < deadline:
-            time.sleep(0.02)
+    completed: list[object] = []
+    all_done = threading.Event()
+
+    def on_completed(event: object) -> None:
+        completed.append(event)
+        if len(completed) == 200:
+            all_done.set()
+
+    with (
+        events.subscribe(on_completed, names=["jobs.job.completed"]),
+        app.worker(concurrency=8, poll_interval="50ms") as worker,
+    ):
+        assert all_done.wait(20), f"{len(completed)} of 200 jobs completed in 20 s"
+    assert app.count_jobs(state="completed") == 200
     assert sorted(c["n"] for c in calls) == list(range(200))
     assert worker.stats.completed == 200
 
@@ -229,12 +239,11 @@ def test_worker_picks_up_jobs_enqueued_while_idle(
     make_app: Callable[..., App], make_module: Any
 ) -> None:
     app = make_app(make_module(record=record))
-    with app.worker(concurrency=2, poll_interval="5s"):
-        time.sleep(0.2)
+    with app.worker(concurrency=2, poll_interval="5s"), faketime.seen("jobs.job.completed") as ran:
+        time.sleep(0.2)  # the worker goes idle: its wait is the database's, in real time
         started = time.monotonic()
         record.enqueue({"n": 1})
-        while not calls and time.monotonic() - started < 4:
-            time.sleep(0.005)
+        ran.wait(4)
         latency = time.monotonic() - started
     assert calls == [{"n": 1}]
     assert latency < 1.0, f"the wake-up hint did not fire (took {latency:.2f}s, poll is 5s)"

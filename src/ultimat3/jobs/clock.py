@@ -275,7 +275,7 @@ class FakeClock:
         #: Each sleeping thread's deadline (monotonic nanoseconds) and wake event.
         self._sleeping: dict[threading.Thread, tuple[int, threading.Event | None]] = {}
         #: Every thread that has slept on this clock (``advance_until`` waits for them).
-        self._sleepers: set[threading.Thread] = set()
+        self._known: set[threading.Thread] = set()
         #: Its "boot": two fake clocks are two hosts, whose monotonic times are unrelated.
         self._boot = f"fake:{uuid.uuid4().hex}"
 
@@ -306,7 +306,7 @@ class FakeClock:
             # waits for time to move, rather than returning at once for ever.
             deadline = self._mono + max(1, _ns(seconds))
             self._sleeping[token] = (deadline, wake)
-            self._sleepers.add(token)
+            self._known.add(token)
             self._cond.notify_all()  # wait_for_sleepers, advance_until
             try:
                 while self._mono < deadline:
@@ -357,12 +357,13 @@ class FakeClock:
         """Advance by ``step`` until ``predicate()`` holds; returns the seconds moved.
 
         Time moves only while the clock's threads are parked: before each advance this waits
-        until every live thread that has ever slept on the clock (but the caller) sleeps on it
+        until every live thread that has slept on the clock (but the caller) sleeps on it
         again, its time not yet come and its ``wake`` not set, and at least ``sleepers`` do.
-        A thread busy with real work (a write, a job) is waited for, so fake time never runs
-        ahead of it. The wait lasts ``settle`` real seconds at most (a thread may block
-        elsewhere for long), asking ``predicate`` meanwhile. ``AssertionError`` when
-        ``predicate`` still fails after ``limit``."""
+        A thread busy with real work between two sleeps (a write, say) is waited for, so fake
+        time never runs ahead of it. The wait lasts ``settle`` real seconds at most, asking
+        ``predicate`` meanwhile; a thread still away then is blocked elsewhere (a job, a pool,
+        a lock) and is not waited for again until its next sleep on the clock.
+        ``AssertionError`` when ``predicate`` still fails after ``limit``."""
         span = _ns(_secs(limit))
         by = _ns(_secs(step))
         with self._cond:
@@ -380,31 +381,33 @@ class FakeClock:
                     raise AssertionError(f"still false after {moved:g} s of fake time")
             self.advance(timedelta(microseconds=by // 1000))
 
-    def _all_parked(self, sleepers: int) -> bool:
-        """Whether every live thread that slept on the clock (but the caller) sleeps on it,
-        its time not come and its wake not set, and at least ``sleepers`` do (under the lock)."""
+    def _away(self) -> list[threading.Thread]:
+        """The live threads that slept on the clock and are not parked on it now (but the
+        caller), under the lock."""
         me = threading.current_thread()
-        self._sleepers = {t for t in self._sleepers if t.is_alive()}
-        parked = 0
-        for thread in self._sleepers:
+        self._known = {t for t in self._known if t.is_alive()}
+        away = []
+        for thread in self._known:
             at, wake = self._sleeping.get(thread, (-1, None))
-            if at > self._mono and (wake is None or not wake.is_set()):
-                parked += 1
-            elif thread is not me:
-                return False
-        return parked >= sleepers
+            if (at <= self._mono or (wake is not None and wake.is_set())) and thread is not me:
+                away.append(thread)
+        return away
 
     def _settled(self, sleepers: int, end: float) -> bool:
-        """``_all_parked``, waiting a slice for it; True also once the real time ``end`` has
-        passed."""
+        """Whether every thread that slept on the clock is parked on it again, and at least
+        ``sleepers`` are, waiting a slice for it. Once the real time ``end`` has passed, the
+        threads still away are taken to be blocked elsewhere (a job, a pool, a lock): they are
+        no longer waited for until they sleep on the clock again."""
         with self._cond:
-            if self._all_parked(sleepers):
-                return True
-            left = end - time.monotonic()
-            if left <= 0:
-                return True
-            self._cond.wait(min(left, _SETTLE_SLICE))
-            return self._all_parked(sleepers)
+            for _ in range(2):
+                if not self._away() and len(self._sleeping) >= sleepers:
+                    return True
+                left = end - time.monotonic()
+                if left <= 0:
+                    self._known.difference_update(self._away())
+                    return True
+                self._cond.wait(min(left, _SETTLE_SLICE))
+            return False
 
     def _moved(self, start: int) -> float:
         with self._cond:

@@ -254,10 +254,11 @@ class FakeClock:
     (wall and monotonic time move together); ``step()`` moves wall time alone, as an operator's
     ``date -s`` would, and wakes no sleeper.
 
-    To move time exactly when a loop is parked: ``sleepers()`` counts the threads asleep on the
-    clock, ``wait_for_sleepers(n)`` waits (in real time) until ``n`` are, and
-    ``advance_until(predicate, step, limit=...)`` moves time by ``step`` until ``predicate()``
-    holds, letting the threads each advance woke run until they sleep again in between.
+    To move time exactly when the loops are parked: ``sleepers()`` counts the threads asleep on
+    the clock, ``wait_for_sleepers(n)`` waits (in real time) until ``n`` are, ``next_wake()``
+    says when the soonest wakes, and ``advance_until(predicate, step, limit=...)`` moves time
+    by ``step`` until ``predicate()`` holds, each time once every thread that sleeps on the
+    clock is parked again (none is busy with the previous step meanwhile).
     """
 
     def __init__(self, start: datetime | None = None) -> None:

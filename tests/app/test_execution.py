@@ -35,7 +35,10 @@ from ultimat3.jobs import (
     task,
 )
 from ultimat3.jobs.clock import Backoff
+from ultimat3.jobs.testing import FakeClock
 from ultimat3.jobs.worker import FATAL_EXIT
+
+from . import faketime
 
 EVENTS: list[tuple[str, float]] = []
 
@@ -179,8 +182,6 @@ def test_one_bad_cron_task_does_not_stop_the_others(
     make_module: Callable[..., types.ModuleType],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from ultimat3.jobs.testing import FakeClock
-
     clock = FakeClock(datetime(2026, 3, 1, 12, 0, 30, tzinfo=UTC))
     app = make_app(
         make_module("exec_cron", a_broken=broken, b_healthy=healthy, noop=noop), clock=clock
@@ -248,46 +249,72 @@ def test_a_critical_loop_that_keeps_crashing_stops_the_worker_non_zero(
 
 # -- timeouts, heartbeats and the event loop ---------------------------------------------------
 
-RUNS: list[tuple[int, str, float]] = []
+RUNS: list[tuple[int, str]] = []
+OVERRUNNING = threading.Event()
+RETURN = threading.Event()
 
 
 @job(timeout="200ms", retry=Retry(attempts=2, delay="0s", jitter=False))
 def overruns(value: Any, ctx: JobContext) -> None:
-    RUNS.append((ctx.attempt, "start", time.monotonic()))
+    RUNS.append((ctx.attempt, "start"))
     if ctx.attempt == 1:
-        time.sleep(0.8)  # a sync function cannot be interrupted: it runs past its timeout
-    RUNS.append((ctx.attempt, "end", time.monotonic()))
+        OVERRUNNING.set()
+        RETURN.wait(10)  # a sync function cannot be interrupted: it runs past its timeout
+    RUNS.append((ctx.attempt, "end"))
 
 
 def test_a_sync_job_past_its_timeout_keeps_its_lease_until_it_returns(
-    make_app: Callable[..., App], make_module: Callable[..., types.ModuleType]
+    make_app: Callable[..., App], make_module: Callable[..., types.ModuleType], clock: FakeClock
 ) -> None:
     RUNS.clear()
-    app = make_app(make_module("exec_timeout", overruns=overruns))
+    OVERRUNNING.clear()
+    RETURN.clear()
+    app = make_app(make_module("exec_timeout", overruns=overruns), clock=clock)
     made = overruns.enqueue({}).id
-    with app.worker(concurrency=2, poll_interval="20ms", lease="1s", heartbeat="200ms"):
-        _wait(lambda: app.get_job(made).state is JobState.COMPLETED, what="the retry")
-    first_end = next(t for a, what, t in RUNS if a == 1 and what == "end")
-    second_start = next(t for a, what, t in RUNS if a == 2 and what == "start")
-    assert second_start > first_end, "the retry never overlaps the attempt still running"
+    worker = app.worker(concurrency=2, poll_interval="20ms", lease="1s", heartbeat="200ms")
+    with faketime.running(worker, clock), faketime.seen("jobs.job.completed") as completed:
+        assert OVERRUNNING.wait(10)
+        faketime.pass_time(clock, "3s")  # fifteen timeouts, three leases
+        assert RUNS == [(1, "start")], "the retry never overlaps the attempt still running"
+        assert worker.stats.lost == 0 and app.get_job(made).state is JobState.RUNNING
+        RETURN.set()
+        assert completed.wait(10)  # the retry, at once: no time passes
+    assert RUNS == [(1, "start"), (1, "end"), (2, "start"), (2, "end")]
     assert [e.kind for e in app.get_job(made).errors] == ["timeout"]
+
+
+STUCK = threading.Event()
+UNSTICK = threading.Event()
 
 
 @job(timeout="100ms", retry=Retry(attempts=1))
 def stuck(value: Any) -> None:
-    time.sleep(2.0)
+    STUCK.set()
+    UNSTICK.wait(10)
 
 
 def test_stuck_threads_holding_every_slot_stop_the_worker_for_a_restart(
     make_app: Callable[..., App],
     make_module: Callable[..., types.ModuleType],
     caplog: pytest.LogCaptureFixture,
+    clock: FakeClock,
 ) -> None:
-    app = make_app(make_module("exec_stuck", stuck=stuck))
+    STUCK.clear()
+    UNSTICK.clear()
+    app = make_app(make_module("exec_stuck", stuck=stuck), clock=clock)
     made = stuck.enqueue({}).id
     worker = app.worker(concurrency=1, poll_interval="20ms", stuck_limit="300ms")
-    with caplog.at_level(logging.ERROR, logger="ultimat3.jobs"):
-        worker.run(install_signals=False)
+    runner = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    try:
+        with caplog.at_level(logging.ERROR, logger="ultimat3.jobs"):
+            runner.start()
+            assert STUCK.wait(10)
+            clock.wait_for_sleepers(faketime.LOOPS)
+            stuck_at = clock.monotonic()
+            faketime.join(runner, clock)  # its timeout, then the stuck limit, then the exit
+    finally:
+        UNSTICK.set()
+    assert clock.monotonic() - stuck_at >= 0.4, "timed out (100 ms), then stuck for 300 ms"
     assert worker.exit_code == FATAL_EXIT
     assert any(getattr(r, "event", "") == "jobs.worker.stuck" for r in caplog.records)
     assert app.get_job(made).state is JobState.DEAD  # its timeout was written before exiting
@@ -324,22 +351,42 @@ def test_ctx_heartbeat_never_blocks_the_event_loop(
     assert spent < 0.05, f"20 heartbeats took {spent:.3f}s on the event loop"
 
 
+BLOCKING = threading.Event()
+UNBLOCK = threading.Event()
+
+
 @job
 async def blocks_the_loop(value: Any) -> None:
-    time.sleep(1.6)  # a blocking call inside async def: every other async job waits
+    BLOCKING.set()
+    UNBLOCK.wait(10)  # a blocking call inside async def: every other async job waits
 
 
 def test_a_blocked_event_loop_is_logged_with_the_job_that_blocked_it(
     make_app: Callable[..., App],
     make_module: Callable[..., types.ModuleType],
     caplog: pytest.LogCaptureFixture,
+    clock: FakeClock,
 ) -> None:
-    app = make_app(make_module("exec_blocked", blocks_the_loop=blocks_the_loop))
+    BLOCKING.clear()
+    UNBLOCK.clear()
+    app = make_app(make_module("exec_blocked", blocks_the_loop=blocks_the_loop), clock=clock)
     made = blocks_the_loop.enqueue({}).id
-    with caplog.at_level(logging.WARNING, logger="ultimat3.jobs"), app.worker(poll_interval="20ms"):
-        _wait(lambda: app.get_job(made).state is JobState.COMPLETED)
-    blocked = [r for r in caplog.records if getattr(r, "event", "") == "jobs.worker.loop-blocked"]
-    assert blocked and made in blocked[0].fields["jobs"]
+    worker = app.worker(poll_interval="20ms")
+
+    def blocked() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if getattr(r, "event", "") == "jobs.worker.loop-blocked"]
+
+    with (
+        caplog.at_level(logging.WARNING, logger="ultimat3.jobs"),
+        faketime.running(worker, clock),
+        faketime.seen("jobs.job.completed") as completed,
+    ):
+        assert BLOCKING.wait(10)
+        moved = clock.advance_until(blocked, "100ms", limit="5s")
+        assert moved > worker.loop_blocked_after, "reported once blocked for longer than that"
+        UNBLOCK.set()
+        assert completed.wait(10)
+    assert made in blocked()[0].fields["jobs"]
 
 
 # -- a caller's SQLite write lock is not a dead worker -----------------------------------------
@@ -393,9 +440,9 @@ def test_a_long_business_transaction_does_not_cost_live_jobs_their_lease(
 
 
 def test_one_node_maintains_and_pruning_keeps_up(
-    make_app: Callable[..., App], make_module: Callable[..., types.ModuleType]
+    make_app: Callable[..., App], make_module: Callable[..., types.ModuleType], clock: FakeClock
 ) -> None:
-    app = make_app(make_module("exec_prune", noop=noop))
+    app = make_app(make_module("exec_prune", noop=noop), clock=clock)
     first, second = app.worker(retention="1s"), app.worker(retention="1s")
     first.maintenance.config.prune_batch = 100
     assert first.maintenance.tick(rescue_every=60, prune_every=60) == 0
@@ -405,7 +452,8 @@ def test_one_node_maintains_and_pruning_keeps_up(
     app.enqueue_many(noop, [{}] * 450)
     app.worker().drain()
     assert app.count_jobs(state="completed") == 450
-    time.sleep(1.1)
+    assert first.maintenance.prune() == 0, "kept for their retention"
+    clock.advance("1100ms")
     assert first.maintenance.prune() == 450, "batch after batch until nothing is left"
     assert app.count_jobs() == 0
     first.maintenance.resign()

@@ -16,6 +16,8 @@ from ultimat3.jobs import App, Cancel, JobContext, JobState, Retry, Snooze, even
 from ultimat3.jobs.records import ClaimParams, Cycle
 from ultimat3.jobs.testing import FakeClock, drain
 
+from . import faketime
+
 calls: list[Any] = []
 
 
@@ -215,10 +217,20 @@ def test_threaded_worker_runs_many_jobs(make_app: Callable[..., App], make_modul
     app = make_app(make_module(record=record, record_async=record_async))
     app.enqueue_many(record, [{"n": i} for i in range(150)])
     app.enqueue_many(record_async, [{"n": i} for i in range(150, 200)])
-    with app.worker(concurrency=8, poll_interval="50ms") as worker:
-        deadline = time.monotonic() + 20
-        while app.count_jobs(state="completed") < 200 and time.monotonic() < deadline:
-            time.sleep(0.02)
+    completed: list[object] = []
+    all_done = threading.Event()
+
+    def on_completed(event: object) -> None:
+        completed.append(event)
+        if len(completed) == 200:
+            all_done.set()
+
+    with (
+        events.subscribe(on_completed, names=["jobs.job.completed"]),
+        app.worker(concurrency=8, poll_interval="50ms") as worker,
+    ):
+        assert all_done.wait(20), f"{len(completed)} of 200 jobs completed in 20 s"
+    assert app.count_jobs(state="completed") == 200
     assert sorted(c["n"] for c in calls) == list(range(200))
     assert worker.stats.completed == 200
 
@@ -227,12 +239,11 @@ def test_worker_picks_up_jobs_enqueued_while_idle(
     make_app: Callable[..., App], make_module: Any
 ) -> None:
     app = make_app(make_module(record=record))
-    with app.worker(concurrency=2, poll_interval="5s"):
-        time.sleep(0.2)
+    with app.worker(concurrency=2, poll_interval="5s"), faketime.seen("jobs.job.completed") as ran:
+        time.sleep(0.2)  # the worker goes idle: its wait is the database's, in real time
         started = time.monotonic()
         record.enqueue({"n": 1})
-        while not calls and time.monotonic() - started < 4:
-            time.sleep(0.005)
+        ran.wait(4)
         latency = time.monotonic() - started
     assert calls == [{"n": 1}]
     assert latency < 1.0, f"the wake-up hint did not fire (took {latency:.2f}s, poll is 5s)"
@@ -274,87 +285,93 @@ def test_timeouts_fail_the_attempt(make_app: Callable[..., App], make_module: An
 
 
 gate = threading.Event()
+started = threading.Event()
+finished = threading.Event()
 
 
 @job
 def waits_for_gate(input: dict[str, Any]) -> None:
+    started.set()
     gate.wait(10)
     calls.append(input)
+    finished.set()
 
 
-def test_graceful_stop_finishes_or_releases(make_app: Callable[..., App], make_module: Any) -> None:
-    gate.clear()
-    app = make_app(make_module(waits_for_gate=waits_for_gate))
+@pytest.fixture
+def gated(make_app: Callable[..., App], make_module: Any, clock: FakeClock) -> App:
+    """An app on the fake clock with the gated job: its worker's heartbeats, renewals, rescues
+    and shutdown grace wait for the test to move time (``faketime``)."""
+    for event in (gate, started, finished):
+        event.clear()
+    return make_app(make_module(waits_for_gate=waits_for_gate), clock=clock)
+
+
+def test_graceful_stop_finishes_or_releases(gated: App, clock: FakeClock) -> None:
     first = waits_for_gate.enqueue({"n": 1})
-    worker = app.worker(concurrency=1, poll_interval="50ms")
-    worker.start()
-    deadline = time.monotonic() + 5
-    while app.get_job(first.id).state is not JobState.RUNNING and time.monotonic() < deadline:
-        time.sleep(0.01)
+    worker = faketime.start(gated.worker(concurrency=1, poll_interval="50ms"), clock)
+    assert started.wait(10)
     second = waits_for_gate.enqueue({"n": 2})
     # Grace shorter than the job: it is released without consuming its attempt.
-    worker.stop(grace=0.2)
-    released = app.get_job(first.id)
+    faketime.stop(worker, clock, grace="200ms")
+    released = gated.get_job(first.id)
     assert released.state is JobState.AVAILABLE and released.attempt == 0
-    assert app.get_job(second.id).state is JobState.AVAILABLE  # never claimed after the stop
+    assert gated.get_job(second.id).state is JobState.AVAILABLE  # never claimed after the stop
     gate.set()
-    time.sleep(0.05)
+    assert finished.wait(10)
     # The handler finished after its release: its completion is fenced out.
-    assert app.get_job(first.id).state is JobState.AVAILABLE
+    assert gated.get_job(first.id).state is JobState.AVAILABLE
 
 
-def test_graceful_stop_waits_for_short_jobs(make_app: Callable[..., App], make_module: Any) -> None:
-    gate.clear()
-    app = make_app(make_module(waits_for_gate=waits_for_gate))
+def test_graceful_stop_waits_for_short_jobs(gated: App, clock: FakeClock) -> None:
     first = waits_for_gate.enqueue({"n": 1})
-    worker = app.worker(concurrency=1, poll_interval="50ms")
-    worker.start()
-    while app.get_job(first.id).state is not JobState.RUNNING:
-        time.sleep(0.01)
-    threading.Timer(0.2, gate.set).start()
-    worker.stop(grace=5)
-    assert app.get_job(first.id).state is JobState.COMPLETED
-
-
-def test_a_lost_lease_cancels_the_run_and_fences_its_write(
-    make_app: Callable[..., App], make_module: Any
-) -> None:
-    gate.clear()
-    app = make_app(make_module(waits_for_gate=waits_for_gate))
-    result = waits_for_gate.enqueue({"n": 1})
-    with app.worker(concurrency=1, poll_interval="50ms", lease="1s", heartbeat="100ms"):
-        while app.get_job(result.id).state is not JobState.RUNNING:
-            time.sleep(0.01)
-        assert app.cancel_job(result.id)
-        time.sleep(0.4)  # a heartbeat notices the lost lease
+    worker = faketime.start(gated.worker(concurrency=1, poll_interval="50ms"), clock)
+    assert started.wait(10)
+    stopper = faketime.stopping(worker, grace="5s")
+    faketime.pass_time(clock, "4s")  # within the grace: the stop waits for the job
+    assert stopper.is_alive()
+    assert gated.get_job(first.id).state is JobState.RUNNING
+    done = threading.Event()
+    with events.subscribe(lambda event: done.set(), names=["jobs.job.completed"]):
         gate.set()
-        time.sleep(0.2)
-    got = app.get_job(result.id)
+        assert done.wait(10)  # written by the stop's drain, in real time: the clock stays
+    faketime.join(stopper, clock)
+    assert gated.get_job(first.id).state is JobState.COMPLETED
+
+
+def test_a_lost_lease_cancels_the_run_and_fences_its_write(gated: App, clock: FakeClock) -> None:
+    result = waits_for_gate.enqueue({"n": 1})
+    worker = gated.worker(concurrency=1, poll_interval="50ms", lease="1s", heartbeat="100ms")
+    with faketime.running(worker, clock):
+        assert started.wait(10)
+        assert gated.cancel_job(result.id)
+        # A heartbeat's renewal finds the lease gone: the run is told to stop.
+        clock.advance_until(lambda: worker.stats.lost == 1, "100ms", limit="1s")
+        gate.set()
+        assert finished.wait(10)
+    got = gated.get_job(result.id)
     assert got.state is JobState.CANCELLED
 
 
-def test_heartbeats_keep_a_long_job_from_being_rescued(
-    make_app: Callable[..., App], make_module: Any
-) -> None:
-    gate.clear()
-    app = make_app(make_module(waits_for_gate=waits_for_gate))
+def test_heartbeats_keep_a_long_job_from_being_rescued(gated: App, clock: FakeClock) -> None:
+    done = threading.Event()
     result = waits_for_gate.enqueue({"n": 1})
-    with app.worker(
+    worker = gated.worker(
         concurrency=1,
         poll_interval="50ms",
         lease="500ms",
         heartbeat="100ms",
         rescue_interval="100ms",
-    ):
-        time.sleep(1.5)  # three leases long
-        assert app.get_job(result.id).attempt == 1
-        gate.set()
-        deadline = time.monotonic() + 5
-        while (
-            app.get_job(result.id).state is not JobState.COMPLETED and time.monotonic() < deadline
-        ):
-            time.sleep(0.01)
-    got = app.get_job(result.id)
+    )
+    with faketime.running(worker, clock):
+        assert started.wait(10)
+        faketime.pass_time(clock, "1500ms")  # three leases long
+        assert gated.get_job(result.id).attempt == 1
+        assert (worker.stats.lost, worker.stats.rescued) == (0, 0)
+        with events.subscribe(lambda event: done.set(), names=["jobs.job.completed"]):
+            gate.set()
+            # The completion's write waits on the database, not on the clock: time stays.
+            assert done.wait(10)
+    got = gated.get_job(result.id)
     assert got.state is JobState.COMPLETED and got.attempt == 1 and not got.errors
 
 

@@ -236,12 +236,29 @@ class SystemClock:
         return -float("inf") if step is None else step.at
 
 
+#: How often (in real seconds) a ``FakeClock.sleep`` given a ``wake`` event looks at it: an
+#: ``Event`` cannot notify the clock's condition, so the sleeper looks in slices this long.
+WAKE_SLICE = 0.005
+#: While ``FakeClock.advance_until`` waits for threads to park, it asks its predicate this often.
+_SETTLE_SLICE = 0.01
+
+
 class FakeClock:
     """A clock that moves only when ``advance()``, ``set()`` or ``step()`` is called.
 
-    ``sleep()`` returns at once (advancing nothing), so loops driven by it spin only as fast as
-    the test calls ``tick()`` on them. ``advance()`` is time passing (wall and monotonic time
-    move together); ``step()`` moves wall time alone, as an operator's ``date -s`` would.
+    ``sleep(seconds, wake)`` blocks until fake monotonic time has moved by ``seconds``
+    (``advance``, or ``set`` forward) or ``wake`` is set, and returns True when woken, as
+    ``SystemClock.sleep`` does: a loop on a fake clock is parked until the test moves time. A
+    ``wake`` event is looked at every ``WAKE_SLICE`` of real time (an ``Event`` cannot notify
+    the clock); a sleep without one waits on the clock alone. ``advance()`` is time passing
+    (wall and monotonic time move together); ``step()`` moves wall time alone, as an operator's
+    ``date -s`` would, and wakes no sleeper.
+
+    To move time exactly when the loops are parked: ``sleepers()`` counts the threads asleep on
+    the clock, ``wait_for_sleepers(n)`` waits (in real time) until ``n`` are, ``next_wake()``
+    says when the soonest wakes, and ``advance_until(predicate, step, limit=...)`` moves time
+    by ``step`` until ``predicate()`` holds, each time once every thread that sleeps on the
+    clock is parked again (none is busy with the previous step meanwhile).
     """
 
     def __init__(self, start: datetime | None = None) -> None:
@@ -251,15 +268,21 @@ class FakeClock:
                 "FakeClock needs a timezone-aware start, e.g. datetime(..., tzinfo=UTC)"
             )
         self._now = start.astimezone(UTC)
-        self._mono = 0.0
+        #: Monotonic time in integer nanoseconds: steps of time add up without rounding.
+        self._mono = 0
         self._stepped_at = -float("inf")
-        self._lock = threading.Lock()
+        #: Guards the times; notified whenever time moves or a thread starts to sleep.
+        self._cond = threading.Condition(threading.Lock())
+        #: Each sleeping thread's deadline (monotonic nanoseconds) and wake event.
+        self._sleeping: dict[threading.Thread, tuple[int, threading.Event | None]] = {}
+        #: Every thread that has slept on this clock (``advance_until`` waits for them).
+        self._known: set[threading.Thread] = set()
         #: Its "boot": two fake clocks are two hosts, whose monotonic times are unrelated.
         self._boot = f"fake:{uuid.uuid4().hex}"
 
     def now(self) -> datetime:
         """The fake time, timezone-aware, in UTC."""
-        with self._lock:
+        with self._cond:
             return self._now
 
     def pinned(self) -> datetime | None:
@@ -268,55 +291,183 @@ class FakeClock:
 
     def monotonic(self) -> float:
         """Seconds moved forward so far (``advance``, and ``set`` forward)."""
-        with self._lock:
-            return self._mono
+        with self._cond:
+            return self._mono / 1e9
 
     def sleep(self, seconds: float, wake: threading.Event | None = None) -> bool:
-        """Return at once, advancing nothing: True when ``wake`` is set."""
-        return wake.is_set() if wake is not None else False
+        """Block until fake monotonic time has moved by ``seconds`` or ``wake`` is set (looked
+        at every ``WAKE_SLICE`` real seconds); True when ``wake`` is set at the end."""
+        if wake is not None and wake.is_set():
+            return True
+        if seconds <= 0:
+            return False
+        token = threading.current_thread()
+        with self._cond:
+            # At least a nanosecond: a pause left over by float rounding (1e-17 s) still
+            # waits for time to move, rather than returning at once for ever.
+            deadline = self._mono + max(1, _ns(seconds))
+            self._sleeping[token] = (deadline, wake)
+            self._known.add(token)
+            self._cond.notify_all()  # wait_for_sleepers, advance_until
+            try:
+                while self._mono < deadline:
+                    if wake is None:
+                        self._cond.wait()
+                    elif wake.is_set():
+                        break
+                    else:
+                        self._cond.wait(WAKE_SLICE)
+            finally:
+                del self._sleeping[token]
+        return wake is not None and wake.is_set()
+
+    def sleepers(self) -> int:
+        """How many threads are asleep on this clock now."""
+        with self._cond:
+            return len(self._sleeping)
+
+    def next_wake(self) -> float | None:
+        """The soonest monotonic time a sleeper wakes at (None when nobody sleeps)."""
+        with self._cond:
+            soonest = min((at for at, _ in self._sleeping.values()), default=None)
+            return None if soonest is None else soonest / 1e9
+
+    def wait_for_sleepers(self, count: int = 1, timeout: float = 10.0) -> None:
+        """Wait, up to ``timeout`` real seconds, until at least ``count`` threads sleep on this
+        clock; ``TimeoutError`` otherwise."""
+        end = time.monotonic() + timeout
+        with self._cond:
+            while len(self._sleeping) < count:
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(
+                        f"{len(self._sleeping)} thread(s) sleep on the fake clock, not {count}, "
+                        f"after {timeout} s"
+                    )
+                self._cond.wait(left)
+
+    def advance_until(
+        self,
+        predicate: Callable[[], object],
+        step: timedelta | float,
+        *,
+        limit: timedelta | float,
+        sleepers: int = 1,
+        settle: float = 1.0,
+    ) -> float:
+        """Advance by ``step`` until ``predicate()`` holds; returns the seconds moved.
+
+        Time moves only while the clock's threads are parked: before each advance this waits
+        until every live thread that has slept on the clock (but the caller) sleeps on it
+        again, its time not yet come and its ``wake`` not set, and at least ``sleepers`` do.
+        A thread busy with real work between two sleeps (a write, say) is waited for, so fake
+        time never runs ahead of it. The wait lasts ``settle`` real seconds at most, asking
+        ``predicate`` meanwhile; a thread still away then is blocked elsewhere (a job, a pool,
+        a lock) and is not waited for again until its next sleep on the clock.
+        ``AssertionError`` when ``predicate`` still fails after ``limit``."""
+        span = _ns(_secs(limit))
+        by = _ns(_secs(step))
+        with self._cond:
+            start = self._mono
+        while True:
+            end = time.monotonic() + settle
+            while not self._settled(sleepers, end):
+                if predicate():  # the thread that made it true may have ended
+                    return self._moved(start)
+            if predicate():
+                return self._moved(start)
+            with self._cond:
+                if self._mono - start >= span:
+                    moved = (self._mono - start) / 1e9
+                    raise AssertionError(f"still false after {moved:g} s of fake time")
+            self.advance(timedelta(microseconds=by // 1000))
+
+    def _away(self) -> list[threading.Thread]:
+        """The live threads that slept on the clock and are not parked on it now (but the
+        caller), under the lock."""
+        me = threading.current_thread()
+        self._known = {t for t in self._known if t.is_alive()}
+        away = []
+        for thread in self._known:
+            at, wake = self._sleeping.get(thread, (-1, None))
+            if (at <= self._mono or (wake is not None and wake.is_set())) and thread is not me:
+                away.append(thread)
+        return away
+
+    def _settled(self, sleepers: int, end: float) -> bool:
+        """Whether every thread that slept on the clock is parked on it again, and at least
+        ``sleepers`` are, waiting a slice for it. Once the real time ``end`` has passed, the
+        threads still away are taken to be blocked elsewhere (a job, a pool, a lock): they are
+        no longer waited for until they sleep on the clock again."""
+        with self._cond:
+            for _ in range(2):
+                if not self._away() and len(self._sleeping) >= sleepers:
+                    return True
+                left = end - time.monotonic()
+                if left <= 0:
+                    self._known.difference_update(self._away())
+                    return True
+                self._cond.wait(min(left, _SETTLE_SLICE))
+            return False
+
+    def _moved(self, start: int) -> float:
+        with self._cond:
+            return (self._mono - start) / 1e9
 
     def stepped_at(self) -> float:
         """When (on ``monotonic()``) ``step`` last moved wall time by more than ``STEP``;
         ``-inf`` if it never did."""
-        with self._lock:
+        with self._cond:
             return self._stepped_at
 
     def frame(self) -> Frame:
         """Its wall time against its monotonic time (``Frame``): changed by ``step`` and by
         ``set`` backwards, never by ``advance``."""
-        with self._lock:
+        with self._cond:
             wall = (self._now - _EPOCH) // timedelta(microseconds=1)
-            return Frame(self._boot, wall - round(self._mono * 1e6), wall)
+            return Frame(self._boot, wall - self._mono // 1000, wall)
 
     def advance(self, by: timedelta | float) -> datetime:
-        """Move forward by a timedelta or a number of seconds; returns the new time.
+        """Move forward by a timedelta or a number of seconds, waking the sleepers whose time
+        has come; returns the new time.
 
         ``ultimat3.jobs.testing.FakeClock`` also takes text such as "5m".
         """
         delta = by if isinstance(by, timedelta) else timedelta(seconds=by)
-        with self._lock:
+        with self._cond:
             self._now += delta
-            self._mono += delta.total_seconds()
+            self._mono += delta // timedelta(microseconds=1) * 1000
+            self._cond.notify_all()
             return self._now
 
     def step(self, by: timedelta | float) -> datetime:
         """Move wall time alone, forward or back (a step of the clock: ``stepped_at()`` tells
-        it); monotonic time stays. Returns the new time."""
+        it); monotonic time stays, so no sleeper wakes. Returns the new time."""
         delta = by if isinstance(by, timedelta) else timedelta(seconds=by)
-        with self._lock:
+        with self._cond:
             self._now += delta
             if abs(delta.total_seconds()) > STEP:
-                self._stepped_at = self._mono
+                self._stepped_at = self._mono / 1e9
+            self._cond.notify_all()
             return self._now
 
     def set(self, to: datetime) -> None:
         """Jump to ``to`` (timezone-aware), forward or back; ``monotonic()`` only moves
-        forward."""
+        forward (waking the sleepers whose time has come)."""
         if to.tzinfo is None:
             raise ValueError("FakeClock.set needs a timezone-aware datetime")
-        with self._lock:
-            delta = (to - self._now).total_seconds()
+        with self._cond:
+            delta = to - self._now
             self._now = to.astimezone(UTC)
-            self._mono += max(0.0, delta)
-            if delta < -STEP:  # wall time went back, monotonic time did not: a step
-                self._stepped_at = self._mono
+            self._mono += max(0, delta // timedelta(microseconds=1) * 1000)
+            if delta.total_seconds() < -STEP:  # wall time went back, monotonic time did not
+                self._stepped_at = self._mono / 1e9
+            self._cond.notify_all()
+
+
+def _secs(by: timedelta | float) -> float:
+    return by.total_seconds() if isinstance(by, timedelta) else float(by)
+
+
+def _ns(seconds: float) -> int:
+    return round(seconds * 1e9)

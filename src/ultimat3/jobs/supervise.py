@@ -73,7 +73,8 @@ class Loop:
         self.join(timeout)
 
     def join(self, timeout: float | None = None) -> None:
-        """Wait for the loop to end (``timeout`` seconds at most, on the loop's clock)."""
+        """Wait for the loop to end (``timeout`` seconds at most, on the loop's clock: on a
+        ``FakeClock`` the timeout passes only as the test moves time)."""
         thread = self._thread
         if thread is None or thread is threading.current_thread():
             return

@@ -1,7 +1,8 @@
 """Helpers for testing code that enqueues and runs jobs (Oban's and River's, in Python).
 
 - ``FakeClock``: time that moves only when told (``clock.advance("5m")``); pass it as
-  ``App(clock=...)`` and retries, delays and leases follow it on every driver.
+  ``App(clock=...)`` and retries, delays and leases follow it on every driver. Sleeps on it
+  block until time is moved (``advance_until``, ``wait_for_sleepers``).
 - ``drain(app)``: run every due job in the calling thread, now; returns the worker's counts.
 - ``inline(app)``: inside the block, ``enqueue`` runs the job at once in the caller (after a
   JSON round trip of its input, as a worker would see it) and writes nothing; errors propagate.
@@ -14,7 +15,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -40,12 +41,33 @@ __all__ = [
 
 
 class FakeClock(_FakeClock):
-    """A clock that moves only when told; ``advance`` also takes text such as "90s"."""
+    """A clock that moves only when told; ``advance`` and ``advance_until`` also take text such
+    as "90s". Its ``sleep`` blocks until the test moves time (``ultimat3.jobs.clock.FakeClock``):
+    a threaded worker on it waits for ``advance``, so a test drives leases, heartbeats,
+    back-offs and polls by moving time, not by sleeping."""
 
     def advance(self, by: DurationInput) -> datetime:
         """Move the clock forward by ``by`` (a ``timedelta``, seconds, or text such as "90s")
         and return the new time."""
         return super().advance(to_timedelta(by))
+
+    def advance_until(
+        self,
+        predicate: Callable[[], object],
+        step: DurationInput,
+        *,
+        limit: DurationInput,
+        sleepers: int = 1,
+        settle: float = 1.0,
+    ) -> float:
+        """``ultimat3.jobs.clock.FakeClock.advance_until``, with durations as text too."""
+        return super().advance_until(
+            predicate,
+            to_timedelta(step),
+            limit=to_timedelta(limit),
+            sleepers=sleepers,
+            settle=settle,
+        )
 
 
 def drain(app: App, *, queues: list[str] | None = None, max_jobs: int | None = None) -> WorkerStats:

@@ -1,0 +1,83 @@
+"""Driving a threaded worker on a ``FakeClock``: its heartbeats, renewals, rescues, back-offs and
+shutdown grace wait on the clock, so the test moves time instead of sleeping.
+
+Waits that are not on the clock stay real: the database's own waits (``wait_for_jobs``) and a
+job's work. A test waits for those on events (``started``), never on the clock."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ultimat3.jobs import events
+from ultimat3.jobs.duration import DurationInput, to_timedelta
+from ultimat3.jobs.testing import FakeClock
+from ultimat3.jobs.worker import Worker
+
+#: The worker's loops that wait on its clock between steps: heartbeat, renew and maintenance.
+LOOPS = 3
+
+
+def start(worker: Worker, clock: FakeClock) -> Worker:
+    """Start ``worker`` and wait until its loops are parked on the clock: from then on
+    ``advance_until`` moves time only while each of them is parked, never while one is busy."""
+    worker.start()
+    clock.wait_for_sleepers(LOOPS)
+    return worker
+
+
+def pass_time(clock: FakeClock, span: DurationInput, step: DurationInput = "50ms") -> None:
+    """Let ``span`` of fake time pass in steps of ``step``, each taken once the worker's loops
+    are parked on the clock again (``FakeClock.advance_until``)."""
+    end = clock.monotonic() + to_timedelta(span).total_seconds()
+    clock.advance_until(
+        lambda: clock.monotonic() >= end, step, limit=to_timedelta(span) + to_timedelta(step)
+    )
+
+
+def stopping(worker: Worker, grace: DurationInput | None = None) -> threading.Thread:
+    """Begin ``worker.stop(grace)`` on a thread of its own; ``join`` it to move time meanwhile."""
+    grace_s = None if grace is None else to_timedelta(grace).total_seconds()
+    stopper = threading.Thread(target=worker.stop, args=(grace_s,), daemon=True)
+    stopper.start()
+    return stopper
+
+
+def join(stopper: threading.Thread, clock: FakeClock, step: DurationInput = "50ms") -> None:
+    """Wait for a worker's stop (``stopping``), moving fake time: by ``step`` after each
+    ``step`` of real time the stop has not ended in, about as fast as real time. The stop also
+    waits, with timeouts on the clock, for threads doing real work (the event loop's exit, the
+    loops' joins), which a faster clock would cut short. Fails after ten minutes of fake time."""
+    slice_ = to_timedelta(step)
+    end = clock.monotonic() + 600
+    while True:
+        stopper.join(slice_.total_seconds())
+        if not stopper.is_alive():
+            return
+        assert clock.monotonic() < end, "the worker did not stop"
+        clock.advance(slice_)
+
+
+def stop(worker: Worker, clock: FakeClock, grace: DurationInput | None = None) -> None:
+    """Stop ``worker`` (``Worker.stop``), moving fake time while it drains (``join``)."""
+    join(stopping(worker, grace), clock)
+
+
+@contextmanager
+def running(worker: Worker, clock: FakeClock) -> Iterator[Worker]:
+    """``with worker:`` for a worker on a fake clock: ``start``, then ``stop``."""
+    start(worker, clock)
+    try:
+        yield worker
+    finally:
+        stop(worker, clock)
+
+
+@contextmanager
+def seen(name: str) -> Iterator[threading.Event]:
+    """An event set once ``name`` (a library event, such as ``jobs.job.completed``) is emitted:
+    how a test waits for real work (a job, a write) without polling or moving time."""
+    emitted = threading.Event()
+    with events.subscribe(lambda event: emitted.set(), names=[name]):
+        yield emitted

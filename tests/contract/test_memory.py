@@ -107,3 +107,15 @@ def test_its_clock_is_the_one_it_is_given() -> None:
     clock.advance(10)
     [claimed] = memory.job_cycle(Cycle(claim=params)).claimed
     assert (claimed.id, claimed.attempted_at) == (later.id, at(10))
+
+
+def test_an_app_on_memory_gives_the_driver_its_clock() -> None:
+    """``App("memory://", clock=...)``: the database's clock is the App's, as SQLite's frame
+    is, so a read without ``now`` (the operator's, a dashboard's) sees the App's time."""
+    from ultimat3.jobs import App
+
+    clock = FakeClock(T0)
+    app = App("memory://", clock=clock)
+    assert app.driver.database_now() == T0
+    clock.advance(60)
+    assert app.driver.database_now() == at(60)

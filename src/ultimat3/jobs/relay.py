@@ -140,7 +140,7 @@ class Relay:
         Idempotent."""
         if self._loop is not None:
             return
-        self._loop = Loop("relay", self._step, backoff=self.backoff)
+        self._loop = Loop("relay", self._step, clock=self.clock, backoff=self.backoff)
         self._loop.start()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -151,7 +151,7 @@ class Relay:
 
     def run(self, stop: threading.Event) -> None:
         """Run passes in this thread until ``stop`` is set."""
-        Loop("relay", self._step, stop=stop, backoff=self.backoff).run()
+        Loop("relay", self._step, stop=stop, clock=self.clock, backoff=self.backoff).run()
 
     def _step(self) -> float:
         full = self.tick() >= self.batch_size

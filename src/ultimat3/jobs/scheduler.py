@@ -305,7 +305,7 @@ class Scheduler:
         """Tick on a supervised thread (``supervise.Loop``) until ``stop()``. Idempotent."""
         if self._loop is not None:
             return
-        self._loop = Loop("scheduler", self._step, backoff=self.backoff)
+        self._loop = Loop("scheduler", self._step, clock=self.clock, backoff=self.backoff)
         self._loop.start()
 
     def stop(self) -> None:

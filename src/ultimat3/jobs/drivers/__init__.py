@@ -44,8 +44,10 @@ def sqlite_path(url: str) -> Path:
 
 
 def open_driver(url: str, *, clock: Clock | None = None) -> Driver:
-    """Open (not yet migrate) the driver a URL names. ``clock``: the app's (SQLite reads its
-    frame, to notice a step of the wall clock: ``SqliteDriver``)."""
+    """Open (not yet migrate) the driver a URL names. ``clock``: the app's. It is the memory
+    driver's database clock; SQLite reads its frame, to notice a step of the wall clock
+    (``SqliteDriver``); PostgreSQL keeps the server's ``now()`` and waits on real time (a
+    pinned ``now`` still reaches it through every call)."""
     url = canonical_url(url)
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     if scheme == "sqlite":
@@ -89,7 +91,7 @@ def open_driver(url: str, *, clock: Clock | None = None) -> Driver:
     if scheme == "memory":
         from ultimat3.jobs.drivers.memory import MemoryDriver
 
-        return MemoryDriver()
+        return MemoryDriver(clock=clock)
     raise ConfigurationError(f"no driver for the URL {url!r}", fix=URL_HELP)
 
 

@@ -389,10 +389,14 @@ class Worker(Beat, Handlers, Writer):
         handlers, in one transaction, then queue the claimed jobs for the handlers. With
         nothing to write and nothing due, wait for a commit or a wake-up instead."""
         poll = self.config.poll_interval.total_seconds()
-        limit, isolated = (0, False) if self._stop_claiming.is_set() else self._claim_limit()
-        if limit and self._wake.is_set():
+        isolated = self._claim_kind()
+        if isolated is not None and self._wake.is_set():
             self._wake.clear()  # before the lock (a system call: wake.py), so before any set
         with self._lock:
+            if isolated is None:
+                limit = 0
+            else:
+                limit = 1 if isolated else self.config.concurrency - self._busy
             # While a claimed job waits for a handler, no slot is free and a batch's outcomes
             # are still arriving: they are written together once it has begun (``_wake_cycle``).
             idle = bool(self._ready) or not (self._pending or (limit and self._maybe_due))
@@ -422,13 +426,13 @@ class Worker(Beat, Handlers, Writer):
             return 0.0
         sent = self.clock.monotonic()  # a lease lasts from when its claim was sent
         try:
-            jobs = self._cycle(finished, limit, isolated=isolated)
+            jobs = self._cycle(finished, limit, isolated=bool(isolated))
         except BaseException:
             with self._lock:  # written next turn, in order
                 self._pending[:0] = finished
             raise
-        # Full: more may be due at once. Short: the queue is drained for now; wait.
-        self._maybe_due = limit > 0 and len(jobs) == limit
+        if limit:  # full: more may be due at once; short: the queue is drained for now, wait
+            self._maybe_due = len(jobs) == limit
         for held in finished:
             held.run.wrote()
         with self._lock:
@@ -436,33 +440,36 @@ class Worker(Beat, Handlers, Writer):
                 if held.run.free:
                     self._held.pop(held.lease, None)
         if jobs:
-            self._hand([Held(job, self.handles(job.name), sent) for job in jobs], isolated)
+            self._hand([Held(job, self.handles(job.name), sent) for job in jobs], bool(isolated))
         return 0.0
 
-    def _claim_limit(self) -> tuple[int, bool]:
-        """How many jobs to claim (one per free handler), and whether they are isolated ones:
-        none while an isolated job runs, and one isolated job alone once nothing else runs."""
+    def _claim_kind(self) -> bool | None:
+        """What to claim: None, nothing (the drain, or an isolated job runs, or waits for
+        what runs to finish); True, one isolated job alone (nothing else runs); False, one
+        job per free handler (counted by the turn, under the lock that handlers return
+        under)."""
+        if self._stop_claiming.is_set():
+            return None
         alone = self._alone
         if alone is not None:
             if not alone.run.free:
-                return 0, False
+                return None
             self._alone = None
             # Another isolated job may wait: look before claiming others, so that isolated
             # jobs run back to back (each is exposed to a crash of the worker while it runs).
             self._next_isolation_check = 0.0
-        with self._lock:
-            busy = self._busy
         now = self.clock.monotonic()
         if not self._isolating and now >= self._next_isolation_check:
             poll = self.config.poll_interval.total_seconds()
             self._next_isolation_check = now + min(poll, 1.0)
             self._isolating = self.driver.job_peek_isolated(self.queues, now=self.clock.pinned())
         if self._isolating:
-            if busy:
-                return 0, False  # let what runs finish first
+            with self._lock:
+                if self._busy:
+                    return None  # let what runs finish first
             self._isolating = False
-            return 1, True
-        return self.config.concurrency - busy, False
+            return True
+        return False
 
     def _hand(self, batch: list[Held], isolated: bool) -> None:
         """Queue claimed jobs (their starts recorded by the claim) for the handlers; async ones

@@ -237,8 +237,9 @@ class Worker(Beat, Handlers, Writer):
         if before.phase is not Phase.STOPPED:
             return
         self._halt = halt = threading.Event()
-        self._cycle_loop.backoff = self.backoff
-        exiting = self._exiting
+        # This start's: a stop racing this start stops (and replaces) them.
+        cycle, exiting = self._cycle_loop, self._exiting
+        cycle.backoff = self.backoff
         for n in range(self.config.concurrency):
             thread = threading.Thread(
                 target=self._handler_thread,
@@ -257,7 +258,7 @@ class Worker(Beat, Handlers, Writer):
         }
         self._presence_due = 0.0
         self.presence.restarted(self.clock.now())
-        self._cycle_loop.start()
+        cycle.start()
         for loop in self._loops.values():
             loop.start()
         events.info(
@@ -618,7 +619,6 @@ class Worker(Beat, Handlers, Writer):
         if outcome is not None and held.run.settle(outcome):
             with self._lock:
                 self._pending.append(held)
-                self._wake_cycle()
 
     def _maybe_free(self, held: Held, *, wake: bool = True) -> None:
         """Free the slot once nothing runs for the job and its outcome is written (or moot)."""

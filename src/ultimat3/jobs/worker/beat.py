@@ -69,6 +69,9 @@ class Beat:
     def _wake_cycle(self) -> None:
         raise NotImplementedError
 
+    def _begun(self) -> bool:
+        raise NotImplementedError
+
     def _heartbeat_step(self) -> float:
         every = self.config.heartbeat_every()
         now = self.clock.monotonic()
@@ -84,7 +87,7 @@ class Beat:
                     timeout=str(h.handle.timeout if h.handle else None),
                 )
         with self._lock:
-            if self._pending and not self._ready:
+            if self._pending and self._begun():
                 # Outcomes of short jobs wait behind a long one on the thread that ran them
                 # (the cycle loop is woken when a handler returns): write them now.
                 self._wake_cycle()

@@ -398,9 +398,9 @@ class Worker(Beat, Handlers, Writer):
                 limit = 0
             else:
                 limit = 1 if isolated else self.config.concurrency - self._busy
-            # While a claimed job waits for a handler, no slot is free and a batch's outcomes
-            # are still arriving: they are written together once it has begun (``_wake_cycle``).
-            idle = bool(self._ready) or not (self._pending or (limit and self._maybe_due))
+            # Until a batch has begun, no slot is free and its outcomes are still arriving:
+            # they are written together once it has (``_begun``, ``_wake_cycle``).
+            idle = not self._begun() or not (self._pending or (limit and self._maybe_due))
             finished: list[Held] = []
             if idle:
                 # Under the lock that outcomes are queued under: one queued from now on sets
@@ -520,6 +520,13 @@ class Worker(Beat, Handlers, Writer):
             self._called = True
             self._sleepers.pop().release()  # the last to wait: the likeliest to be running
 
+    def _begun(self) -> bool:
+        """Under ``_lock``: has the last batch begun: does no claimed job wait for a handler,
+        and is no handler thread woken for one on its way? A woken thread that finds its job
+        taken by another goes back to wait: the cycle's turn waits for that, so that the two
+        do not take turns at the interpreter's lock in the middle of a transaction."""
+        return not self._ready and not self._called
+
     def _poke(self) -> None:
         """Wake the cycle loop whatever it waits on (a stop, a rescue, a slot freed)."""
         self._wake.set()
@@ -552,6 +559,9 @@ class Worker(Beat, Handlers, Writer):
                     return
                 if woken:
                     self._called = woken = False
+                    if not self._ready:
+                        self._wake_cycle()  # called for a job another thread took: the
+                        # batch has begun once this thread is back (``_begun``)
                 if not self._ready:
                     self._sleepers.append(gate)
                     held = None
@@ -569,7 +579,7 @@ class Worker(Beat, Handlers, Writer):
                 self._busy -= 1
                 if queued:
                     self._pending.append(held)
-                if not self._ready:
+                if self._begun():
                     self._wake_cycle()  # write the outcome, or claim for the free slot
             if not queued:
                 self._maybe_free(held)  # its lease was lost, say: nothing to write

@@ -61,7 +61,7 @@ def test_a_lone_jobs_completion_is_written_while_the_leader_sleeps(
         job_id = lone.enqueue({}).id
         wait_until(lambda: app.get_job(job_id).state is JobState.RUNNING, 10, "the start")
         # The handler runs; the leader has nothing to write and nothing due: it sleeps.
-        wait_until(lambda: worker._leader_waiting, 10, "the leader to sleep")
+        wait_until(lambda: worker._cycle_waiting, 10, "the cycle loop to sleep")
         go.set()
         wait_until(
             lambda: app.get_job(job_id).state is JobState.COMPLETED,

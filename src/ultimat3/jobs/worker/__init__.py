@@ -1,7 +1,7 @@
 """The worker: claims due jobs, runs them, records what happened (``service.Worker``).
 
-- ``service``: the ``Worker`` (its lifecycle, the handler threads that lead the cycle in
-  turn, shutdown and inline draining);
+- ``service``: the ``Worker`` (its lifecycle, the cycle loop that feeds the handler threads,
+  shutdown and inline draining);
 - ``writes``: the one transaction of a turn (write outcomes, claim), and the rarer writes;
 - ``handlers``: running one job and turning what happened into an ``Outcome``;
 - ``beat``: the heartbeat and renew loops, and the presence step;

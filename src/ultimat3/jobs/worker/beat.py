@@ -50,10 +50,8 @@ class Beat:
     _held: dict[Lease, Held]
     _halt: threading.Event
     _renew_now: threading.Event
-    _cond: threading.Condition
     _ready: deque[Held]
     _pending: list[Held]
-    _leading: bool
     _next_beat: float
     _seen_step: float
     _stuck_since: float | None
@@ -66,6 +64,12 @@ class Beat:
         raise NotImplementedError
 
     def _fatal(self, loop: str, exc: BaseException) -> None:
+        raise NotImplementedError
+
+    def _wake_cycle(self) -> None:
+        raise NotImplementedError
+
+    def _begun(self) -> bool:
         raise NotImplementedError
 
     def _heartbeat_step(self) -> float:
@@ -82,13 +86,11 @@ class Beat:
                     job=h.job.name,
                     timeout=str(h.handle.timeout if h.handle else None),
                 )
-        with self._cond:
-            if self._ready:  # a job waits behind a long one on an awake thread: wake the rest
-                self._cond.notify_all()
-            elif self._pending and not self._leading:
-                # Outcomes wait behind a long job on the thread that queued them (short jobs
-                # run back to back on one thread): a sleeping thread leads and writes them.
-                self._cond.notify()
+        with self._lock:
+            if self._pending and self._begun():
+                # Outcomes of short jobs wait behind a long one on the thread that ran them
+                # (the cycle loop is woken when a handler returns): write them now.
+                self._wake_cycle()
         self._check_stuck(held, now)
         self._check_event_loop(held, now)
         self._check_leases(held, now)

@@ -1,17 +1,17 @@
 """The worker's lifecycle and its handler threads. Who owns a job, step by step:
 
-1. **cycle** (``writes``): one transaction writes the outcomes that finished and claims one job
-   per free handler; each claimed job gets a ``Run`` (``ultimat3.jobs.run``), its one owner.
-2. **handlers**: ``concurrency`` threads (``async def`` jobs run on one event loop). Each takes
-   the next ready job and offers its ``Outcome`` (``handlers``) with ``run.settle()``: the
-   first settler wins (the handler, a lost lease, shutdown). A thread with no ready job
-   *leads*: it runs the next cycle under the cycle's ``supervise.Loop`` policy (``Loop.once``),
-   so a short job's thread writes its outcome, claims the next job and runs it with no
-   hand-off between threads; while jobs are long (``short_job``), each ready job wakes a thread
-   of its own. A leader with nothing to do sleeps until a job is due (``wait_for_jobs``); a
-   returning job wakes it at once. Outcomes that wait behind a long job are handed to a
-   sleeping thread by the heartbeat (within 100 ms). A slot frees once its run is settled,
-   its outcome written and its handler returned.
+1. **cycle** (``writes``), one supervised loop (``supervise.Loop``) on a thread of its own:
+   each turn is one transaction that writes every outcome queued by then and claims one job
+   per free handler; each claimed job gets a ``Run`` (``ultimat3.jobs.run``), its one owner,
+   and goes on one ready queue. Outcomes that arrive during a turn wait for the next one, so
+   a turn writes a batch. With nothing to write and nothing due the loop sleeps until a job
+   is due (``wait_for_jobs``) or an outcome arrives (only a sleeping loop is woken).
+2. **handlers**: ``concurrency`` threads (``async def`` jobs run on one event loop) only run
+   jobs: each takes the next ready job and offers its ``Outcome`` (``handlers``) with
+   ``run.settle()``: the first settler wins (the handler, a lost lease, shutdown). A batch
+   wakes one thread, and a thread that takes a job wakes one more while jobs wait, so long
+   jobs start side by side and short ones run on the threads already awake. A slot frees
+   once its run is settled, its outcome written and its handler returned.
 3. **heartbeat** and **renew** loops (``beat``); 4. the **maintenance** loop (rescue, prune:
    ``ultimat3.jobs.maintenance``, which also says how a job that kills its worker is isolated)
    until the drain begins, and the worker's row (``presence``) until it stops.
@@ -86,7 +86,6 @@ class Worker(Beat, Handlers, Writer):
         backoff: Backoff | None = None,
         unknown_skip: float = 60.0,
         loop_blocked_after: float = 1.0,
-        short_job: float = 0.002,
     ) -> None:
         self.driver = driver
         #: The job names this worker can run (named by the warning for an unknown one).
@@ -107,9 +106,6 @@ class Worker(Beat, Handlers, Writer):
         #: claims a job of that name again (at most ``unknown_grace``).
         self.unknown_skip = unknown_skip
         self.loop_blocked_after = loop_blocked_after
-        #: A job shorter than this on average runs on the thread that took it without waking
-        #: another for the next one (see ``_handler_thread``).
-        self.short_job = short_job
         self.worker_id = (
             self.config.worker_id or f"{socket.gethostname()}:{os.getpid()}:{token()[:6]}"
         )
@@ -139,10 +135,12 @@ class Worker(Beat, Handlers, Writer):
         self._life_lock = threading.Lock()
         self._signals = 0  # counted by the signal handler, fed to ``_apply`` by ``run()``
         self._lock = threading.Lock()
-        #: Handler threads wait on it for ready jobs.
-        self._cond = threading.Condition(self._lock)
         self._held: dict[Lease, Held] = {}  # by lease: a job can have a zombie run and a new one
-        self._wake = Wake()  # wakes the cycle: an outcome, a free slot, a stop (see wake.py)
+        #: The cycle loop sleeps on one of these (``_cycle_waiting``): ``_wake`` while it waits
+        #: for jobs too (``wait_for_jobs``, which can wait on a file and ``_wake`` at once, see
+        #: wake.py), ``_rest`` while every slot is busy (no file to watch: a plain event).
+        self._wake = Wake()
+        self._rest = threading.Event()
         #: When (on ``clock.monotonic()``) the last claim's full rate window reopens: the wait
         #: the driver measured on its own clock (``CycleResult.wake_in``) from the claim's send.
         self._rate_wake: float | None = None
@@ -167,19 +165,21 @@ class Worker(Beat, Handlers, Writer):
 
     def _reset_cycle(self) -> None:
         """The cycle's state. Under ``_lock``: ``_ready``, ``_pending``, ``_busy``,
-        ``_leading``; the rest is the leader's alone."""
+        ``_cycle_waiting``, ``_sleepers``, ``_called``; the rest is the cycle loop's alone."""
         self._ready: deque[Held] = deque()  # claimed, started, waiting for a handler thread
         self._pending: list[Held] = []  # settled, to be written by the next cycle
         self._busy = 0  # claimed and not returned by its handler
-        self._leading = False  # a thread runs the cycle (or the shutdown holds it)
+        #: The gates of the handler threads waiting for a ready job, the last to wait on top:
+        #: a lock each, held while its thread waits, released to wake it.
+        self._sleepers: list[threading.Lock] = []
+        self._called = False  # a handler thread was woken for a ready job and is not back yet
         self._exiting = threading.Event()  # this start's handler threads return
-        self._leader_waiting = False  # the leader waits for jobs: wake it for outcomes
+        #: The event the cycle loop sleeps on (None: it runs a turn): set it for an outcome.
+        self._cycle_waiting: threading.Event | None = None
         self._alone: Held | None = None  # an isolated job running alone
         self._isolating = False
         self._maybe_due = True  # claim at once: the last claim filled up, or a wake-up came
         self._lost_claims: list[str] = []  # tokens of claims whose reply may have been lost
-        self._avg_run = 1.0  # seconds; starts long, so that threads wake for each job at first
-        #: The cycle's policy (``Loop.once``): the handler threads take turns at leading it.
         self._cycle_loop = self._supervised("cycle", self._cycle_step, stop=threading.Event())
         self._renew_now = threading.Event()  # the heartbeat asks the renew loop to go
         self._clock_checked = False  # the host's clock against the database's (_presence_step)
@@ -223,7 +223,7 @@ class Worker(Beat, Handlers, Writer):
             self._hard_stop.set()
         if after.phase is Phase.DRAINING and before.phase is Phase.RUNNING:
             self._stop_claiming.set()
-            self._wake.set()
+            self._poke()
             threading.Thread(
                 target=self._shutdown, args=(after.grace,), name="ultimat3-jobs-stop", daemon=True
             ).start()
@@ -237,8 +237,9 @@ class Worker(Beat, Handlers, Writer):
         if before.phase is not Phase.STOPPED:
             return
         self._halt = halt = threading.Event()
-        self._cycle_loop.backoff = self.backoff
-        exiting = self._exiting
+        # This start's: a stop racing this start stops (and replaces) them.
+        cycle, exiting = self._cycle_loop, self._exiting
+        cycle.backoff = self.backoff
         for n in range(self.config.concurrency):
             thread = threading.Thread(
                 target=self._handler_thread,
@@ -257,6 +258,7 @@ class Worker(Beat, Handlers, Writer):
         }
         self._presence_due = 0.0
         self.presence.restarted(self.clock.now())
+        cycle.start()
         for loop in self._loops.values():
             loop.start()
         events.info(
@@ -384,20 +386,30 @@ class Worker(Beat, Handlers, Writer):
     # -- the cycle: settle and claim -----------------------------------------------------------
 
     def _cycle_step(self) -> float:
-        """One turn of the leader (the handler thread that runs the cycle): write the outcomes
-        that arrived and claim for the free handlers, in one transaction, then queue the
-        claimed jobs for the handlers (the leader among them). With nothing to write and
-        nothing due, wait for a commit or a wake-up instead."""
+        """One turn of the cycle loop: write the outcomes queued by now and claim for the free
+        handlers, in one transaction, then queue the claimed jobs for the handlers. With
+        nothing to write and nothing due, wait for a commit or a wake-up instead."""
         poll = self.config.poll_interval.total_seconds()
-        limit, isolated = (0, False) if self._stop_claiming.is_set() else self._claim_limit()
+        isolated = self._claim_kind()
+        if isolated is not None and self._wake.is_set():
+            self._wake.clear()  # before the lock (a system call: wake.py), so before any set
         with self._lock:
-            finished, self._pending = self._pending, []
-            idle = not (finished or (limit and self._maybe_due))
+            if isolated is None:
+                limit = 0
+            else:
+                limit = 1 if isolated else self.config.concurrency - self._busy
+            # Until a batch has begun, no slot is free and its outcomes are still arriving:
+            # they are written together once it has (``_begun``, ``_wake_cycle``).
+            idle = not self._begun() or not (self._pending or (limit and self._maybe_due))
+            finished: list[Held] = []
             if idle:
-                # Under the lock that outcomes are queued under: one queued from now on sees
-                # the flag and sets _wake, so the wait below cannot sleep through it.
-                self._leader_waiting = True
-                self._wake.clear()
+                # Under the lock that outcomes are queued under: one queued from now on sets
+                # the event, so the wait below cannot sleep through it.
+                self._cycle_waiting = self._wake if limit else self._rest
+                if not limit:
+                    self._rest.clear()
+            else:
+                finished, self._pending = self._pending, []
         if idle:
             wake_at = self._rate_wake
             if wake_at is not None:  # a rate window reopens then: no later than that
@@ -407,20 +419,21 @@ class Worker(Beat, Handlers, Writer):
                 if limit:
                     self.driver.wait_for_jobs(poll, self._wake)  # a commit, or a wake-up
                 else:
-                    self.clock.sleep(poll, self._wake)  # an outcome (an isolated job runs)
+                    self.clock.sleep(poll, self._rest)  # an outcome, a free slot, a stop
             finally:
-                self._leader_waiting = False
+                with self._lock:
+                    self._cycle_waiting = None
             self._maybe_due = True
             return 0.0
         sent = self.clock.monotonic()  # a lease lasts from when its claim was sent
         try:
-            jobs = self._cycle(finished, limit, isolated=isolated)
+            jobs = self._cycle(finished, limit, isolated=bool(isolated))
         except BaseException:
             with self._lock:  # written next turn, in order
                 self._pending[:0] = finished
             raise
-        # Full: more may be due at once. Short: the queue is drained for now; wait.
-        self._maybe_due = limit > 0 and len(jobs) == limit
+        if limit:  # full: more may be due at once; short: the queue is drained for now, wait
+            self._maybe_due = len(jobs) == limit
         for held in finished:
             held.run.wrote()
         with self._lock:
@@ -428,33 +441,36 @@ class Worker(Beat, Handlers, Writer):
                 if held.run.free:
                     self._held.pop(held.lease, None)
         if jobs:
-            self._hand([Held(job, self.handles(job.name), sent) for job in jobs], isolated)
+            self._hand([Held(job, self.handles(job.name), sent) for job in jobs], bool(isolated))
         return 0.0
 
-    def _claim_limit(self) -> tuple[int, bool]:
-        """How many jobs to claim (one per free handler), and whether they are isolated ones:
-        none while an isolated job runs, and one isolated job alone once nothing else runs."""
+    def _claim_kind(self) -> bool | None:
+        """What to claim: None, nothing (the drain, or an isolated job runs, or waits for
+        what runs to finish); True, one isolated job alone (nothing else runs); False, one
+        job per free handler (counted by the turn, under the lock that handlers return
+        under)."""
+        if self._stop_claiming.is_set():
+            return None
         alone = self._alone
         if alone is not None:
             if not alone.run.free:
-                return 0, False
+                return None
             self._alone = None
             # Another isolated job may wait: look before claiming others, so that isolated
             # jobs run back to back (each is exposed to a crash of the worker while it runs).
             self._next_isolation_check = 0.0
-        with self._lock:
-            busy = self._busy
         now = self.clock.monotonic()
         if not self._isolating and now >= self._next_isolation_check:
             poll = self.config.poll_interval.total_seconds()
             self._next_isolation_check = now + min(poll, 1.0)
             self._isolating = self.driver.job_peek_isolated(self.queues, now=self.clock.pinned())
         if self._isolating:
-            if busy:
-                return 0, False  # let what runs finish first
+            with self._lock:
+                if self._busy:
+                    return None  # let what runs finish first
             self._isolating = False
-            return 1, True
-        return self.config.concurrency - busy, False
+            return True
+        return False
 
     def _hand(self, batch: list[Held], isolated: bool) -> None:
         """Queue claimed jobs (their starts recorded by the claim) for the handlers; async ones
@@ -471,88 +487,102 @@ class Worker(Beat, Handlers, Writer):
                 self._alone = held
             if held.handle is None or not held.handle.is_async:
                 sync.append(held)
-        with self._cond:
+        with self._lock:
             for held in batch:
                 self._held[held.lease] = held
             self._busy += len(batch)
+            if self._stop_claiming.is_set():
+                # The drain began during this turn: what it claimed goes back at once (the
+                # shutdown released what was ready before).
+                self._release_ready(batch)
+                return
             self._ready.extend(sync)
+            self._call_handler()
         for held in batch:
             if held.handle is not None and held.handle.is_async:
                 held.run.start()
                 loop = self._event_loop()
                 held.task = asyncio.run_coroutine_threadsafe(self._async_handler(held), loop)
 
+    def _release_ready(self, batch: list[Held] | deque[Held]) -> None:
+        """Under ``_lock``: give back claimed jobs whose handlers never began (attempt
+        refunded): the cycle writes the releases."""
+        release = Outcome("release")
+        waiting = [h for h in batch if h.run.release(release)]
+        self._busy -= len(waiting)
+        self._pending.extend(waiting)
+        self._wake_cycle()
+
+    def _call_handler(self) -> None:
+        """Under ``_lock``: wake one waiting handler thread for the ready jobs, unless one is
+        on its way already (it wakes the next as it takes a job: see ``_handler_thread``)."""
+        if self._ready and not self._called and self._sleepers:
+            self._called = True
+            self._sleepers.pop().release()  # the last to wait: the likeliest to be running
+
+    def _begun(self) -> bool:
+        """Under ``_lock``: has the last batch begun: does no claimed job wait for a handler,
+        and is no handler thread woken for one on its way? A woken thread that finds its job
+        taken by another goes back to wait: the cycle's turn waits for that, so that the two
+        do not take turns at the interpreter's lock in the middle of a transaction."""
+        return not self._ready and not self._called
+
+    def _poke(self) -> None:
+        """Wake the cycle loop whatever it waits on (a stop, a rescue, a slot freed)."""
+        self._wake.set()
+        self._rest.set()
+
+    def _wake_cycle(self) -> None:
+        """Under ``_lock``: wake the cycle loop if it sleeps (once: a turn that is running
+        writes what was queued meanwhile at its next turn). A handler thread calls it when it
+        returns and no claimed job waits for a handler: a batch's outcomes are then written
+        together (while one waits, a handler is on its way to it: ``_call_handler``). The
+        outcomes of short jobs that wait behind a long one on the thread that ran them are
+        the heartbeat's to hand over (``Beat._heartbeat_step``)."""
+        waiting = self._cycle_waiting
+        if waiting is not None:
+            self._cycle_waiting = None
+            waiting.set()
+
     # -- handlers ------------------------------------------------------------------------------
 
     def _handler_thread(self, exiting: threading.Event) -> None:
-        """A handler: runs the next ready job, or, when none is ready and no other thread
-        leads, leads the cycle. A thread that ran a job queues its outcome, takes the next job
-        and wakes no other thread while jobs are short: short jobs run on the threads that are
-        awake, without a hand-off between threads for each one. ``exiting`` is this start's:
-        a thread that outlives its worker's stop (a job past the shutdown grace) leaves the
-        state of a restarted worker alone."""
-        ran: Held | None = None  # the job this thread just ran
-        queued = False  # and its outcome is for the cycle to write
+        """A handler: runs the next ready job and queues its outcome for the cycle loop.
+        ``exiting`` is this start's: a thread that outlives its worker's stop (a job past the
+        shutdown grace) leaves the state of a restarted worker alone."""
+        gate = threading.Lock()
+        gate.acquire()
+        woken = False
         while True:
-            with self._cond:
+            with self._lock:
                 if exiting.is_set():
                     return
-                if ran is not None:
-                    self._busy -= 1
-                    if queued:
-                        self._pending.append(ran)
-                        if self._leader_waiting:
-                            # The leader sleeps until a job is due: wake it now to write this
-                            # outcome, before this thread waits below for a job or the lead
-                            # (waiting first left the outcome to the next poll).
-                            self._wake.set()
-                held = None
-                while True:
-                    if self._ready:
-                        held = self._ready.popleft()
-                        if self._ready and self._avg_run >= self.short_job:
-                            self._cond.notify()  # long jobs: the next thread takes the next one
-                        break
-                    if exiting.is_set():
-                        return
-                    if not self._leading and self._leader_wanted():
-                        self._leading = True
-                        break
-                    self._cond.wait()
-            if ran is not None and not queued:
-                self._maybe_free(ran)  # its lease was lost, say: nothing to write
-            ran = None
+                if woken:
+                    self._called = woken = False
+                    if not self._ready:
+                        self._wake_cycle()  # called for a job another thread took: the
+                        # batch has begun once this thread is back (``_begun``)
+                if not self._ready:
+                    self._sleepers.append(gate)
+                    held = None
+                else:
+                    held = self._ready.popleft()
+                    self._call_handler()  # the next ready job starts beside this one
             if held is None:
-                self._lead()
-            else:
-                queued = self._run_held(held)
-                ran = held
-
-    def _leader_wanted(self) -> bool:
-        """Under ``_lock``: is there a cycle to run (outcomes to write, or handlers to claim
-        for)?"""
-        if self._halt.is_set():
-            return False
-        if self._pending:
-            return True
-        return not self._stop_claiming.is_set() and self._busy < self.config.concurrency
-
-    def _lead(self) -> None:
-        pause: float | None = 0.0
-        try:
-            pause = self._cycle_loop.once()
-            if pause:  # a backoff: keep the lead meanwhile, so no other thread retries sooner
-                self.clock.sleep(pause, self._halt)
-        finally:
-            with self._cond:
-                self._leading = False
-                if (self._ready and self._avg_run >= self.short_job) or (
-                    self._pending and not self._halt.is_set()
-                ):
-                    # Long jobs: the next thread takes the next one. Outcomes queued during
-                    # this turn: a waiting thread leads to write them now, as this one may
-                    # take a ready job first.
-                    self._cond.notify()
+                gate.acquire()  # until _call_handler or the shutdown releases it
+                woken = True
+                continue
+            queued = self._run_held(held)
+            with self._lock:
+                if exiting.is_set():
+                    return
+                self._busy -= 1
+                if queued:
+                    self._pending.append(held)
+                if self._begun():
+                    self._wake_cycle()  # write the outcome, or claim for the free slot
+            if not queued:
+                self._maybe_free(held)  # its lease was lost, say: nothing to write
 
     def _run_held(self, held: Held) -> bool:
         """Run a ready job on this thread; True when its outcome is this thread's to queue."""
@@ -568,10 +598,6 @@ class Worker(Beat, Handlers, Writer):
                 if timeout is not None:
                     held.deadline = started + timeout.total_seconds()
                 outcome = self._call_sync(held, *prepared)
-                assert held.duration is not None  # set by _call_sync
-                # Unsynchronised on purpose: an average that loses an update now and then is
-                # fine.
-                self._avg_run = self._avg_run * 0.9 + held.duration * 0.1
                 if held.run.timed_out:
                     outcome = self._timeout_outcome(held)
         except BaseException as exc:  # outcome_of catches all; this is the last resort
@@ -591,20 +617,17 @@ class Worker(Beat, Handlers, Writer):
             self._returned(held)
 
     def _returned(self, held: Held) -> None:
-        """An async job is done: its slot (and outcome, if any) is the cycle's, and a handler
-        thread is woken to write it (handler threads do this themselves)."""
+        """An async job is done: its slot (and outcome, if any) is the cycle's."""
         held.run.returned()
-        with self._cond:
+        with self._lock:
             self._busy -= 1
-            self._cond.notify()
+            self._wake_cycle()
         self._maybe_free(held, wake=False)
-        if self._leader_waiting:
-            self._wake.set()
 
     def _settle(self, held: Held, outcome: Outcome | None) -> None:
         """Offer the run's outcome; the first settler's is queued for the next cycle."""
         if outcome is not None and held.run.settle(outcome):
-            with self._cond:
+            with self._lock:
                 self._pending.append(held)
 
     def _maybe_free(self, held: Held, *, wake: bool = True) -> None:
@@ -616,7 +639,7 @@ class Worker(Beat, Handlers, Writer):
         with self._lock:
             self._held.pop(held.lease, None)
         if wake:
-            self._wake.set()
+            self._poke()
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -654,23 +677,17 @@ class Worker(Beat, Handlers, Writer):
         self.stats.rescued += rescued
         if rescued:  # claim what came back now, and look for isolated jobs at once
             self._next_isolation_check = 0.0
-            self._wake.set()
+            self._poke()
         return min(pause, self.maintenance.next_in())
 
     # -- shutdown ------------------------------------------------------------------------------
 
     def _shutdown(self, grace: float) -> None:
         deadline = self.clock.monotonic() + grace
-        # Hold the lead: no cycle runs, so no claim lands after the release below.
-        self._take_lead()
-        with self._cond:
-            release = Outcome("release")
-            waiting = [h for h in self._ready if h.run.release(release)]  # never began
+        with self._lock:  # jobs that never began go back at once (claims are over: _hand)
+            self._release_ready(self._ready)
             self._ready.clear()
-            self._busy -= len(waiting)
-            self._pending.extend(waiting)  # back at once
-            self._leading = False  # handlers may write outcomes meanwhile (claims are over)
-            self._cond.notify_all()
+        # The cycle loop writes outcomes as they come meanwhile.
         while self.inflight and self.clock.monotonic() < deadline:
             if self.clock.sleep(0.05, self._hard_stop):
                 break
@@ -686,11 +703,13 @@ class Worker(Beat, Handlers, Writer):
                 self._settle(h, Outcome("release"))
         # Handlers still running past the grace period keep running on daemon threads; their
         # outcomes are fenced because their jobs were released.
-        self._take_lead()
+        self._stop_cycle()
         self._final_writes()
-        with self._cond:
+        with self._lock:
             self._exiting.set()
-            self._cond.notify_all()
+            for sleeper in self._sleepers:
+                sleeper.release()
+            self._sleepers.clear()
         self._halt.set()
         self._renew_now.set()
         for name in ("maintenance", "heartbeat", "renew"):
@@ -713,18 +732,23 @@ class Worker(Beat, Handlers, Writer):
             self._reset_cycle()
         self._apply(Stopped())
 
-    def _take_lead(self) -> None:
-        """Wait for the cycle in flight (5 s at most after a hard stop: a leader stuck in a
-        database call is not waited for), then hold the lead."""
-        end = self.clock.monotonic() + 5.0
-        while True:
-            with self._cond:
-                if not self._leading or (
-                    self._hard_stop.is_set() and self.clock.monotonic() >= end
-                ):
-                    self._leading = True
+    def _stop_cycle(self) -> None:
+        """Stop the cycle loop after its turn in flight (5 s at most after a hard stop: a turn
+        stuck in a database call is not waited for); the shutdown writes what is left."""
+        loop = self._cycle_loop
+        loop.stopping.set()
+        self._poke()
+        end: float | None = None
+        while not loop.done.is_set() and loop.alive:
+            if self._hard_stop.is_set():
+                now = self.clock.monotonic()
+                end = now + 5.0 if end is None else end
+                if now >= end:
                     return
-            self.clock.sleep(0.05)
+                self.clock.sleep(min(0.05, end - now), loop.done)
+            else:
+                self.clock.sleep(0.05, loop.done)
+        loop.join(5.0)
 
     def _final_writes(self) -> None:
         """Write what is left: retried while the database is away (``backoff``), until a

@@ -2,7 +2,7 @@
 completions and failures (each fenced by its lease; a refused late write is a lost lease,
 ``Run.lose``) and claims one job per free handler, marked started; the rarer outcomes
 (snoozes, releases, cancels) follow it, one write each. A claim whose reply was lost is given
-back before the next one. Nothing here waits or holds a thread: the leading handler thread and
+back before the next one. Nothing here waits or holds a thread: the worker's cycle loop and
 ``drain`` call it."""
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ pytestmark = pytest.mark.alone
 LONG_POLL = "60s"
 
 
-def test_a_lone_jobs_completion_is_written_while_the_leader_sleeps(
+def test_a_lone_jobs_completion_is_written_while_the_cycle_loop_sleeps(
     make_app: Callable[..., App], make_module: Callable[..., Any]
 ) -> None:
     go = threading.Event()
@@ -60,7 +60,7 @@ def test_a_lone_jobs_completion_is_written_while_the_leader_sleeps(
         go.clear()
         job_id = lone.enqueue({}).id
         wait_until(lambda: app.get_job(job_id).state is JobState.RUNNING, 10, "the start")
-        # The handler runs; the leader has nothing to write and nothing due: it sleeps.
+        # The handler runs; the cycle loop has nothing to write and nothing due: it sleeps.
         wait_until(lambda: worker._cycle_waiting, 10, "the cycle loop to sleep")
         go.set()
         wait_until(

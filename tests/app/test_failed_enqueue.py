@@ -300,6 +300,28 @@ def test_pg_an_enqueue_after_a_failed_statement_in_the_callers_pipeline(
 
 
 @pytest.mark.postgres
+def test_pg_a_failed_pipeline_is_named_however_the_replies_arrive(pg_app: App, pg_url: str) -> None:
+    """psycopg raises the caller's error as soon as it reads it, at times (most runs of 600)
+    before the Sync's reply that marks their transaction failed: the enqueue reads that reply
+    before it judges, so it names the failed transaction every time."""
+    import psycopg
+
+    from ultimat3.jobs import ConfigurationError
+
+    causes = set()
+    with psycopg.connect(pg_url) as conn:
+        for _ in range(600):
+            with pg_app.using(conn), conn.pipeline():
+                conn.execute("insert into orders values (1)")
+                conn.execute("insert into orders values (1)")
+                with pytest.raises(ConfigurationError) as caught:
+                    ship.enqueue({"what": "book"})
+                causes.add(caught.value.cause)
+            conn.rollback()
+    assert len(causes) == 1 and "transaction has failed" in causes.pop()
+
+
+@pytest.mark.postgres
 def test_pg_an_enqueue_after_a_failed_statement_in_an_autocommit_pipeline(
     pg_app: App, pg_url: str
 ) -> None:

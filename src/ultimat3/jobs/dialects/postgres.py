@@ -527,6 +527,7 @@ def in_savepoint(
     except pg.Error as exc:  # a statement of the caller's, queued in their pipeline, failed
         if conn.broken:
             raise_translated(exc, translate)
+        _read_to_sync(conn)
         check_joinable(conn, fix="")  # their transaction has failed: says so
         # Or it had none to fail: an autocommit pipeline ran that statement in an implicit
         # transaction of its own, ended by the sync. Their error, said as every driver error.
@@ -549,6 +550,16 @@ def _sync(conn: Any) -> None:
     if conn.pgconn.pipeline_status:  # PipelineStatus.OFF is 0
         with conn.pipeline() as pipeline:
             pipeline.sync()
+
+
+def _read_to_sync(conn: Any) -> None:
+    """After a sync that raised: psycopg raises the first error as soon as it reads it, at
+    times before the Sync's own reply, which says whether a transaction has failed; until it
+    is read the status is ACTIVE. Sync once more to read it: what was
+    queued has been aborted, so this one raises nothing of the caller's."""
+    pg = _psycopg()
+    if conn.pgconn.transaction_status == pg.pq.TransactionStatus.ACTIVE:
+        _sync(conn)
 
 
 def raise_translated(exc: Any, translate: Callable[[Any], BaseException]) -> NoReturn:

@@ -301,9 +301,10 @@ def test_pg_an_enqueue_after_a_failed_statement_in_the_callers_pipeline(
 
 @pytest.mark.postgres
 def test_pg_a_failed_pipeline_is_named_however_the_replies_arrive(pg_app: App, pg_url: str) -> None:
-    """psycopg raises the caller's error as soon as it reads it, at times (most runs of 600)
-    before the Sync's reply that marks their transaction failed: the enqueue reads that reply
-    before it judges, so it names the failed transaction every time."""
+    """psycopg raises the caller's error as soon as it reads it, at times before the Sync's
+    reply that marks their transaction failed (without the fix, at least once in each of three
+    runs of 600): the enqueue reads that reply before it judges, so it names the failed
+    transaction every time."""
     import psycopg
 
     from ultimat3.jobs import ConfigurationError

@@ -342,7 +342,7 @@ class App(Enqueuer):
             inputs,
             options,
             serializer=self.serializer,
-            now=self.clock.now(),
+            now=self.clock.now,
             pinned=self.clock.pinned(),
             many=many,
         )

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
-from functools import partial
 from typing import Any, Literal
 
 from ultimat3.jobs import events
@@ -140,17 +139,19 @@ def enqueue(
     options: EnqueueOptions,
     *,
     serializer: Serializer,
-    now: datetime,
+    now: Callable[[], datetime],
     pinned: datetime | None,
     many: bool,
 ) -> list[InsertResult]:
     """Build the jobs of ``inputs`` with ``options`` (all checked before anything is written)
     and write them to ``where`` (``insert``). ``many``: a batch, whose inputs are encoded when a
     driver reads the jobs (``NewJobs``: all before it writes, or a slice at a time inside its
-    transaction); ``now`` is when a uniqueness window counts from, ``pinned`` the ``now`` of
-    the write (None: the database's clock)."""
+    transaction); ``now`` reads the instant a uniqueness window counts from (once, and only
+    for a job that has one), ``pinned`` is the ``now`` of the write (None: the database's
+    clock)."""
     builder = Builder(handle, options, serializer=serializer)
-    jobs = NewJobs(inputs, lambda part: builder(part, now)) if many else builder(inputs, now)
+    at = now() if handle.unique is not None else None
+    jobs = NewJobs(inputs, lambda part: builder(part, at)) if many else builder(inputs, at)
     if not jobs:
         return []
     if where.intercept is not None:
@@ -185,16 +186,22 @@ class Builder:
     through is one that every driver stores (the same bounds on SQLite and PostgreSQL)."""
 
     __slots__ = (
+        "_attempts",
+        "_delay",
         "_dumps",
         "_given_key",
         "_handle",
         "_key_of",
         "_limit",
-        "_make",
+        "_limit_max",
         "_name",
+        "_priority",
         "_queue",
+        "_rate",
+        "_run_at",
         "_tenant",
         "_unique",
+        "_unique_fields",
     )
 
     def __init__(
@@ -253,53 +260,88 @@ class Builder:
         self._unique = unique
         self._given_key = options.idempotency_key
         self._name, self._queue, self._tenant = handle.name, queue, tenant
-        # A job of these options: the fields they share, given; each job adds its own.
-        self._make = partial(
-            NewJob,
-            name=handle.name,
-            queue=queue,
-            max_attempts=attempts,
-            run_at=run_at,
-            priority=priority,
-            tenant_id=tenant,
-            delay=delay,
-            limit_max=0 if limit is None else limit.max,
-            rate_max=0 if rate is None else rate.max,
-            rate_period=timedelta(0) if rate is None else rate.period,
-            unique_states=0 if unique is None else unique.mask,
-            unique_replace=unique is not None and unique.on_conflict == "replace",
+        # The fields every job of these options shares, in ``NewJob``'s order around the
+        # fields each job has of its own (``_FIELDS``): passed by position, which costs a
+        # call far less than by keyword, for each job of a batch.
+        self._attempts, self._run_at, self._priority, self._delay = (
+            attempts,
+            run_at,
+            priority,
+            delay,
+        )
+        self._limit_max = 0 if limit is None else limit.max
+        self._rate = (0, timedelta(0)) if rate is None else (rate.max, rate.period)
+        self._unique_fields = (
+            (0, False) if unique is None else (unique.mask, unique.on_conflict == "replace")
         )
 
-    def __call__(self, values: Sequence[Any], now: datetime) -> list[NewJob]:
+    def __call__(self, values: Sequence[Any], now: datetime | None) -> list[NewJob]:
         """The jobs of ``values``, in order (``now``: the instant a uniqueness window counts
-        from)."""
-        name, queue, tenant, make = self._name, self._queue, self._tenant, self._make
+        from; None for a job without one)."""
+        name, queue, tenant = self._name, self._queue, self._tenant
         dumps, key_of, given_key = self._dumps, self._key_of, self._given_key
         limit, unique = self._limit, self._unique
+        attempts, run_at, priority, delay = (
+            self._attempts,
+            self._run_at,
+            self._priority,
+            self._delay,
+        )
+        limit_max, (rate_max, rate_period) = self._limit_max, self._rate
+        unique_states, unique_replace = self._unique_fields
         inject = events.trace_context_for  # a tracing integration's, or None
         jobs: list[NewJob] = []
+        append = jobs.append
         for job_id, input in zip(uuid7_many(len(values)), values, strict=True):
             payload = dumps(input)
             key = given_key
             if key is None and key_of is not None:
                 key = _key_of(self._handle, key_of, input)
-            jobs.append(
-                make(
-                    id=job_id,
-                    input=payload,
-                    idempotency_key=job_id if key is None else f"{name}:{key}",
-                    trace_context=None if inject is None else inject(queue, name, job_id),
-                    limit_key=None
+            append(
+                NewJob(
+                    job_id,
+                    name,
+                    queue,
+                    payload,
+                    job_id if key is None else f"{name}:{key}",
+                    attempts,
+                    run_at,
+                    priority,
+                    tenant,
+                    delay,
+                    None if inject is None else inject(queue, name, job_id),
+                    None
                     if limit is None
                     else limit.key_for(job=name, queue=queue, input=input, tenant_id=tenant),
-                    unique_key=None
+                    limit_max,
+                    rate_max,
+                    rate_period,
+                    None
                     if unique is None
                     else unique.key_for(
-                        job=name, payload=payload, input=input, tenant_id=tenant, now=now
+                        job=name, payload=payload, input=input, tenant_id=tenant, now=_at(now)
                     ),
+                    unique_states,
+                    unique_replace,
                 )
             )
         return jobs
+
+
+#: ``NewJob``'s fields in the order ``Builder`` passes them.
+_FIELDS = (
+    "id", "name", "queue", "input", "idempotency_key", "max_attempts", "run_at", "priority",
+    "tenant_id", "delay", "trace_context", "limit_key", "limit_max", "rate_max", "rate_period",
+    "unique_key", "unique_states", "unique_replace",
+)  # fmt: skip
+if tuple(f.name for f in fields(NewJob)) != _FIELDS:
+    raise AssertionError("NewJob's fields moved: update Builder.__call__ and _FIELDS")
+
+
+def _at(now: datetime | None) -> datetime:
+    if now is None:
+        raise AssertionError("a job with a uniqueness window was built without now")
+    return now
 
 
 def _key_of(handle: JobHandle[Any], key_of: Callable[[Any], str], input: Any) -> str:

@@ -182,7 +182,9 @@ class Serializer:
                 path=where,
                 fix="store it as text, or raise the limit with sys.set_int_max_str_digits()",
             ) from None
-        size, limit = len(text.encode("utf-8")), self.payload_limit
+        # An ASCII text has one byte per character: no copy of it to count them.
+        size = len(text) if text.isascii() else len(text.encode("utf-8"))
+        limit = self.payload_limit
         if size > limit:
             raise PayloadTooLargeError(
                 f"{path} is {size:,} bytes of JSON, above the limit of {limit:,} bytes", path=path

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import operator
 import sqlite3
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -158,7 +157,10 @@ def _count_inserted(conn: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]) -
 
 def _counted(rows: Sequence[tuple[Any, ...]]) -> list[tuple[str, str, int]]:
     """``job_counts_add``'s values for ``rows`` of ``job_insert``: one per (queue, state)."""
-    added = Counter((row[3], row[7]) for row in rows)
+    added: dict[tuple[str, str], int] = {}
+    for row in rows:
+        key = (row[3], row[7])
+        added[key] = added.get(key, 0) + 1
     return [(queue, state, n) for (queue, state), n in added.items()]
 
 

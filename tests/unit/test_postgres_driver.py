@@ -14,7 +14,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 import psycopg
@@ -255,6 +255,20 @@ def test_invalid_json_is_refused_and_nothing_is_written(driver: Any) -> None:
     with pytest.raises(SerializationError):
         driver.job_insert_many([good, bad], now=T0)
     assert driver.job_count(JobFilter()) == {}
+
+
+@pytest.mark.parametrize("size", [3, 250], ids=["statement", "copy"])
+def test_a_batch_stores_each_jobs_times_and_state(driver: Any, size: int) -> None:
+    """The COPY writes the times as text, once per batch: the same instants as the statement."""
+    later = (T0 + timedelta(hours=1)).astimezone(timezone(timedelta(hours=5, minutes=30)))
+    kinds = [{"run_at": later}, {"delay": timedelta(minutes=5)}, {}]
+    jobs = [new_job(**kinds[i % 3]) for i in range(size)]
+    driver.job_insert_many(jobs, now=T0)
+    for job in jobs:
+        stored = driver.job_get(job.id)
+        due = job.run_at or T0 + (job.delay or timedelta(0))
+        assert (stored.run_at, stored.created_at) == (due, T0)
+        assert stored.state == (JobState.AVAILABLE if due <= T0 else JobState.SCHEDULED)
 
 
 def test_a_batch_built_as_it_is_read_is_built_a_slice_at_a_time_by_the_copy(driver: Any) -> None:

@@ -17,6 +17,8 @@ from ultimat3.jobs.worker import Worker
 
 #: The worker's loops that wait on its clock between steps: heartbeat, renew and maintenance.
 LOOPS = 3
+#: How long (real seconds) ``pass_time`` waits for a loop busy with the database.
+SETTLE = 15.0
 
 
 def start(worker: Worker, clock: FakeClock) -> Worker:
@@ -29,10 +31,16 @@ def start(worker: Worker, clock: FakeClock) -> Worker:
 
 def pass_time(clock: FakeClock, span: DurationInput, step: DurationInput = "50ms") -> None:
     """Let ``span`` of fake time pass in steps of ``step``, each taken once the worker's loops
-    are parked on the clock again (``FakeClock.advance_until``)."""
+    are parked on the clock again (``FakeClock.advance_until``). A loop away from the clock
+    is writing to the database (a renewal, a turn), which on a loaded machine (three test
+    processes on two cores, each with its own PostgreSQL) has taken over a second: it is
+    waited for up to ``SETTLE`` real seconds before time moves on without it."""
     end = clock.monotonic() + to_timedelta(span).total_seconds()
     clock.advance_until(
-        lambda: clock.monotonic() >= end, step, limit=to_timedelta(span) + to_timedelta(step)
+        lambda: clock.monotonic() >= end,
+        step,
+        limit=to_timedelta(span) + to_timedelta(step),
+        settle=SETTLE,
     )
 
 

@@ -475,12 +475,12 @@ def test_pruner_removes_old_finished_jobs(app: App, clock: FakeClock) -> None:
     assert app.driver.job_get(first.id) is None
 
 
-def test_a_worker_runs_its_handlers_and_three_loops(
+def test_a_worker_runs_its_handlers_and_four_loops(
     make_app: Callable[..., App], make_module: Any
 ) -> None:
-    """A worker's threads: its handlers (which take turns at leading the cycle) and the
-    heartbeat, renew and maintenance loops; the worker's row is a step of the maintenance
-    loop, not a thread of its own (before, a presence loop ran beside them)."""
+    """A worker's threads: its handlers (which only run jobs) and the cycle, heartbeat, renew
+    and maintenance loops; the worker's row is a step of the maintenance loop, not a thread of
+    its own (before, a presence loop ran beside them)."""
     app = make_app(make_module(record=record))
     ids = [record.enqueue({"n": n}).id for n in range(30)]
     completed: list[object] = []
@@ -500,7 +500,7 @@ def test_a_worker_runs_its_handlers_and_three_loops(
     assert app.count_jobs(state="completed") == len(ids)
     handlers = [n for n in mine if n.startswith("ultimat3-jobs-handler-")]
     loops = {n for n in mine if n not in handlers} - {"ultimat3-jobs-stop"}
-    worker_loops = {f"ultimat3-jobs-{n}" for n in ("heartbeat", "renew", "maintenance")}
+    worker_loops = {f"ultimat3-jobs-{n}" for n in ("cycle", "heartbeat", "renew", "maintenance")}
     assert len(handlers) == 3
     assert worker_loops <= loops
     assert "ultimat3-jobs-presence" not in loops

@@ -17,6 +17,7 @@ from ultimat3.jobs.records import ClaimParams, Cycle
 from ultimat3.jobs.testing import FakeClock, drain
 
 from . import faketime
+from .processes import wait_until
 
 calls: list[Any] = []
 
@@ -239,8 +240,12 @@ def test_worker_picks_up_jobs_enqueued_while_idle(
     make_app: Callable[..., App], make_module: Any
 ) -> None:
     app = make_app(make_module(record=record))
-    with app.worker(concurrency=2, poll_interval="5s"), faketime.seen("jobs.job.completed") as ran:
-        time.sleep(0.2)  # the worker goes idle: its wait is the database's, in real time
+    with (
+        app.worker(concurrency=2, poll_interval="5s") as worker,
+        faketime.seen("jobs.job.completed") as ran,
+    ):
+        # The worker is idle: its cycle loop waits on the database's wake-ups (a 5 s poll).
+        wait_until(lambda: worker._cycle_waiting, 10, "the cycle loop to wait for jobs")
         started = time.monotonic()
         record.enqueue({"n": 1})
         ran.wait(4)

@@ -73,8 +73,8 @@ def test_leadership(driver: Driver) -> None:
     assert not driver.leader_elect(
         Leadership("scheduler", "b", TTL), now=T0 + timedelta(seconds=20)
     )
-    assert driver.leader_elect(Leadership("scheduler", "b", TTL), now=T0 + timedelta(seconds=26)), (
-        "expired"
+    assert driver.leader_elect(Leadership("scheduler", "b", TTL), now=T0 + timedelta(seconds=25)), (
+        "expired, at the very end of the lease"
     )
     assert not driver.leader_elect(
         Leadership("scheduler", "a", TTL), now=T0 + timedelta(seconds=27)

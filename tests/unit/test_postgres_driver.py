@@ -35,7 +35,6 @@ from ultimat3.jobs.records import (
     InsertResult,
     JobFilter,
     JobState,
-    Leadership,
     NewJob,
     NewJobs,
 )
@@ -1007,28 +1006,6 @@ def test_racing_schedulers_fire_each_occurrence_once(pg_dsn: str) -> None:
     finally:
         for drv in drivers:
             drv.close()
-
-
-def test_leader_election_by_lease(driver: Any) -> None:
-    ttl = timedelta(seconds=15)
-    assert driver.leader_elect(Leadership("scheduler", "a", ttl), now=T0)
-    assert not driver.leader_elect(Leadership("scheduler", "b", ttl), now=T0 + timedelta(seconds=5))
-    assert driver.leader_elect(Leadership("scheduler", "a", ttl), now=T0 + timedelta(seconds=10)), (
-        "renew"
-    )
-    assert not driver.leader_elect(
-        Leadership("scheduler", "b", ttl), now=T0 + timedelta(seconds=20)
-    )
-    assert driver.leader_elect(Leadership("scheduler", "b", ttl), now=T0 + timedelta(seconds=25)), (
-        "expired"
-    )
-    driver.leader_resign(Leadership("scheduler", "a", ttl))  # not the holder: nothing happens
-    assert not driver.leader_elect(
-        Leadership("scheduler", "a", ttl), now=T0 + timedelta(seconds=26)
-    )
-    driver.leader_resign(Leadership("scheduler", "b", ttl))
-    assert driver.leader_elect(Leadership("scheduler", "a", ttl), now=T0 + timedelta(seconds=27))
-    assert driver.leader_elect(Leadership("other", "b", ttl), now=T0 + timedelta(seconds=27))
 
 
 # -- big batches (the COPY path) ---------------------------------------------------------------

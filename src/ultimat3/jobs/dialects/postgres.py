@@ -525,9 +525,9 @@ def in_savepoint(
     try:
         _sync(conn)
     except pg.Error as exc:  # a statement of the caller's, queued in their pipeline, failed
+        _read_to_sync(conn)
         if conn.broken:
             raise_translated(exc, translate)
-        _read_to_sync(conn)
         check_joinable(conn, fix="")  # their transaction has failed: says so
         # Or it had none to fail: an autocommit pipeline ran that statement in an implicit
         # transaction of its own, ended by the sync. Their error, said as every driver error.
@@ -559,7 +559,10 @@ def _read_to_sync(conn: Any) -> None:
     queued has been aborted, so this one raises nothing of the caller's."""
     pg = _psycopg()
     if conn.pgconn.transaction_status == pg.pq.TransactionStatus.ACTIVE:
-        _sync(conn)
+        try:
+            _sync(conn)
+        except pg.Error:  # that aborted pipeline again, or a broken connection: the caller
+            pass  # looks at the connection next and raises the first error
 
 
 def raise_translated(exc: Any, translate: Callable[[Any], BaseException]) -> NoReturn:

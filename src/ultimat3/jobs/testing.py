@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from ultimat3.jobs.app import App
@@ -193,10 +193,3 @@ def _label(job: JobHandle[Any] | str | None) -> str:
 
 def _matches(value: Any, partial: dict[str, Any]) -> bool:
     return isinstance(value, dict) and all(k in value and value[k] == v for k, v in partial.items())
-
-
-def utc(
-    year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0
-) -> datetime:
-    """``utc(2026, 3, 8, 7)``: an aware UTC datetime, for tests."""
-    return datetime(year, month, day, hour, minute, second, tzinfo=UTC)

@@ -32,6 +32,13 @@ __all__ = ["charge_legacy_gateway", "run_demo", "send_receipt", "sync_inventory"
 
 _flaky_calls: list[float] = []
 _gateway_fixed = threading.Event()
+#: The events the tour prints, and the state each one's line shows.
+_STATE_OF = {
+    "jobs.job.started": JobState.RUNNING,
+    "jobs.job.completed": JobState.COMPLETED,
+    "jobs.job.retried": JobState.SCHEDULED,
+    "jobs.job.dead": JobState.DEAD,
+}
 
 
 def _app() -> App:
@@ -83,8 +90,6 @@ class _Watcher(threading.Thread):
     in the order they happened. The events are queued by the worker's threads and printed by
     this one, which reads the error's message from the database. Times are the app's clock's."""
 
-    _WATCHED = ("jobs.job.started", "jobs.job.completed", "jobs.job.retried", "jobs.job.dead")
-
     def __init__(self, app: App, started: float) -> None:
         super().__init__(name="demo-watcher", daemon=True)
         self.app = app
@@ -94,7 +99,7 @@ class _Watcher(threading.Thread):
         #: Per job id, the state its last printed line showed.
         self.printed: dict[str, JobState] = {}
         self.changed = threading.Condition()
-        self.subscription = events.subscribe(self.queued.put, names=self._WATCHED)
+        self.subscription = events.subscribe(self.queued.put, names=_STATE_OF)
 
     def run(self) -> None:
         while (event := self.queued.get()) is not None:
@@ -114,12 +119,7 @@ class _Watcher(threading.Thread):
     def _print(self, event: events.Event) -> None:
         fields = event.fields
         job_id, name = str(fields["job_id"]), str(fields["job"])
-        state = {
-            "jobs.job.started": JobState.RUNNING,
-            "jobs.job.completed": JobState.COMPLETED,
-            "jobs.job.retried": JobState.SCHEDULED,
-            "jobs.job.dead": JobState.DEAD,
-        }[event.name]
+        state = _STATE_OF[event.name]
         note = ""
         if state in (JobState.SCHEDULED, JobState.DEAD):
             errors = self.app.get_job(job_id).errors

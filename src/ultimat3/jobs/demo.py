@@ -23,6 +23,7 @@ import click
 
 from ultimat3.jobs import events
 from ultimat3.jobs.app import App
+from ultimat3.jobs.cli.context import clip
 from ultimat3.jobs.duration import format_duration
 from ultimat3.jobs.job import current_app, job
 from ultimat3.jobs.records import Job, JobState
@@ -125,7 +126,7 @@ class _Watcher(threading.Thread):
             errors = self.app.get_job(job_id).errors
             kind = errors[-1].kind if errors else fields.get("error")
             message = errors[-1].message if errors else ""
-            message = message if len(message) <= 60 else message[:59] + "…"
+            message = clip(message, 60)
             note = f"  ({kind}: {message})"
             if state is JobState.SCHEDULED:
                 retry_at = datetime.fromisoformat(str(fields["retry_at"]))
@@ -164,8 +165,7 @@ def _errors(j: Job, width: int = 50) -> str:
         return ""
     if j.state is JobState.COMPLETED:
         return f"{len(j.errors)} before it completed"
-    last = " ".join(f"{j.errors[-1].kind}: {j.errors[-1].message}".split())
-    return last if len(last) <= width else last[: width - 1] + "…"
+    return clip(f"{j.errors[-1].kind}: {j.errors[-1].message}", width)
 
 
 def run_demo(directory: str | None = None) -> int:

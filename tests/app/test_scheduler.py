@@ -210,11 +210,3 @@ def test_database_leader_elects_one(
     clock.advance("1m")
     assert len(second.tick()) == 1
     assert first.tick() == []
-
-
-def test_next_run_for(make_scheduled_app: Callable[..., tuple[App, Scheduler, FakeClock]]) -> None:
-    app, scheduler, _ = make_scheduled_app(
-        "30 2 * * *", "America/New_York", start=utc(2026, 3, 7, 12)
-    )
-    handle = app.registry.tasks["tick"]
-    assert scheduler.next_run_for(handle) == utc(2026, 3, 8, 7, 0)

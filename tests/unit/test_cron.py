@@ -17,8 +17,6 @@ from ultimat3.jobs.cron import (
     Occurrence,
     Plan,
     explain,
-    next_after,
-    next_runs,
     occurrences_between,
     plan,
     schedule,
@@ -148,29 +146,29 @@ def test_six_field_expressions_follow_the_same_rule() -> None:
     assert len(on_local_day("0 0 * * * *", NY, date(2026, 11, 1))) == 25
 
 
-# -- next_after, occurrences_between, next_runs ----------------------------------------------
+# -- next_after, occurrences_between -------------------------------------------------------
 
 
 def test_next_after_is_strictly_after_and_utc() -> None:
-    at = next_after("30 2 * * *", NY, utc(2026, 6, 1, 6, 30))
+    at = schedule("30 2 * * *", NY).next_after(utc(2026, 6, 1, 6, 30))
     assert at == utc(2026, 6, 2, 6, 30)
     assert at.tzinfo is UTC
-    assert next_after(
-        "30 2 * * *", NY, utc(2026, 6, 1, 6, 29, 59) + timedelta(microseconds=999999)
+    assert schedule("30 2 * * *", NY).next_after(
+        utc(2026, 6, 1, 6, 29, 59) + timedelta(microseconds=999999)
     ) == utc(2026, 6, 1, 6, 30)
 
 
 def test_next_after_from_inside_the_second_pass_of_a_fold() -> None:
     # 01:30 already had its first pass (05:30Z); the next is the following day's. cronsim's own
     # aware mode returns 05:30Z here, before the instant it was given.
-    assert next_after("30 1 * * *", NY, utc(2026, 11, 1, 6, 0)) == utc(2026, 11, 2, 6, 30)
+    assert schedule("30 1 * * *", NY).next_after(utc(2026, 11, 1, 6, 0)) == utc(2026, 11, 2, 6, 30)
     # A wildcard entry asked from the first pass still sees the second pass of earlier minutes.
-    assert next_after("15 * * * *", NY, utc(2026, 11, 1, 5, 45)) == utc(2026, 11, 1, 6, 15)
+    assert schedule("15 * * * *", NY).next_after(utc(2026, 11, 1, 5, 45)) == utc(2026, 11, 1, 6, 15)
 
 
 def test_next_after_accepts_other_zones_for_its_argument() -> None:
     after = datetime(2026, 6, 1, 2, 30, tzinfo=ZoneInfo(NY))
-    assert next_after("30 2 * * *", NY, after) == utc(2026, 6, 2, 6, 30)
+    assert schedule("30 2 * * *", NY).next_after(after) == utc(2026, 6, 2, 6, 30)
 
 
 def test_occurrences_between_is_half_open() -> None:
@@ -181,24 +179,16 @@ def test_occurrences_between_is_half_open() -> None:
     )
 
 
-def test_next_runs() -> None:
-    runs = next_runs("0 9 * * MON-FRI", NY, utc(2026, 1, 2, 15))  # a Friday, after 09:00 EST
-    assert runs == [utc(2026, 1, d, 14) for d in (5, 6, 7, 8, 9)]
-    assert next_runs("0 9 * * *", NY, utc(2026, 1, 1), count=0) == []
-    with pytest.raises(ValueError, match="count"):
-        next_runs("0 9 * * *", NY, utc(2026, 1, 1), count=-1)
-
-
 def test_naive_datetimes_are_refused() -> None:
     with pytest.raises(ValueError, match="timezone-aware"):
-        next_after("0 * * * *", "UTC", datetime(2026, 1, 1))
+        schedule("0 * * * *", "UTC").next_after(datetime(2026, 1, 1))
     with pytest.raises(ValueError, match="timezone-aware"):
         list(occurrences_between("0 * * * *", "UTC", utc(2026, 1, 1), datetime(2026, 1, 2)))
 
 
 def test_last_day_and_nth_weekday_extensions() -> None:
-    assert next_after("0 12 L * *", "UTC", utc(2026, 2, 1)) == utc(2026, 2, 28, 12)
-    assert next_after("0 12 * * MON#2", "UTC", utc(2026, 2, 1)) == utc(2026, 2, 9, 12)
+    assert schedule("0 12 L * *", "UTC").next_after(utc(2026, 2, 1)) == utc(2026, 2, 28, 12)
+    assert schedule("0 12 * * MON#2", "UTC").next_after(utc(2026, 2, 1)) == utc(2026, 2, 9, 12)
 
 
 def test_explain() -> None:
@@ -523,7 +513,7 @@ def test_plan_matches_the_reference(
     fire, missed = reference_plan(expr, tz, last_fired, now, policy, cap, started_at, grace)
     assert list(p.fire) == fire
     assert p.missed == missed
-    assert p.next_at == next_after(expr, tz, max(now, since))
+    assert p.next_at == schedule(expr, tz).next_after(max(now, since))
     settled = p.fire[-1].at if p.fire else p.skip_to
     due = list(occurrences_between(expr, tz, since, now))
     assert settled == (due[-1] if due else None)
@@ -552,5 +542,5 @@ def test_plan_matches_the_reference(
 )
 def test_a_stepped_range_fires_only_inside_the_range(expr: str, minutes: list[int]) -> None:
     start = datetime(2026, 1, 5, 10, 0, tzinfo=UTC)
-    fires = next_runs(expr, "UTC", start - timedelta(seconds=1), count=6)
+    fires = list(itertools.islice(schedule(expr, "UTC").after(start - timedelta(seconds=1)), 6))
     assert sorted({f.minute for f in fires}) == minutes

@@ -87,6 +87,15 @@ def test_six_fields_with_seconds_are_accepted() -> None:
     ]
 
 
+def test_next_runs() -> None:
+    t = task("0 9 * * MON-FRI", tz="America/New_York", enqueue=digest)
+    friday = datetime(2026, 1, 2, 15, tzinfo=UTC)  # after 09:00 EST
+    assert t.next_runs(friday) == [datetime(2026, 1, d, 14, tzinfo=UTC) for d in (5, 6, 7, 8, 9)]
+    assert t.next_runs(friday, count=0) == []
+    with pytest.raises(ValueError, match="count"):
+        t.next_runs(friday, count=-1)
+
+
 @pytest.mark.parametrize("policy", ["never", "run_once", "", None])
 def test_unknown_catch_up_policy(policy: Any) -> None:
     with pytest.raises(ConfigurationError, match="catch_up") as info:

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
 
+from ultimat3.jobs.duration import DurationInput, to_timedelta
+
 #: A move of wall time apart from monotonic time larger than this is a step, not a drift.
 STEP = 1.0
 _STEP_NS = int(STEP * 1e9)
@@ -244,7 +246,8 @@ _SETTLE_SLICE = 0.01
 
 
 class FakeClock:
-    """A clock that moves only when ``advance()``, ``set()`` or ``step()`` is called.
+    """A clock that moves only when ``advance()``, ``set()`` or ``step()`` is called;
+    ``advance`` and ``advance_until`` take a ``timedelta``, seconds, or text such as "90s".
 
     ``sleep(seconds, wake)`` blocks until fake monotonic time has moved by ``seconds``
     (``advance``, or ``set`` forward) or ``wake`` is set, and returns True when woken, as
@@ -349,9 +352,9 @@ class FakeClock:
     def advance_until(
         self,
         predicate: Callable[[], object],
-        step: timedelta | float,
+        step: DurationInput,
         *,
-        limit: timedelta | float,
+        limit: DurationInput,
         sleepers: int = 1,
         settle: float = 1.0,
     ) -> float:
@@ -365,8 +368,8 @@ class FakeClock:
         ``predicate`` meanwhile; a thread still away then is blocked elsewhere (a job, a pool,
         a lock) and is not waited for again until its next sleep on the clock.
         ``AssertionError`` when ``predicate`` still fails after ``limit``."""
-        span = _ns(_secs(limit))
-        by = _ns(_secs(step))
+        span = to_timedelta(limit) // timedelta(microseconds=1) * 1000
+        by = to_timedelta(step) // timedelta(microseconds=1) * 1000
         with self._cond:
             start = self._mono
         while True:
@@ -427,13 +430,10 @@ class FakeClock:
             wall = (self._now - _EPOCH) // timedelta(microseconds=1)
             return Frame(self._boot, wall - self._mono // 1000, wall)
 
-    def advance(self, by: timedelta | float) -> datetime:
-        """Move forward by a timedelta or a number of seconds, waking the sleepers whose time
-        has come; returns the new time.
-
-        ``ultimat3.jobs.testing.FakeClock`` also takes text such as "5m".
-        """
-        delta = by if isinstance(by, timedelta) else timedelta(seconds=by)
+    def advance(self, by: DurationInput) -> datetime:
+        """Move forward by ``by`` (a ``timedelta``, seconds, or text such as "5m"), waking the
+        sleepers whose time has come; returns the new time."""
+        delta = to_timedelta(by)
         with self._cond:
             self._now += delta
             self._mono += delta // timedelta(microseconds=1) * 1000
@@ -463,10 +463,6 @@ class FakeClock:
             if delta.total_seconds() < -STEP:  # wall time went back, monotonic time did not
                 self._stepped_at = self._mono / 1e9
             self._cond.notify_all()
-
-
-def _secs(by: timedelta | float) -> float:
-    return by.total_seconds() if isinstance(by, timedelta) else float(by)
 
 
 def _ns(seconds: float) -> int:

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import itertools
 import zoneinfo
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -71,8 +70,6 @@ __all__ = [
     "Plan",
     "Schedule",
     "explain",
-    "next_after",
-    "next_runs",
     "occurrences_between",
     "plan",
     "region_zone",
@@ -156,6 +153,7 @@ class Schedule:
         yield from pending
 
     def next_after(self, after: datetime) -> datetime:
+        """The first occurrence strictly after ``after`` (aware), in UTC."""
         for at in self.after(after):
             return at
         raise CronError(
@@ -203,11 +201,6 @@ def schedule(cron: str, tz: str) -> Schedule:
     )
 
 
-def next_after(cron: str, tz: str, after: datetime) -> datetime:
-    """The first occurrence strictly after ``after`` (aware), in UTC."""
-    return schedule(cron, tz).next_after(after)
-
-
 def occurrences_between(cron: str, tz: str, after: datetime, until: datetime) -> Iterator[datetime]:
     """Every occurrence ``t`` with ``after < t <= until``, ascending, in UTC."""
     until = _utc(until, "until")
@@ -215,13 +208,6 @@ def occurrences_between(cron: str, tz: str, after: datetime, until: datetime) ->
         if at > until:
             return
         yield at
-
-
-def next_runs(cron: str, tz: str, after: datetime, count: int = 5) -> list[datetime]:
-    """The next ``count`` occurrences after ``after``, in UTC (``ultimat3-jobs schedule``)."""
-    if count < 0:
-        raise ValueError(f"count must be >= 0, got {count}")
-    return list(itertools.islice(schedule(cron, tz).after(after), count))
 
 
 def explain(cron: str) -> str:

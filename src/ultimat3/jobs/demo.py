@@ -23,6 +23,7 @@ import click
 
 from ultimat3.jobs import events
 from ultimat3.jobs.app import App
+from ultimat3.jobs.cli.context import clip
 from ultimat3.jobs.duration import format_duration
 from ultimat3.jobs.job import current_app, job
 from ultimat3.jobs.records import Job, JobState
@@ -32,6 +33,13 @@ __all__ = ["charge_legacy_gateway", "run_demo", "send_receipt", "sync_inventory"
 
 _flaky_calls: list[float] = []
 _gateway_fixed = threading.Event()
+#: The events the tour prints, and the state each one's line shows.
+_STATE_OF = {
+    "jobs.job.started": JobState.RUNNING,
+    "jobs.job.completed": JobState.COMPLETED,
+    "jobs.job.retried": JobState.SCHEDULED,
+    "jobs.job.dead": JobState.DEAD,
+}
 
 
 def _app() -> App:
@@ -83,8 +91,6 @@ class _Watcher(threading.Thread):
     in the order they happened. The events are queued by the worker's threads and printed by
     this one, which reads the error's message from the database. Times are the app's clock's."""
 
-    _WATCHED = ("jobs.job.started", "jobs.job.completed", "jobs.job.retried", "jobs.job.dead")
-
     def __init__(self, app: App, started: float) -> None:
         super().__init__(name="demo-watcher", daemon=True)
         self.app = app
@@ -94,7 +100,7 @@ class _Watcher(threading.Thread):
         #: Per job id, the state its last printed line showed.
         self.printed: dict[str, JobState] = {}
         self.changed = threading.Condition()
-        self.subscription = events.subscribe(self.queued.put, names=self._WATCHED)
+        self.subscription = events.subscribe(self.queued.put, names=_STATE_OF)
 
     def run(self) -> None:
         while (event := self.queued.get()) is not None:
@@ -114,18 +120,13 @@ class _Watcher(threading.Thread):
     def _print(self, event: events.Event) -> None:
         fields = event.fields
         job_id, name = str(fields["job_id"]), str(fields["job"])
-        state = {
-            "jobs.job.started": JobState.RUNNING,
-            "jobs.job.completed": JobState.COMPLETED,
-            "jobs.job.retried": JobState.SCHEDULED,
-            "jobs.job.dead": JobState.DEAD,
-        }[event.name]
+        state = _STATE_OF[event.name]
         note = ""
         if state in (JobState.SCHEDULED, JobState.DEAD):
             errors = self.app.get_job(job_id).errors
             kind = errors[-1].kind if errors else fields.get("error")
             message = errors[-1].message if errors else ""
-            message = message if len(message) <= 60 else message[:59] + "…"
+            message = clip(message, 60)
             note = f"  ({kind}: {message})"
             if state is JobState.SCHEDULED:
                 retry_at = datetime.fromisoformat(str(fields["retry_at"]))
@@ -164,8 +165,7 @@ def _errors(j: Job, width: int = 50) -> str:
         return ""
     if j.state is JobState.COMPLETED:
         return f"{len(j.errors)} before it completed"
-    last = " ".join(f"{j.errors[-1].kind}: {j.errors[-1].message}".split())
-    return last if len(last) <= width else last[: width - 1] + "…"
+    return clip(f"{j.errors[-1].kind}: {j.errors[-1].message}", width)
 
 
 def run_demo(directory: str | None = None) -> int:

@@ -61,12 +61,11 @@ def run_checks(
     worker_stale: timedelta = timedelta(minutes=1),
     max_ready_age: timedelta | None = timedelta(minutes=5),
     queues: tuple[str, ...] = (),
-    now: datetime | None = None,
     clock: Clock | None = None,
 ) -> list[Check]:
     """Every check, in order; the ones after an unreachable database are not run. Ages are
-    measured at ``now``, else on ``clock`` (the host's by default)."""
-    at = now or (clock or SystemClock()).now()
+    measured on ``clock`` (the host's by default)."""
+    at = (clock or SystemClock()).now()
     try:
         current = driver.schema_current()
     except JobsError as exc:

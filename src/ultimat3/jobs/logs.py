@@ -31,6 +31,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+from ultimat3.jobs import events
 from ultimat3.jobs.duration import format_duration
 
 __all__ = ["JOB_LINES", "LEVELS", "JsonFormatter", "TextFormatter", "configure", "say"]
@@ -41,16 +42,9 @@ LEVELS = {
     "warning": logging.WARNING,
     "error": logging.ERROR,
 }
-#: The events of a job's end: a worker prints one line for each by default (``-q``: none).
-JOB_LINES = frozenset(
-    {
-        "jobs.job.completed",
-        "jobs.job.retried",
-        "jobs.job.dead",
-        "jobs.job.snoozed",
-        "jobs.job.cancelled",
-    }
-)
+#: The events of a job's end (``events.OUTCOMES``; a released job has none): a worker prints
+#: one line for each by default (``-q``: none).
+JOB_LINES = frozenset(f"jobs.job.{word}" for word in events.OUTCOMES if word != "released")
 #: The logger of the command's own lines (what it serves, how it stopped): always printed.
 CLI_LOGGER = "ultimat3.jobs.cli"
 #: Keys of the JSON object that a field may not take over.

@@ -207,9 +207,6 @@ class Scheduler:
         self._anchor, self._apart_since = (db, mono), None
         return db
 
-    def next_run_for(self, handle: TaskHandle, after: datetime | None = None) -> datetime:
-        return handle.next_runs(after or self.clock.now(), count=1)[0]
-
     def tick(self) -> list[DispatchedOccurrence]:
         if not self.tasks:
             return []

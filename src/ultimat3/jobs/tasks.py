@@ -19,6 +19,7 @@ Limits: the handle knows nothing of apps, drivers or clocks; when it fires is
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -104,8 +105,10 @@ class TaskHandle:
         return _cron.explain(self.cron)
 
     def next_runs(self, after: datetime, count: int = 5) -> list[datetime]:
-        """The next ``count`` occurrences after ``after``, in UTC."""
-        return _cron.next_runs(self.cron, self.tz, after, count)
+        """The next ``count`` occurrences after ``after``, in UTC (``ultimat3-jobs schedule``)."""
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        return list(itertools.islice(self._schedule.after(after), count))
 
     def plan(
         self,

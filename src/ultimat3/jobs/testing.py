@@ -15,15 +15,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from typing import Any
 
 from ultimat3.jobs.app import App
-from ultimat3.jobs.clock import FakeClock as _FakeClock
+from ultimat3.jobs.clock import FakeClock
 from ultimat3.jobs.driver import inspection
-from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.ids import uuid7
 from ultimat3.jobs.job import Cancel, EnqueueResult, JobContext, JobHandle, Snooze, current_app
 from ultimat3.jobs.records import ACTIVE_STATES, Job, JobFilter, JobState, NewJob
@@ -38,36 +36,6 @@ __all__ = [
     "refute_enqueued",
     "run_job",
 ]
-
-
-class FakeClock(_FakeClock):
-    """A clock that moves only when told; ``advance`` and ``advance_until`` also take text such
-    as "90s". Its ``sleep`` blocks until the test moves time (``ultimat3.jobs.clock.FakeClock``):
-    a threaded worker on it waits for ``advance``, so a test drives leases, heartbeats,
-    back-offs and polls by moving time, not by sleeping."""
-
-    def advance(self, by: DurationInput) -> datetime:
-        """Move the clock forward by ``by`` (a ``timedelta``, seconds, or text such as "90s")
-        and return the new time."""
-        return super().advance(to_timedelta(by))
-
-    def advance_until(
-        self,
-        predicate: Callable[[], object],
-        step: DurationInput,
-        *,
-        limit: DurationInput,
-        sleepers: int = 1,
-        settle: float = 1.0,
-    ) -> float:
-        """``ultimat3.jobs.clock.FakeClock.advance_until``, with durations as text too."""
-        return super().advance_until(
-            predicate,
-            to_timedelta(step),
-            limit=to_timedelta(limit),
-            sleepers=sleepers,
-            settle=settle,
-        )
 
 
 def drain(app: App, *, queues: list[str] | None = None, max_jobs: int | None = None) -> WorkerStats:
@@ -193,10 +161,3 @@ def _label(job: JobHandle[Any] | str | None) -> str:
 
 def _matches(value: Any, partial: dict[str, Any]) -> bool:
     return isinstance(value, dict) and all(k in value and value[k] == v for k, v in partial.items())
-
-
-def utc(
-    year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0
-) -> datetime:
-    """``utc(2026, 3, 8, 7)``: an aware UTC datetime, for tests."""
-    return datetime(year, month, day, hour, minute, second, tzinfo=UTC)

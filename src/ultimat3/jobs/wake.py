@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import select
 import struct
@@ -66,23 +67,20 @@ class Wake(threading.Event):
 
 _IN_MODIFY = 0x00000002
 _EVENT = struct.Struct("iIII")
-_libc: ctypes.CDLL | None = None
-_libc_loaded = False
 
 
+@functools.cache
 def _inotify() -> ctypes.CDLL | None:
-    global _libc, _libc_loaded
-    if not _libc_loaded:
-        _libc_loaded = True
-        if sys.platform.startswith("linux"):
-            try:
-                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-                libc.inotify_init1.argtypes = [ctypes.c_int]
-                libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
-                _libc = libc
-            except (OSError, AttributeError):
-                _libc = None
-    return _libc
+    """libc with its inotify calls typed, loaded once; None where there is none (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.inotify_init1.argtypes = [ctypes.c_int]
+        libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+    except (OSError, AttributeError):
+        return None
+    return libc
 
 
 class FileWatch:

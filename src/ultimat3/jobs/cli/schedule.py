@@ -16,7 +16,6 @@ from ultimat3.jobs.cli.context import (
     pass_ctx,
     table,
 )
-from ultimat3.jobs.cron import next_runs
 from ultimat3.jobs.duration import format_duration
 from ultimat3.jobs.errors import ConfigurationError
 from ultimat3.jobs.job import JobHandle
@@ -68,7 +67,7 @@ def schedule(ctx: Context, as_json: bool, count: int) -> None:
             )
         tasks: list[dict[str, Any]] = []
         for name, t in sorted(app.registry.tasks.items()):
-            runs = next_runs(t.cron, t.tz, now, count=count)
+            runs = t.next_runs(now, count=count)
             tasks.append(
                 {
                     "task": name,

@@ -44,10 +44,9 @@ from ultimat3.jobs.records import JobState
 
 __all__ = ["HTMX_SHA256", "HTMX_VERSION", "create_app"]
 
-#: The vendored htmx (static/htmx.min.js, from the npm package htmx.org), pinned: a test
-#: checks the file against this digest.
 HTMX_VERSION = "2.0.11"
-"""The version of htmx the dashboard ships (static/htmx.min.js)."""
+"""The version of htmx the dashboard ships (static/htmx.min.js, from the npm package
+htmx.org)."""
 HTMX_SHA256 = "d6fdc75f204e6bdefa99b69bf1e6d4ac69b8a364f77929f45c13476b4000f717"
 """The SHA-256 of that file: a test checks the vendored copy against it."""
 

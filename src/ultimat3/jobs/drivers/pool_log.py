@@ -73,12 +73,9 @@ class PoolLog(logging.Filter):
 
 
 OWNER = PoolLog()
-_installed = False
 
 
 def install() -> None:
-    """Own the ``psycopg.pool`` records of our pools (idempotent)."""
-    global _installed
-    if not _installed:
-        _installed = True
-        logging.getLogger("psycopg.pool").addFilter(OWNER)
+    """Own the ``psycopg.pool`` records of our pools (idempotent: ``addFilter`` adds a filter
+    once)."""
+    logging.getLogger("psycopg.pool").addFilter(OWNER)

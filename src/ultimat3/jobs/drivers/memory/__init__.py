@@ -119,7 +119,7 @@ class MemoryTransaction:
     """
 
     driver: MemoryDriver
-    inserts: list[Job] = field(default_factory=list)
+    jobs: dict[str, Job] = field(default_factory=dict)  # in staging order
     keys: dict[Key, str] = field(default_factory=dict)
     limits: dict[str, Flow] = field(default_factory=dict)
     uniques: dict[str, tuple[str, int]] = field(default_factory=dict)
@@ -193,7 +193,7 @@ class MemoryDriver(Store):
 
     def _commit(self, tx: MemoryTransaction) -> None:
         inserted = False
-        for job in tx.inserts:
+        for job in tx.jobs.values():
             key = (job.tenant_id, job.idempotency_key)
             # Another writer committed the key or id since staging: the committed row wins.
             if key in self._keys or job.id in self._jobs:
@@ -224,15 +224,21 @@ class MemoryDriver(Store):
     ) -> list[InsertResult]:
         at = self._at(now)
         tx = self._tx(executor) if executor is not None else None
+        # Where new rows go: the store, or the transaction's staging buffer.
+        rows, keys, limits, uniques = (
+            (self._jobs, self._keys, self._limits, self._uniques)
+            if tx is None
+            else (tx.jobs, tx.keys, tx.limits, tx.uniques)
+        )
         with self._lock:
             results: list[InsertResult] = []
             for new in jobs:
                 key = (new.tenant_id, new.idempotency_key)
-                existing = self._keys.get(key) or (tx.keys.get(key) if tx else None)
+                existing = self._keys.get(key) or keys.get(key)
                 if existing is not None:
                     results.append(InsertResult(existing, deduped=True))
                     continue
-                if new.id in self._jobs or (tx is not None and new.id in tx.keys.values()):
+                if new.id in self._jobs or new.id in rows:
                     raise ValueError(f"job id {new.id} is already stored under another key")
                 job = new_job(new, at)
                 if new.unique_key is not None:
@@ -242,22 +248,13 @@ class MemoryDriver(Store):
                             self._replace_holder(holder, job, tx)
                         results.append(InsertResult(holder, deduped=True))
                         continue
-                    unique = (new.unique_key, new.unique_states)
-                    if tx is None:
-                        self._uniques[job.id] = unique
-                    else:
-                        tx.uniques[job.id] = unique
-                limits = self._limits if tx is None else tx.limits
+                    uniques[job.id] = (new.unique_key, new.unique_states)
                 if new.limit_key is not None:
                     limits[job.id] = Flow(
                         new.limit_key, new.limit_max, new.rate_max, new.rate_period
                     )
-                if tx is None:
-                    self._put(job)
-                    self._keys[key] = job.id
-                else:
-                    tx.inserts.append(job)
-                    tx.keys[key] = job.id
+                rows[job.id] = job  # waiting: no job_wait to wake (``_put``)
+                keys[key] = job.id
                 results.append(InsertResult(job.id, deduped=False))
             if tx is None and any(not r.deduped for r in results):
                 self._notify()
@@ -266,18 +263,11 @@ class MemoryDriver(Store):
     def _unique_holder(self, key: str, tx: MemoryTransaction | None) -> str | None:
         """The job holding ``key`` (its state is among its unique states): committed, or
         staged in ``tx``."""
-        for id_, (held, states) in self._uniques.items():
-            if held == key and states & STATE_BITS[self._jobs[id_].state.value]:
-                return id_
-        if tx is not None:
-            for job in tx.inserts:
-                unique = tx.uniques.get(job.id)
-                if (
-                    unique is not None
-                    and unique[0] == key
-                    and unique[1] & STATE_BITS[job.state.value]
-                ):
-                    return job.id
+        places = [(self._jobs, self._uniques)] + ([(tx.jobs, tx.uniques)] if tx else [])
+        for rows, uniques in places:
+            for id_, (held, states) in uniques.items():
+                if held == key and states & STATE_BITS[rows[id_].state.value]:
+                    return id_
         return None
 
     def _replace_holder(self, holder: str, new: Job, tx: MemoryTransaction | None) -> None:
@@ -286,11 +276,10 @@ class MemoryDriver(Store):
             if self._debounce(holder, new):
                 self._notify()
             return
-        for i, job in enumerate(tx.inserts):
-            if job.id == holder:
-                tx.inserts[i] = debounced(job, new)
-                return
-        tx.replaces.append((holder, new))
+        if holder in tx.jobs:
+            tx.jobs[holder] = debounced(tx.jobs[holder], new)
+        else:
+            tx.replaces.append((holder, new))
 
     def _debounce(self, holder: str, new: Job) -> bool:
         job = self._jobs.get(holder)

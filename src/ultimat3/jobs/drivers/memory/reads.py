@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from ultimat3.jobs.clock import Clock, SystemClock
-from ultimat3.jobs.drivers.memory.rows import Flow, holds_slot, matches
+from ultimat3.jobs.drivers.memory.rows import Flow, matches, usage
 from ultimat3.jobs.records import (
     FINAL_STATES,
     FinishedCount,
@@ -111,24 +111,13 @@ class Store:
             flow = self._limits.get(job_id)
             if flow is None or job_id not in self._jobs:
                 return None
-            running = 0
-            starts: list[datetime] = []
-            for job in self._jobs.values():
-                other = self._limits.get(job.id)
-                if other is None or other.key != flow.key:
-                    continue
-                if holds_slot(job, at):
-                    running += 1
-                if (
-                    flow.rate_max
-                    and job.attempted_at is not None
-                    and job.attempted_at > at - flow.rate_period
-                ):
-                    starts.append(job.attempted_at)
+            running, started = usage(self._jobs.values(), self._limits, {flow.key}, at)
+        window = at - flow.rate_period
+        starts = [t for t in started.get(flow.key, ()) if t > window] if flow.rate_max else []
         return FlowState(
             flow.key,
             flow.most,
-            running,
+            running[flow.key],
             flow.rate_max,
             flow.rate_period,
             len(starts),

@@ -37,12 +37,6 @@ def waiting_state(run_at: datetime, now: datetime) -> JobState:
     return JobState.SCHEDULED if run_at > now else JobState.AVAILABLE
 
 
-def holds_slot(job: Job, at: datetime) -> bool:
-    """A running job whose lease has not expired: it holds a slot of its key (``limits``)."""
-    expires = job.lease_expires_at
-    return job.state is JobState.RUNNING and expires is not None and expires > at
-
-
 def unleased(job: Job) -> Job:
     return replace(job, lease_token=None, lease_expires_at=None)
 
@@ -79,6 +73,25 @@ def matches(job: Job, where: JobFilter) -> bool:
     )
 
 
+def usage(
+    jobs: Iterable[Job], flows: Mapping[str, Flow], keys: set[str], at: datetime
+) -> tuple[Counter[str], dict[str, list[datetime]]]:
+    """Per key of ``keys``: how many slots its running jobs hold (a running job whose lease
+    has not expired holds one), and when its jobs last started."""
+    running: Counter[str] = Counter()
+    starts: dict[str, list[datetime]] = {}
+    for job in jobs:
+        flow = flows.get(job.id)
+        if flow is None or flow.key not in keys:
+            continue
+        expires = job.lease_expires_at
+        if job.state is JobState.RUNNING and expires is not None and expires > at:
+            running[flow.key] += 1
+        if job.attempted_at is not None:
+            starts.setdefault(flow.key, []).append(job.attempted_at)
+    return running, starts
+
+
 def within_limits(
     due: Iterable[Job],
     limit: int,
@@ -105,16 +118,7 @@ def within_limits(
                 plain.append(job)
         else:
             by_key.setdefault(flow.key, []).append(job)
-    running: Counter[str] = Counter()
-    starts: dict[str, list[datetime]] = {}
-    for job in jobs:
-        flow = flows.get(job.id)
-        if flow is None or flow.key not in by_key:
-            continue
-        if holds_slot(job, at):
-            running[flow.key] += 1
-        if job.attempted_at is not None:
-            starts.setdefault(flow.key, []).append(job.attempted_at)
+    running, starts = usage(jobs, flows, set(by_key), at)
     keys = sorted(by_key)
     rotated = [k for k in keys if k > after] + [k for k in keys if k <= after]
     places: list[tuple[int, int, int, datetime, str, Job]] = [

@@ -265,8 +265,8 @@ def test_a_connection_is_identified_on_its_first_join_and_checked_on_every_join(
     tmp_path: Path, make_module: Any
 ) -> None:
     """Which file a caller's connection opens is asked once (its first ``using()``); what
-    can change between transactions is still checked on each join: a join from another
-    thread and a join after ``close()`` are refused as before."""
+    can change between transactions is still checked before each write: an enqueue joined
+    from another thread and one after ``close()`` are refused as before."""
     path = tmp_path / "jobs.sqlite3"
     app = App(f"sqlite:///{path}", modules=[make_module("tx_known", in_a=in_a)])
     app.open()

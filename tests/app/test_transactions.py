@@ -302,6 +302,25 @@ def test_a_connection_is_identified_on_its_first_join_and_checked_on_every_join(
         app.close()
 
 
+def test_a_using_block_cannot_be_entered_twice_at_once(tmp_path: Path, make_module: Any) -> None:
+    """The block sets the current transaction and app, and puts back what it found: entered
+    again while open, it would lose what to put back, so it refuses."""
+    path = tmp_path / "jobs.sqlite3"
+    app = App(f"sqlite:///{path}", modules=[make_module("tx_twice", in_a=in_a)])
+    app.open()
+    try:
+        with closing(sqlite3.connect(path)) as conn:
+            block = app.using(conn)
+            with block, pytest.raises(RuntimeError, match="entered twice"):
+                block.__enter__()
+            with app.using(conn):
+                in_a.enqueue({"n": 1})
+            conn.commit()
+        assert app.count_jobs() == 1
+    finally:
+        app.close()
+
+
 def test_a_closed_sqlite_connection_is_forgotten_so_its_id_can_name_another(
     tmp_path: Path,
 ) -> None:

@@ -757,6 +757,8 @@ class _Current:
         self._tokens: tuple[Token[Joined | None], Token[Enqueuer | None]] | None = None
 
     def __enter__(self) -> Any:
+        if self._tokens is not None:
+            raise RuntimeError("a using() or transaction() block cannot be entered twice at once")
         app = self._app
         tokens = (current_tx.set(self._joined), current_app.set(app))
         try:

@@ -265,8 +265,8 @@ def test_a_connection_is_identified_on_its_first_join_and_checked_on_every_join(
     tmp_path: Path, make_module: Any
 ) -> None:
     """Which file a caller's connection opens is asked once (its first ``using()``); what
-    can change between transactions is still checked on each join: a join from another
-    thread and a join after ``close()`` are refused as before."""
+    can change between transactions is still checked before each write: an enqueue joined
+    from another thread and one after ``close()`` are refused as before."""
     path = tmp_path / "jobs.sqlite3"
     app = App(f"sqlite:///{path}", modules=[make_module("tx_known", in_a=in_a)])
     app.open()
@@ -298,6 +298,25 @@ def test_a_connection_is_identified_on_its_first_join_and_checked_on_every_join(
         with pytest.raises(ConfigurationError, match="cannot inspect"), app.using(conn):
             in_a.enqueue({"n": "closed"})
         assert app.count_jobs() == 3
+    finally:
+        app.close()
+
+
+def test_a_using_block_cannot_be_entered_twice_at_once(tmp_path: Path, make_module: Any) -> None:
+    """The block sets the current transaction and app, and puts back what it found: entered
+    again while open, it would lose what to put back, so it refuses."""
+    path = tmp_path / "jobs.sqlite3"
+    app = App(f"sqlite:///{path}", modules=[make_module("tx_twice", in_a=in_a)])
+    app.open()
+    try:
+        with closing(sqlite3.connect(path)) as conn:
+            block = app.using(conn)
+            with block, pytest.raises(RuntimeError, match="entered twice"):
+                block.__enter__()
+            with app.using(conn):
+                in_a.enqueue({"n": 1})
+            conn.commit()
+        assert app.count_jobs() == 1
     finally:
         app.close()
 

@@ -310,8 +310,8 @@ class App(Enqueuer):
         *,
         many: bool,
     ) -> list[EnqueueResult]:
-        """Work out where an enqueue writes (``_write``: the transaction it joins, its
-        database, the outbox), then hand it down to ``outbox.enqueue``, which builds the jobs
+        """Work out where an enqueue writes (the transaction it joins, its database, the
+        outbox), then hand it down to ``outbox.enqueue``, which builds the jobs
         and writes them there. Outside ``using()``, an integration's transaction (an
         ``Ambient``) is the one joined."""
         if not isinstance(handle, JobHandle):
@@ -320,32 +320,35 @@ class App(Enqueuer):
                 fix="decorate the function with @job and register its module with app.register()",
             )
         self._check_registered(handle)
-        joined = None
-        if inputs and self._intercept is None and current_tx.get() is None:
+        intercept = self._intercept
+        joined = current_tx.get()
+        token = None
+        if joined is None and inputs and intercept is None and self._ambient:
             joined = next((j for s in self._ambient if (j := s.joined(self)) is not None), None)
-        with _joining(joined):
-            return self._write(handle, inputs, options, many=many)
-
-    def _write(
-        self, handle: JobHandle[Any], inputs: Sequence[Any], options: EnqueueOptions, *, many: bool
-    ) -> list[EnqueueResult]:
-        if self._intercept is not None or not inputs:  # nothing is written to the database
-            where = Destination(None, self.mode, intercept=self._intercept)
-        else:
-            store = None
-            if self._outbox is not None and current_tx.get() is not None:
-                store = self._open_outbox()
-            where = Destination(self.driver, self.mode, store)
-        return enqueue(
-            where,
-            handle,
-            inputs,
-            options,
-            serializer=self.serializer,
-            now=self.clock.now,
-            pinned=self.clock.pinned(),
-            many=many,
-        )
+            if joined is not None:
+                token = current_tx.set(joined)  # for the driver, as inside ``using()``
+        try:
+            if intercept is not None or not inputs:  # nothing is written to the database
+                where = Destination(None, self.mode, intercept=intercept)
+            else:
+                store = None
+                if self._outbox is not None and joined is not None:
+                    store = self._open_outbox()
+                where = Destination(self.driver, self.mode, store, joined=joined)
+            clock = self.clock
+            return enqueue(
+                where,
+                handle,
+                inputs,
+                options,
+                serializer=self.serializer,
+                now=clock.now,
+                pinned=clock.pinned(),
+                many=many,
+            )
+        finally:
+            if token is not None:
+                current_tx.reset(token)
 
     def _check_registered(self, handle: JobHandle[Any]) -> None:
         if not self.registry.knows(handle):
@@ -379,24 +382,12 @@ class App(Enqueuer):
         return self._using(connection, None)
 
     def _using(self, connection: Any, serial: asyncio.Lock | None) -> AbstractContextManager[Any]:
-        return self._current(self._join(connection, serial=serial), connection)
+        return _Current(self, self._join(connection, serial=serial), connection)
 
-    @contextmanager
-    def _current(self, joined: Joined, value: Any) -> Iterator[Any]:
+    def _current(self, joined: Joined, value: Any) -> AbstractContextManager[Any]:
         """For the block (which gets ``value``), ``joined`` is the transaction every enqueue
-        joins and this app the current one. Both context variables are set here, not by
-        nested context managers: a request pays for this on every enqueue in a transaction."""
-        tx = current_tx.set(joined)
-        app = current_app.set(self)
-        try:
-            if self._migrate:
-                # A read when the schema is current (through ``joined`` on SQLite); raises at
-                # once otherwise. Already done for ``transaction()``.
-                self.open()
-            yield value
-        finally:
-            current_app.reset(app)
-            current_tx.reset(tx)
+        joins and this app the current one (``_Current``)."""
+        return _Current(self, joined, value)
 
     def _join(self, connection: Any, *, serial: asyncio.Lock | None = None) -> Joined:
         """The caller's connection as a ``Joined`` on the job database or the outbox's. The
@@ -404,10 +395,16 @@ class App(Enqueuer):
         its first join only (``_KNOWN``); the driver or the store checks the rest on each."""
         driver = self._unopened_driver()
         known = None if isinstance(connection, Joined) else _KNOWN.get(connection)
-        if known is not None and self._outbox_opened:
-            store = self._open_outbox()
-            if known == store.identity():
-                return self._serial(store.adopt(Joined(connection, known)), serial)
+        if known is not None:
+            if self._outbox_opened:
+                store = self._open_outbox()
+                if known == store.identity():
+                    return self._serial(store.adopt(Joined(connection, known)), serial)
+            if known == driver.identity():
+                # What can change since the connection's first join (closed, another
+                # thread, a converter, an aborted transaction) is checked by the driver
+                # before each write in the transaction (its adopt of the ``Joined``).
+                return self._serial(Joined(connection, known), serial)
         try:
             if known is not None:
                 joined = driver.adopt(Joined(connection, known))
@@ -745,6 +742,43 @@ def _joining(joined: Joined | None) -> Iterator[None]:
         yield
     finally:
         current_tx.reset(token)
+
+
+class _Current:
+    """``App.using`` and ``App.transaction``'s block: ``joined`` is the transaction every
+    enqueue joins and ``app`` the current one. Both context variables are set here, in one
+    object rather than nested context managers: a request pays for this on every enqueue
+    in a transaction."""
+
+    __slots__ = ("_app", "_joined", "_tokens", "_value")
+
+    def __init__(self, app: App, joined: Joined, value: Any) -> None:
+        self._app, self._joined, self._value = app, joined, value
+        self._tokens: tuple[Token[Joined | None], Token[Enqueuer | None]] | None = None
+
+    def __enter__(self) -> Any:
+        if self._tokens is not None:
+            raise RuntimeError("a using() or transaction() block cannot be entered twice at once")
+        app = self._app
+        tokens = (current_tx.set(self._joined), current_app.set(app))
+        try:
+            if app._migrate:
+                # A read when the schema is current (through ``joined`` on SQLite); raises at
+                # once otherwise. Already done for ``transaction()``.
+                app.open()
+        except BaseException:
+            current_app.reset(tokens[1])
+            current_tx.reset(tokens[0])
+            raise
+        self._tokens = tokens
+        return self._value
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._tokens is not None
+        tx, app = self._tokens
+        self._tokens = None
+        current_app.reset(app)
+        current_tx.reset(tx)
 
 
 async def _off_loop(call: Callable[[], _R]) -> _R:

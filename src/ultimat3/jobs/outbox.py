@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from ultimat3.jobs import events
-from ultimat3.jobs.driver import DatabaseId, Driver, current_tx
+from ultimat3.jobs.driver import DatabaseId, Driver, Joined
 from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.errors import ConfigurationError, OutboxNoTxError
 from ultimat3.jobs.ids import uuid7_many
@@ -49,9 +49,10 @@ def reaches(database: DatabaseId, target: Driver | OutboxStore) -> bool:
 class KnownDatabases:
     """The database each caller's connection reaches, worked out once per connection (the
     first ``using()`` on it), held without keeping the connection alive: a connection reaches
-    one database for its whole life, so a later join on it costs no look-up. What can change
-    between transactions (closed, aborted, in another thread, a converter registered since) is
-    still checked on every join, by the driver's ``adopt`` of the ``Joined``.
+    one database for its whole life, so a later join on it costs no look-up and no check. What
+    can change between transactions (closed, aborted, in another thread, a converter registered
+    since) is checked by the driver before each write it makes on the connection (its
+    ``adopt`` of the ``Joined``, or on PostgreSQL the transaction's status).
 
     A connection that takes weak references (psycopg's) is a key of a ``WeakKeyDictionary``.
     A ``sqlite3.Connection`` takes none, so it is keyed by ``id()``, which a later connection
@@ -68,11 +69,16 @@ class KnownDatabases:
         self._by_id: dict[int, tuple[weakref.ref[_Mark], DatabaseId]] = {}
 
     def get(self, connection: Any) -> DatabaseId | None:
+        # By id first: a sqlite3.Connection, the common case, would raise TypeError (no
+        # weak reference) on every join. An entry whose marker lives names this very
+        # connection (only it keeps the marker alive), so no other object has its id.
+        entry = self._by_id.get(id(connection))
+        if entry is not None and entry[0]() is not None:
+            return entry[1]
         try:
             return self._weak.get(connection)
         except TypeError:  # takes no weak reference
-            entry = self._by_id.get(id(connection))
-            return entry[1] if entry is not None and entry[0]() is not None else None
+            return None
 
     def remember(self, connection: Any, database: DatabaseId) -> None:
         try:
@@ -124,12 +130,14 @@ class Destination:
     """Where an app's enqueue writes (``App`` works it out, ``enqueue`` writes there): the
     job database's driver, the app's mode, the outbox store when the current transaction may
     be on the outbox's database, and the stand-in of ``testing.inline``, which runs the jobs
-    instead. ``driver`` is None only when nothing is written to the database."""
+    instead. ``driver`` is None only when nothing is written to the database. ``joined``: the
+    caller's transaction the enqueue runs in (``driver.current_tx``), None outside any."""
 
     driver: Driver | None
     mode: Mode = "default"
     store: OutboxStore | None = None
     intercept: Callable[[list[NewJob]], list[InsertResult]] | None = None
+    joined: Joined | None = None
 
 
 def enqueue(
@@ -144,7 +152,8 @@ def enqueue(
     many: bool,
 ) -> list[InsertResult]:
     """Build the jobs of ``inputs`` with ``options`` (all checked before anything is written)
-    and write them to ``where`` (``insert``). ``many``: a batch, whose inputs are encoded when a
+    and write them to ``where`` under the one rule (``_insert``), then emit
+    ``jobs.job.enqueued`` for each. ``many``: a batch, whose inputs are encoded when a
     driver reads the jobs (``NewJobs``: all before it writes, or a slice at a time inside its
     transaction); ``now`` reads the instant a uniqueness window counts from (once, and only
     for a job that has one), ``pinned`` is the ``now`` of the write (None: the database's
@@ -156,16 +165,25 @@ def enqueue(
         return []
     if where.intercept is not None:
         return where.intercept(list(jobs))
-    assert where.driver is not None
-    return insert(
-        where.driver,
-        jobs,
-        mode=where.mode,
-        outbox=options.outbox,
-        now=pinned,
-        label=handle.name,
-        store=where.store,
-    )
+    driver = where.driver
+    assert driver is not None
+    joined, store = where.joined, where.store
+    results = _insert(driver, jobs, where, outbox=options.outbox, now=pinned, label=handle.name)
+    if events.wanted("jobs.job.enqueued", events.DEBUG):
+        # ``staged``: written to an outbox, published by its relay after commit.
+        staged = joined is not None and bool(results) and _on_store(joined.database, driver, store)
+        for job, result in zip(jobs, results, strict=True):
+            events.debug(
+                "jobs.job.enqueued",
+                job,
+                job_id=result.id,
+                job=job.name,
+                queue=job.queue,
+                tenant=job.tenant_id,
+                deduped=result.deduped,
+                staged=staged,
+            )
+    return results
 
 
 def build_job(
@@ -376,40 +394,6 @@ def _check_text(value: object, option: str, limit: int) -> None:
         )
 
 
-def insert(
-    driver: Driver,
-    jobs: Sequence[NewJob],
-    *,
-    mode: Mode,
-    outbox: bool | None,
-    now: datetime | None,
-    label: str,
-    store: OutboxStore | None = None,
-) -> list[InsertResult]:
-    """Insert built jobs under the one rule (``_insert``), then emit ``jobs.job.enqueued`` for
-    each (``staged``: written to an outbox, published by its relay after commit)."""
-    results = _insert(driver, jobs, mode=mode, outbox=outbox, now=now, label=label, store=store)
-    if events.wanted("jobs.job.enqueued", events.DEBUG):
-        staged = bool(results) and _staged(driver, store)
-        for job, result in zip(jobs, results, strict=True):
-            events.debug(
-                "jobs.job.enqueued",
-                job,
-                job_id=result.id,
-                job=job.name,
-                queue=job.queue,
-                tenant=job.tenant_id,
-                deduped=result.deduped,
-                staged=staged,
-            )
-    return results
-
-
-def _staged(driver: Driver, store: OutboxStore | None) -> bool:
-    joined = current_tx.get()
-    return joined is not None and _on_store(joined.database, driver, store)
-
-
 def _on_store(database: DatabaseId, driver: Driver, store: OutboxStore | None) -> bool:
     """Whether a transaction on ``database`` is staged in ``store``: it reaches the outbox's
     database and not the job database. One the store joined (its identity, not the job
@@ -425,19 +409,18 @@ def _on_store(database: DatabaseId, driver: Driver, store: OutboxStore | None) -
 def _insert(
     driver: Driver,
     jobs: Sequence[NewJob],
+    where: Destination,
     *,
-    mode: Mode,
     outbox: bool | None,
     now: datetime | None,
     label: str,
-    store: OutboxStore | None = None,
 ) -> list[InsertResult]:
     """Insert built jobs under the one rule: inside a transaction, join it or raise.
 
     The current transaction is joined when it is on this job database (any App, any driver
     object: identity decides), or staged in ``store`` when it is on the outbox's database.
     A transaction on any other database is an error, never a silent commit of its own."""
-    joined = current_tx.get()
+    joined, store = where.joined, where.store
     if outbox is False:
         if joined is not None and driver.single_writer and reaches(joined.database, driver):
             raise ConfigurationError(
@@ -467,9 +450,9 @@ def _insert(
             return [InsertResult(id=job.id, deduped=False) for job in jobs]
         if reaches(joined.database, driver):
             return driver.job_insert_many(jobs, executor=joined, now=now)
-        where = joined.database.label or joined.database.kind
+        place = joined.database.label or joined.database.kind
         raise ConfigurationError(
-            f"job {label!r} was enqueued inside a transaction on {where}, which is neither "
+            f"job {label!r} was enqueued inside a transaction on {place}, which is neither "
             f"this app's job database ({driver.display_url})"
             + (f" nor its outbox ({store.display_url})" if store is not None else "")
             + ", so it cannot be part of that transaction",
@@ -477,7 +460,7 @@ def _insert(
             "there (App(..., outbox='URL of that database')), or pass outbox=False for a job "
             "that must commit on its own",
         )
-    if mode == "required":
+    if where.mode == "required":
         raise OutboxNoTxError(
             f"job {label!r} was enqueued outside any transaction and the app's mode is 'required'"
         )

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
 from ultimat3.jobs.clock import Backoff, Clock, SystemClock, wall_ns
@@ -208,20 +208,28 @@ def check_unconverted(conn: sqlite3.Connection) -> None:
             )
 
 
-@contextmanager
-def plain_rows(conn: sqlite3.Connection) -> Iterator[None]:
+class plain_rows:
     """Our statements on a caller's connection read tuples of ``str``, whatever
     ``row_factory`` or ``text_factory`` the caller gave it (``sqlite3.Row`` indexes like a
-    tuple, a factory that makes dicts does not): the caller's are put back afterwards."""
-    rows, text = conn.row_factory, conn.text_factory
-    if rows is None and text is str:
-        yield
-        return
-    conn.row_factory, conn.text_factory = None, str
-    try:
-        yield
-    finally:
-        conn.row_factory, conn.text_factory = rows, text
+    tuple, a factory that makes dicts does not): the caller's are put back afterwards. A
+    class, not a generator: it is entered on every joined write."""
+
+    __slots__ = ("_conn", "_kept")
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self._kept: tuple[Any, Any] | None = None
+
+    def __enter__(self) -> None:
+        conn = self._conn
+        rows, text = conn.row_factory, conn.text_factory
+        if rows is not None or text is not str:
+            self._kept = (rows, text)
+            conn.row_factory, conn.text_factory = None, str
+
+    def __exit__(self, *exc: object) -> None:
+        if self._kept is not None:
+            self._conn.row_factory, self._conn.text_factory = self._kept
 
 
 def primary_code(exc: sqlite3.Error) -> int:
@@ -468,25 +476,34 @@ def transaction(
         raise
 
 
-@contextmanager
-def savepoint(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+class savepoint:
     """A savepoint inside the open transaction on ``conn``: released on normal exit, rolled
     back to (and released) on an exception, so a failure undoes all of the block and nothing
     before it. When SQLite rolled the whole transaction back itself (a full disk, an I/O
-    error), there is nothing left to undo."""
-    conn.execute(_Q["savepoint"])
-    try:
-        yield conn
-    except BaseException:
-        if conn.in_transaction:
-            try:
-                conn.execute(_Q["savepoint_rollback"])
-                conn.execute(_Q["savepoint_release"])
-            except sqlite3.Error:
-                pass  # SQLite ended the transaction meanwhile
-        raise
-    if conn.in_transaction:
-        conn.execute(_Q["savepoint_release"])
+    error), there is nothing left to undo. A class, not a generator: it is entered on every
+    joined write."""
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def __enter__(self) -> sqlite3.Connection:
+        self._conn.execute(_Q["savepoint"])
+        return self._conn
+
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        conn = self._conn
+        if not conn.in_transaction:
+            return
+        if kind is None:
+            conn.execute(_Q["savepoint_release"])
+            return
+        try:
+            conn.execute(_Q["savepoint_rollback"])
+            conn.execute(_Q["savepoint_release"])
+        except sqlite3.Error:
+            pass  # SQLite ended the transaction meanwhile
 
 
 @contextmanager

@@ -98,13 +98,12 @@ class Handlers:
     def _prepare(self, held: Held) -> tuple[JobHandle[Any], list[Any]] | Outcome:
         job = held.job
         handle = held.handle
-        now = self.clock.now()
         if handle is None:
-            return self._unknown(job, now)
+            return self._unknown(job, self.clock.now())
         try:
             value = self.serializer.loads(job.input, into=handle.input_type)
         except DeserializationError as exc:
-            error = attempt_error(job, "DeserializationError", str(exc), now)
+            error = attempt_error(job, "DeserializationError", str(exc), self.clock.now())
             # No retry can decode a payload that cannot be decoded now: park it.
             return Outcome("fail", failure=Failure(job.lease, error, None))
         args: list[Any] = [value]

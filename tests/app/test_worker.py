@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -297,18 +297,22 @@ finished = threading.Event()
 @job
 def waits_for_gate(input: dict[str, Any]) -> None:
     started.set()
-    gate.wait(10)
+    # Longer than ``faketime.SETTLE`` waits for a busy loop: a job that gave up on its own
+    # while the test still moved time would end a test about time as one about the gate.
+    gate.wait(60)
     calls.append(input)
     finished.set()
 
 
 @pytest.fixture
-def gated(make_app: Callable[..., App], make_module: Any, clock: FakeClock) -> App:
+def gated(make_app: Callable[..., App], make_module: Any, clock: FakeClock) -> Iterator[App]:
     """An app on the fake clock with the gated job: its worker's heartbeats, renewals, rescues
-    and shutdown grace wait for the test to move time (``faketime``)."""
+    and shutdown grace wait for the test to move time (``faketime``). The gate opens at the
+    end, whatever the test did, so no job waits on it past its test."""
     for event in (gate, started, finished):
         event.clear()
-    return make_app(make_module(waits_for_gate=waits_for_gate), clock=clock)
+    yield make_app(make_module(waits_for_gate=waits_for_gate), clock=clock)
+    gate.set()
 
 
 def test_graceful_stop_finishes_or_releases(gated: App, clock: FakeClock) -> None:

@@ -507,10 +507,11 @@ class Connections(Migrations):
         return conn
 
     def _joined(
-        self, executor: Joined, jobs: Sequence[NewJob] = ()
+        self, executor: Joined, jobs: Sequence[NewJob] = (), *, pipelined: bool = False
     ) -> AbstractContextManager[Conn]:
-        """Run inside the caller's transaction, in a SAVEPOINT
-        (``dialects.postgres.in_savepoint``). ``jobs``: the jobs written, which an error names."""
+        """Run inside the caller's transaction, in a SAVEPOINT, in one round trip if
+        ``pipelined`` (``dialects.postgres.in_savepoint``). ``jobs``: the jobs written, which
+        an error names."""
         conn = self._joined_conn(executor)
         return in_savepoint(
             conn,
@@ -518,6 +519,7 @@ class Connections(Migrations):
             describe=lambda: _described(jobs),
             translate=lambda exc: self._noted(exc, conn),
             prepare=self._prepare,
+            pipelined=pipelined,
         )
 
     def _reraise(self, exc: psycopg.Error, conn: Conn) -> NoReturn:

@@ -159,13 +159,11 @@ def postgres_cost(rounds: int) -> None:
                 [{**shared, "id": j, "key": j} for j in (uuid7() for _ in range(rounds + 20))]
             )
 
-            def statements() -> None:  # one round trip, as the driver sends them
+            def statements() -> None:
                 params = next(made)
-                with conn.pipeline():
-                    conn.execute(SAVEPOINT_SQL)
-                    cursor = conn.execute(insert, params)
-                    conn.execute(RELEASE_SQL)
-                cursor.fetchall()
+                conn.execute(SAVEPOINT_SQL)
+                conn.execute(insert, params).fetchall()
+                conn.execute(RELEASE_SQL)
 
             _measure(
                 "PostgreSQL",

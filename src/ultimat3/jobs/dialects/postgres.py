@@ -16,7 +16,7 @@ import re
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
@@ -499,7 +499,6 @@ def in_savepoint(
     describe: Callable[[], tuple[str, str]],
     translate: Callable[[Any], BaseException],
     prepare: bool | None = False,
-    pipelined: bool = False,
 ) -> Iterator[Any]:
     """Run the body (which writes on ``conn``, a caller's connection) inside their
     transaction without ever ending it, in a SAVEPOINT; yields ``conn``.
@@ -512,12 +511,8 @@ def in_savepoint(
     the one psycopg opens, left open for the caller. A connection in pipeline mode is synced
     before and after, so an error is raised here, never at the caller's next statement.
 
-    ``pipelined``: the SAVEPOINT, the body's statements and the RELEASE go in one round trip
-    (a pipeline, synced at the block's end), so the body reads its cursors after the block:
-    for a write that cannot leave part of itself behind, since the savepoint is released
-    before its reply is read. ``describe()``, called on a failure only: what the write was
-    and who holds what it may wait for. ``prepare``: psycopg's ``prepare`` for SAVEPOINT and
-    RELEASE."""
+    ``describe()``, called on a failure only: what the write was and who holds what it may
+    wait for. ``prepare``: psycopg's ``prepare`` for SAVEPOINT and RELEASE."""
     pg = _psycopg()
     if conn.pgconn.transaction_status == pg.pq.TransactionStatus.IDLE and conn.autocommit:
         try:
@@ -537,16 +532,16 @@ def in_savepoint(
         # Or it had none to fail: an autocommit pipeline ran that statement in an implicit
         # transaction of its own, ended by the sync. Their error, said as every driver error.
         raise_translated(exc, translate)
-    mark = our_cursor(conn)  # holds the SAVEPOINT's reply once it is read: made, then
     try:
-        with conn.pipeline() if pipelined else nullcontext():
-            mark.execute(SAVEPOINT_SQL, prepare=prepare)
-            yield conn
-            cursor.execute(RELEASE_SQL, prepare=prepare)
-        if not pipelined:  # a pipeline of ours was synced as it ended
-            _sync(conn)
+        cursor.execute(SAVEPOINT_SQL, prepare=prepare)
+    except BaseException as exc:  # nothing of ours to undo
+        _failed(exc, conn, driver, describe, translate, savepoint=False)
+    try:
+        yield conn
+        cursor.execute(RELEASE_SQL, prepare=prepare)
+        _sync(conn)
     except BaseException as exc:
-        _failed(exc, conn, driver, describe, translate, savepoint=mark)
+        _failed(exc, conn, driver, describe, translate, savepoint=True)
 
 
 def _sync(conn: Any) -> None:
@@ -584,25 +579,20 @@ def _failed(
     describe: Callable[[], tuple[str, str]],
     translate: Callable[[Any], BaseException],
     *,
-    savepoint: Any,
+    savepoint: bool,
 ) -> NoReturn:
     """A write of ours in the caller's transaction failed with ``exc``: roll back to our
-    savepoint, if it was made (its cursor, ``savepoint``, then holds its reply), then raise
-    (``in_savepoint``)."""
+    savepoint (when it was sent: ``savepoint``), then raise (``in_savepoint``)."""
     pg = _psycopg()
     status = pg.pq.TransactionStatus
     try:  # in pipeline mode: the results up to here, ``exc`` among them, so it runs ours again
         _sync(conn)
     except pg.Error:
         pass
-    if isinstance(exc, pg.errors.PipelineAborted) and isinstance(exc.__context__, pg.Error):
-        # A pipeline's replies read in two reads: psycopg raises a later statement's "aborted"
-        # with the error that aborted it as its context.
-        exc = exc.__context__
     alive = not conn.broken and conn.pgconn.transaction_status in (status.INTRANS, status.INERROR)
     timeouts = ("", "")
     undo_failed: BaseException | None = None
-    if alive and savepoint.pgresult is not None:
+    if alive and savepoint:
         try:
             cursor = our_cursor(conn)
             cursor.execute(ROLLBACK_TO_SQL, prepare=False)

@@ -507,11 +507,10 @@ class Connections(Migrations):
         return conn
 
     def _joined(
-        self, executor: Joined, jobs: Sequence[NewJob] = (), *, pipelined: bool = False
+        self, executor: Joined, jobs: Sequence[NewJob] = ()
     ) -> AbstractContextManager[Conn]:
-        """Run inside the caller's transaction, in a SAVEPOINT, in one round trip if
-        ``pipelined`` (``dialects.postgres.in_savepoint``). ``jobs``: the jobs written, which
-        an error names."""
+        """Run inside the caller's transaction, in a SAVEPOINT
+        (``dialects.postgres.in_savepoint``). ``jobs``: the jobs written, which an error names."""
         conn = self._joined_conn(executor)
         return in_savepoint(
             conn,
@@ -519,7 +518,6 @@ class Connections(Migrations):
             describe=lambda: _described(jobs),
             translate=lambda exc: self._noted(exc, conn),
             prepare=self._prepare,
-            pipelined=pipelined,
         )
 
     def _reraise(self, exc: psycopg.Error, conn: Conn) -> NoReturn:

@@ -48,18 +48,8 @@ class Inserts(Waiting):
         if executor is not None:
             # In a savepoint of the caller's transaction (``_joined``). A deadlock here is the
             # caller's to handle: their transaction holds other locks.
-            first: list[Row] | None = None
-            if len(jobs) == 1:
-                # One round trip: the SAVEPOINT, the INSERT and the RELEASE. One job is written
-                # whole or not at all, so its savepoint may go before the reply is read; on a
-                # conflict nothing was written, and it is resolved below in a savepoint anew.
-                with self._joined(executor, jobs, pipelined=True) as conn:
-                    cursor = self._send_insert(conn, jobs, now, bounded=False)
-                first = _rows(cursor)
-                if first:
-                    return [InsertResult(jobs[0].id, deduped=False)]
             with self._joined(executor, jobs) as conn:
-                return self._insert(conn, jobs, now, bounded=False, first=first)
+                return self._insert(conn, jobs, now, bounded=False)
         wait = 0.0
         for attempt in range(3):
             # A batch that lost a deadlock was rolled back whole: it runs again after a pause
@@ -84,20 +74,13 @@ class Inserts(Waiting):
         raise AssertionError("unreachable")
 
     def _insert(
-        self,
-        conn: Conn,
-        jobs: Sequence[NewJob],
-        now: datetime | None,
-        *,
-        bounded: bool,
-        first: list[Row] | None = None,
+        self, conn: Conn, jobs: Sequence[NewJob], now: datetime | None, *, bounded: bool
     ) -> list[InsertResult]:
         """Insert, then resolve the rows that conflicted to the stored ids. A conflicting row
         can vanish before the look-up (pruned, or its transaction rolled back): insert again.
         ``bounded``: each statement is its own transaction of ours (autocommit), so each
         carries the timeouts; otherwise a transaction is open (ours, bounded at its start, or
-        the caller's) and nothing is set. ``first``: the rows of a first insert of ``jobs``,
-        already run."""
+        the caller's) and nothing is set."""
         if len(jobs) >= _COPY_FROM and not bounded:
             copied = self._copy(conn, jobs, now)
             if copied is not None:
@@ -106,15 +89,11 @@ class Inserts(Waiting):
         pending = list(range(len(jobs)))
         for _ in range(5):
             fresh: set[str] = set()
-            if first is not None:
-                fresh.update(row[0] for row in first)
-                first = None
-            else:
-                for start in range(0, len(pending), _CHUNK):
-                    batch = [jobs[i] for i in pending[start : start + _CHUNK]]
-                    fresh.update(
-                        row[0] for row in self._execute_insert(conn, batch, now, bounded=bounded)
-                    )
+            for start in range(0, len(pending), _CHUNK):
+                batch = [jobs[i] for i in pending[start : start + _CHUNK]]
+                fresh.update(
+                    row[0] for row in self._execute_insert(conn, batch, now, bounded=bounded)
+                )
             conflicted: list[int] = []
             for i in pending:
                 if jobs[i].id in fresh:
@@ -203,20 +182,13 @@ class Inserts(Waiting):
     def _execute_insert(
         self, conn: Conn, jobs: Sequence[NewJob], now: datetime | None, *, bounded: bool
     ) -> list[Row]:
+        query: bytes
+        params: dict[str, Any]
         if len(jobs) > 1 and any(j.unique_key is not None for j in jobs):
             # One by one: each unique key is resolved by its own statement.
             return [
                 row for j in jobs for row in self._execute_insert(conn, [j], now, bounded=bounded)
             ]
-        return _rows(self._send_insert(conn, jobs, now, bounded=bounded))
-
-    def _send_insert(
-        self, conn: Conn, jobs: Sequence[NewJob], now: datetime | None, *, bounded: bool
-    ) -> psycopg.Cursor[Any]:
-        """Execute the INSERT of ``jobs`` (one job, or jobs without a unique key), whose cursor
-        is read by ``_rows`` (in a pipeline, once its reply has come)."""
-        query: bytes
-        params: dict[str, Any]
         if len(jobs) == 1:
             [j] = jobs
             query = self._q["job_insert_one"]
@@ -265,7 +237,7 @@ class Inserts(Waiting):
             query = self._q["job_insert"]
             params = {"rows": _json(rows), "now": now, "channel": self._channel}
         try:
-            return self._exec(conn, query, params, bounded=bounded)
+            return self._exec(conn, query, params, bounded=bounded).fetchall()
         except psycopg.DataError as exc:
             raise _refused(exc) from None
 
@@ -314,15 +286,6 @@ class Inserts(Waiting):
                 # In a caller's transaction, ``_joined`` rolls back to its savepoint.
                 raise ValueError(f"job id {id_} is already stored under another key")
         return found
-
-
-def _rows(cursor: psycopg.Cursor[Any]) -> list[Row]:
-    """The rows of an INSERT (``Inserts._send_insert``); a value PostgreSQL refused raises
-    ``SerializationError``."""
-    try:
-        return cursor.fetchall()
-    except psycopg.DataError as exc:
-        raise _refused(exc) from None
 
 
 def _time_text(moment: datetime) -> str:

@@ -1143,6 +1143,23 @@ def test_a_big_batch_rolls_back_with_the_callers_transaction(driver: Any, pg_dsn
     assert driver.job_count(JobFilter()) == {}
 
 
+def test_a_big_batch_on_a_callers_connection_in_pipeline_mode_is_inserted(
+    driver: Any, pg_dsn: str
+) -> None:
+    """psycopg refuses COPY in pipeline mode: a big batch on a caller's connection in that
+    mode takes the INSERT, which stores and dedupes it all the same."""
+    stored = new_job()
+    driver.job_insert_many([stored], now=T0)
+    jobs = [new_job() for _ in range(300)]
+    with psycopg.connect(pg_dsn) as conn:
+        joined = driver.adopt(conn)
+        with conn.pipeline():
+            results = driver.job_insert_many([*jobs, stored], executor=joined, now=T0)
+        conn.commit()
+    assert results == [*(InsertResult(j.id, False) for j in jobs), InsertResult(stored.id, True)]
+    assert sum(driver.job_count(JobFilter()).values()) == 301
+
+
 @pytest.mark.parametrize("size", [2, 250], ids=["statement", "copy"])
 def test_a_batch_that_loses_a_deadlock_is_retried(driver: Any, pg_dsn: str, size: int) -> None:
     """A caller's open transaction holds key k2 and then asks for k1, while the driver's batch

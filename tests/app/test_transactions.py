@@ -176,6 +176,10 @@ def _connection_of_its_own_kind(dsn: str, kind: str) -> Any:
         return psycopg.connect(dsn, cursor_factory=psycopg.RawCursor)
     if kind == "client cursors":  # parameters bound in the client (Django's default)
         return psycopg.connect(dsn, cursor_factory=psycopg.ClientCursor)
+    if kind == "prepared at once":  # every statement, from its first run
+        return psycopg.connect(dsn, prepare_threshold=0)
+    if kind == "never prepared":  # as behind a transaction-mode pooler
+        return psycopg.connect(dsn, prepare_threshold=None)
 
     class Shouting(TextLoader):
         def load(self, data: Any) -> str:
@@ -195,7 +199,9 @@ def _connection_of_its_own_kind(dsn: str, kind: str) -> Any:
     return conn
 
 
-@pytest.mark.parametrize("kind", ["raw cursors", "client cursors", "adapters"])
+@pytest.mark.parametrize(
+    "kind", ["raw cursors", "client cursors", "adapters", "prepared at once", "never prepared"]
+)
 def test_a_psycopg_connection_of_its_own_kind_is_joined_with_our_statements_unchanged(
     pg_dsn: str, make_module: Any, kind: str
 ) -> None:

@@ -28,6 +28,7 @@ from ultimat3.jobs import sql as sql_files
 from ultimat3.jobs.drivers.postgres import PostgresDriver
 from ultimat3.jobs.errors import ConfigurationError, DriverUnavailableError
 from ultimat3.jobs.ids import uuid7
+from ultimat3.jobs.limits import STATE_BITS
 from ultimat3.jobs.records import (
     Cancellation,
     ClaimParams,
@@ -521,6 +522,45 @@ def test_a_failed_insert_leaves_the_callers_transaction_usable(
         assert conn.execute("SELECT count(*) FROM orders").fetchone() == (1,)
     assert driver.job_get(fresh.id) is None, "the savepoint undid the whole call"
     assert driver.job_get(kept.id) is not None
+
+
+def test_one_job_that_conflicts_in_a_callers_transaction_is_resolved_there(
+    driver: Any, pg_dsn: str
+) -> None:
+    """One job's savepoint is released in the round trip of its INSERT: a conflict (nothing
+    written) is resolved in a savepoint of its own, in the caller's transaction: a stored
+    key dedupes, a held unique key debounces, and a stored id under another key is refused
+    with the transaction spared."""
+    stored = new_job(idempotency_key="k")
+    waiting = STATE_BITS["scheduled"] | STATE_BITS["available"]
+    held = new_job(unique_key="u", unique_states=waiting, unique_replace=True, input='{"v":1}')
+    driver.job_insert_many([stored, held], now=T0)
+    again = new_job(idempotency_key="k")
+    debounced = new_job(unique_key="u", unique_states=waiting, unique_replace=True, input='{"v":2}')
+    clash = new_job(id=stored.id, idempotency_key=stored.id)
+    fresh = new_job()
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute("CREATE TABLE orders (id int)")
+        conn.execute("INSERT INTO orders VALUES (1)")
+        joined = driver.adopt(conn)
+        assert driver.job_insert_many([again], executor=joined, now=T0) == [
+            InsertResult(stored.id, deduped=True)
+        ]
+        assert driver.job_insert_many([debounced], executor=joined, now=T0) == [
+            InsertResult(held.id, deduped=True)
+        ]
+        with pytest.raises(ValueError, match="another key"):
+            driver.job_insert_many([clash], executor=joined, now=T0)
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        assert driver.job_insert_many([fresh], executor=joined, now=T0) == [
+            InsertResult(fresh.id, deduped=False)
+        ]
+        assert driver.job_get(held.id).input == '{"v":1}', "invisible before the commit"
+        conn.commit()
+        assert conn.execute("SELECT count(*) FROM orders").fetchone() == (1,)
+    assert driver.job_get(held.id).input == '{"v":2}'
+    assert driver.job_get(fresh.id) is not None
+    assert sum(driver.job_count(JobFilter()).values()) == 3
 
 
 @NOWS
@@ -1131,6 +1171,23 @@ def test_a_big_batch_rolls_back_with_the_callers_transaction(driver: Any, pg_dsn
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
         conn.rollback()
     assert driver.job_count(JobFilter()) == {}
+
+
+def test_a_big_batch_on_a_callers_connection_in_pipeline_mode_is_inserted(
+    driver: Any, pg_dsn: str
+) -> None:
+    """psycopg refuses COPY in pipeline mode: a big batch on a caller's connection in that
+    mode takes the INSERT, which stores and dedupes it all the same."""
+    stored = new_job()
+    driver.job_insert_many([stored], now=T0)
+    jobs = [new_job() for _ in range(300)]
+    with psycopg.connect(pg_dsn) as conn:
+        joined = driver.adopt(conn)
+        with conn.pipeline():
+            results = driver.job_insert_many([*jobs, stored], executor=joined, now=T0)
+        conn.commit()
+    assert results == [*(InsertResult(j.id, False) for j in jobs), InsertResult(stored.id, True)]
+    assert sum(driver.job_count(JobFilter()).values()) == 301
 
 
 @pytest.mark.parametrize("size", [2, 250], ids=["statement", "copy"])

@@ -130,9 +130,12 @@ class Inserts(Waiting):
         self, conn: Conn, jobs: Sequence[NewJob], now: datetime | None
     ) -> list[InsertResult] | None:
         """A big batch by COPY, in a savepoint of the open transaction, betting that no key is
-        stored yet. A key repeated in the batch, a job COPY cannot carry (``_copyable``), or a
-        row that conflicts returns None having written nothing: the caller then takes the ON
-        CONFLICT path, which dedupes. An input refused rolls the savepoint back and raises."""
+        stored yet. A key repeated in the batch, a job COPY cannot carry (``_copyable``), a
+        row that conflicts, or a caller's connection in pipeline mode (where psycopg refuses
+        COPY) returns None having written nothing: the caller then takes the ON CONFLICT path,
+        which dedupes. An input refused rolls the savepoint back and raises."""
+        if conn.pgconn.pipeline_status:  # PipelineStatus.OFF is 0
+            return None
         rest = in_slices(jobs, _COPY_SLICE)
         head = next(rest)
         if not _copyable(head[0]):

@@ -19,7 +19,6 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ def fill(driver: Any, queue: str, count: int, *, limited: bool) -> None:
             id_ = uuid7()
             job = NewJob(id_, "bench.claim", queue, '{"n":1}', id_, 3)
             if limited:
-                job = replace(job, limit_key=f"job:bench.claim={i % 10}", limit_max=1000)  # type: ignore[call-arg]
+                job = job._replace(limit_key=f"job:bench.claim={i % 10}", limit_max=1000)
             batch.append(job)
         driver.job_insert_many(batch)
 

@@ -15,7 +15,6 @@ import argparse
 import shutil
 import sys
 import tempfile
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -30,7 +29,7 @@ T0 = datetime(2031, 1, 1, tzinfo=UTC)
 def job(tenant: str) -> NewJob:
     id_ = uuid7()
     new = NewJob(id_, "bench.fair", "default", "{}", id_, 3, tenant_id=tenant)
-    return replace(new, limit_key=f"job:bench.fair={tenant}", limit_max=NO_LIMIT)
+    return new._replace(limit_key=f"job:bench.fair={tenant}", limit_max=NO_LIMIT)
 
 
 def positions(backlog: int, batch: int) -> list[int]:

@@ -99,10 +99,9 @@ def test_running_lists_every_running_job_by_lease_expiry(driver: Driver) -> None
 def test_oldest_ready_counts_limited_jobs_too(driver: Driver) -> None:
     # Limited jobs (migration 6) live in their own claim index; the dashboard's "oldest ready"
     # must see them, alone in a queue or older than the unlimited ones of theirs.
-    from dataclasses import replace
 
     def limited(**options: object) -> object:
-        return replace(new_job(**options), limit_key="k", limit_max=1)  # type: ignore[arg-type]
+        return new_job(**options)._replace(limit_key="k", limit_max=1)  # type: ignore[arg-type]
 
     insert(
         driver,

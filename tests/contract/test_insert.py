@@ -7,7 +7,6 @@ jobs without a tenant, as if it were a value; ``""`` is an ordinary tenant, dist
 
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -132,8 +131,8 @@ def test_the_usual_job_on_the_driver_clock_is_stored_like_any_other(driver: Driv
         "trace_context": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
     }
     usual, delayed = (
-        replace(_keyless(), **fields),
-        replace(_keyless(), delay=timedelta(0), **fields),
+        _keyless()._replace(**fields),  # type: ignore[arg-type]
+        _keyless()._replace(delay=timedelta(0), **fields),  # type: ignore[arg-type]
     )
     assert driver.job_insert_many([usual]) == [InsertResult(usual.id, deduped=False)]
     assert driver.job_insert_many([delayed]) == [InsertResult(delayed.id, deduped=False)]
@@ -231,7 +230,7 @@ def _keyless(**fields: object) -> NewJob:
     """A job enqueued without a key: its key is its id (``outbox.Builder``), so it is
     deduped by its primary key alone, not by the index of callers' keys (migration 9)."""
     job = new_job(**fields)  # type: ignore[arg-type]
-    return replace(job, idempotency_key=job.id)
+    return job._replace(idempotency_key=job.id)
 
 
 @pytest.mark.parametrize("size", [1, 3, 250])  # one statement, a batch, PostgreSQL's COPY
@@ -257,7 +256,7 @@ def test_a_keyed_jobs_id_inserted_again_without_its_key_is_refused(driver: Drive
     keyed = new_job(key="k")
     insert(driver, keyed)
     with pytest.raises(ValueError, match="already stored under another key"):
-        driver.job_insert_many([replace(keyed, idempotency_key=keyed.id)], now=at(1))
+        driver.job_insert_many([keyed._replace(idempotency_key=keyed.id)], now=at(1))
     assert driver.job_insert_many([new_job(key="k")], now=at(3)) == [
         InsertResult(keyed.id, deduped=True)
     ]
@@ -270,7 +269,7 @@ def _plain_batch(texts: list[str], **fields: object) -> NewJobs:
     return NewJobs(
         texts,
         lambda part: [
-            replace(template, id=job_id, input=text, idempotency_key=job_id)
+            template._replace(id=job_id, input=text, idempotency_key=job_id)
             for job_id, text in zip(uuid7_many(len(part)), part, strict=True)
         ],
     )

@@ -19,7 +19,7 @@ from .helpers import LEASE, at, claim_with, complete, fail, get, insert, max_ove
 
 
 def limited(key: str, most: int, **options: object) -> NewJob:
-    return replace(new_job(**options), limit_key=key, limit_max=most)  # type: ignore[arg-type]
+    return new_job(**options)._replace(limit_key=key, limit_max=most)  # type: ignore[arg-type]
 
 
 def claim_limited(
@@ -174,8 +174,7 @@ def test_a_lease_for_longer_than_the_claim_is_still_counted(driver: Driver) -> N
 
 
 def rated(key: str, most: int, per_seconds: float, **options: object) -> NewJob:
-    return replace(
-        new_job(**options),  # type: ignore[arg-type]
+    return new_job(**options)._replace(  # type: ignore[arg-type]
         limit_key=key,
         limit_max=NO_LIMIT,
         rate_max=most,
@@ -215,7 +214,7 @@ def test_a_rate_limit_counts_starts_in_a_sliding_window(driver: Driver) -> None:
 
 
 def test_a_rate_and_a_concurrency_limit_together(driver: Driver) -> None:
-    both = [replace(rated("k", 2, 60), limit_max=1) for _ in range(4)]
+    both = [rated("k", 2, 60)._replace(limit_max=1) for _ in range(4)]
     insert(driver, *both)
     [job] = cycle_limited(driver, 1).claimed
     blocked = cycle_limited(driver, 2)

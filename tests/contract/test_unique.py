@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from dataclasses import replace
 
 from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.limits import STATE_BITS
@@ -20,8 +19,7 @@ WAITING_OR_RUNNING = STATE_BITS["scheduled"] | STATE_BITS["available"] | STATE_B
 def unique(
     unique_key: str, states: int = WAITING_OR_RUNNING, *, debounce: bool = False, **options: object
 ) -> NewJob:
-    return replace(
-        new_job(**options),  # type: ignore[arg-type]
+    return new_job(**options)._replace(  # type: ignore[arg-type]
         unique_key=unique_key,
         unique_states=states,
         unique_replace=debounce,

@@ -5,7 +5,6 @@ limited job's completion sends."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -34,7 +33,7 @@ def driver(pg_dsn: str) -> Iterator[PostgresDriver]:
 def job(key: str | None, most: int = 5) -> NewJob:
     id_ = uuid7()
     new = NewJob(id_, "j", "default", "{}", id_, 3)
-    return replace(new, limit_key=key, limit_max=most if key else 0)
+    return new._replace(limit_key=key, limit_max=most if key else 0)
 
 
 def claim(driver: PostgresDriver, limit: int = 10) -> list[str]:

@@ -4,7 +4,6 @@ joining a caller's connection, nested transactions, and kill -9 in the middle of
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import json
 import os
@@ -870,8 +869,7 @@ def _sibling(job: NewJob, n: int) -> NewJob:
     """A job of ``job``'s enqueue (its template's fields) with its own id, input, key, trace
     context and limit key, as ``Builder`` makes them."""
     job_id = uuid7()
-    return dataclasses.replace(
-        job,
+    return job._replace(
         id=job_id,
         input=TRICKY_INPUTS[n % len(TRICKY_INPUTS)],
         idempotency_key=job_id if n % 2 else f"key-{n}",  # keyless and keyed

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -352,7 +352,7 @@ _FIELDS = (
     "tenant_id", "delay", "trace_context", "limit_key", "limit_max", "rate_max", "rate_period",
     "unique_key", "unique_states", "unique_replace",
 )  # fmt: skip
-if tuple(f.name for f in fields(NewJob)) != _FIELDS:
+if NewJob._fields != _FIELDS:
     raise AssertionError("NewJob's fields moved: update Builder.__call__ and _FIELDS")
 
 

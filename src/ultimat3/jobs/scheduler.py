@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -267,7 +267,7 @@ class Scheduler:
             # ahead (a step corrected later) is not left waiting for that clock to come back.
             due = min(occurrence.at, self._database_time or occurrence.at)
             jobs = [
-                replace(job, run_at=due) if job.run_at is None and job.delay is None else job
+                job._replace(run_at=due) if job.run_at is None and job.delay is None else job
                 for job in (self.build(job_handle, value, key) for job_handle, value in entries)
             ]
             fire = Fire(name, occurrence.at, jobs)

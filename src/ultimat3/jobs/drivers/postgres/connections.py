@@ -10,8 +10,8 @@ import json
 import select
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -411,23 +411,10 @@ class Connections(Migrations):
         if self._session_bounds:
             conn.execute(self._bounds_session, prepare=False)
 
-    @contextmanager
-    def _connection(self, *, guard: bool = True) -> Iterator[Conn]:
+    def _connection(self, *, guard: bool = True) -> _Lent:
         """A pooled connection for a call of ours, cut off by the watchdog if it gets no
         reply in time (``guard``; not for a transaction handed to a caller)."""
-        conn = self._checkout()
-        if guard:
-            self._watch.arm(conn)
-        try:
-            yield conn
-            if pool_log.OWNER.down:  # a statement went through: the outage is over
-                pool_log.OWNER.recovered()
-        except psycopg.Error as exc:
-            self._reraise(exc, conn)
-        finally:
-            if guard:
-                self._watch.disarm(conn)
-            self._putconn(conn)
+        return _Lent(self, guard)
 
     def _checkout(self) -> Conn:
         """A pooled connection, lent until ``_putconn``. One whose session ended while it sat
@@ -646,6 +633,41 @@ class Connections(Migrations):
                 cut_off(conn)
 
 
+class _Lent:
+    """``Connections._connection``: the connection checked out on entry (and armed on the
+    watchdog when ``guard``); on exit a psycopg error of the block is translated, and the
+    connection disarmed and given back to the pool. A class, not a generator: it is entered
+    on every enqueue."""
+
+    __slots__ = ("_conn", "_guard", "_owner")
+
+    def __init__(self, owner: Connections, guard: bool) -> None:
+        self._owner = owner
+        self._guard = guard
+
+    def __enter__(self) -> Conn:
+        owner = self._owner
+        conn = self._conn = owner._checkout()
+        if self._guard:
+            owner._watch.arm(conn)
+        return conn
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, _tb: Any
+    ) -> None:
+        owner, conn = self._owner, self._conn
+        try:
+            if exc is None:
+                if pool_log.OWNER.down:  # a statement went through: the outage is over
+                    pool_log.OWNER.recovered()
+            elif isinstance(exc, psycopg.Error):
+                owner._reraise(exc, conn)
+        finally:
+            if self._guard:
+                owner._watch.disarm(conn)
+            owner._putconn(conn)
+
+
 def _described(jobs: Sequence[NewJob]) -> tuple[str, str]:
     """A write of ours in a caller's transaction, for its error (``in_savepoint``): what it
     was, and who holds what a lock wait of it waited for (the keys of the jobs, or else a
@@ -707,10 +729,10 @@ def _ended(conn: Conn) -> bool:
     """True when an idle pooled connection's session is over: the server (or a proxy) closed
     it or sent a FATAL error, which leaves the socket readable. Costs one poll(2), no round
     trip, unlike a ``SELECT 1`` check."""
-    if conn.closed or conn.broken:
+    if conn.closed:  # a broken connection is closed too
         return True
     try:
-        fd = conn.fileno()
+        fd = conn.pgconn.socket
     except psycopg.Error:
         return True
     if _poll is not None:

@@ -86,45 +86,48 @@ class Inserts(Waiting):
             if copied is not None:
                 return copied
         results: list[InsertResult | None] = [None] * len(jobs)
-        pending = list(range(len(jobs)))
+        pending: Sequence[int] = range(len(jobs))
         for _ in range(5):
             fresh: set[str] = set()
             for start in range(0, len(pending), _CHUNK):
                 batch = [jobs[i] for i in pending[start : start + _CHUNK]]
                 fresh.update(
-                    row[0] for row in self._execute_insert(conn, batch, now, bounded=bounded)
+                    {row[0] for row in self._execute_insert(conn, batch, now, bounded=bounded)}
                 )
             conflicted: list[int] = []
             for i in pending:
-                if jobs[i].id in fresh:
-                    fresh.discard(jobs[i].id)  # a second copy of one id in the batch is a dupe
-                    results[i] = InsertResult(jobs[i].id, deduped=False)
+                job_id = jobs[i].id
+                if job_id in fresh:
+                    fresh.discard(job_id)  # a second copy of one id in the batch is a dupe
+                    results[i] = InsertResult(job_id, deduped=False)
                 else:
                     conflicted.append(i)
             if not conflicted:
                 break
             stored = self._ids_by_key(conn, [jobs[i] for i in conflicted], bounded=bounded)
-            pending = []
+            again: list[int] = []
             for at, i in enumerate(conflicted):
                 found = stored.get(at)
                 if found is None:
-                    pending.append(i)
+                    again.append(i)
                 else:
                     results[i] = InsertResult(found, deduped=True)
-            for i in [i for i in pending if jobs[i].unique_key is not None]:
+            for i in [i for i in again if jobs[i].unique_key is not None]:
                 holder = self._unique_holder(conn, jobs[i], now, bounded=bounded)
                 if holder is not None:
-                    pending.remove(i)
+                    again.remove(i)
                     results[i] = InsertResult(holder, deduped=True)
-            if not pending:
+            if not again:
                 break
-        if any(result is None for result in results):
+            pending = again
+        done = [result for result in results if result is not None]
+        if len(done) < len(results):
             raise DriverUnavailableError(
                 "inserted jobs kept conflicting with rows that vanished before they could be read",
                 driver=_NAME,
                 fix="retry the enqueue; if it persists, a pruner is deleting fresh rows",
             )
-        return [result for result in results if result is not None]
+        return done
 
     def _copy(
         self, conn: Conn, jobs: Sequence[NewJob], now: datetime | None

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
@@ -644,3 +648,25 @@ def test_commands_on_jobs_never_create_the_schema_in_postgres(
     assert tables == []
     assert run("--url", url, "migrate")[0] == 0
     assert run("--url", url, *args)[0] == 0
+
+
+def test_the_scheduler_run_in_process_puts_the_signal_handlers_back(app_ref: str) -> None:
+    """``scheduler`` (like ``relay``) stops on SIGTERM or SIGINT; run in process, as a test or
+    an embedding program does, it leaves Ctrl-C as it found it. It used to keep its own
+    handlers installed, so a later Ctrl-C only set an event nobody waited on."""
+    found = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+
+    def stop_once_installed() -> None:
+        deadline = time.monotonic() + 30
+        while signal.getsignal(signal.SIGTERM) is found[1]:
+            assert time.monotonic() < deadline, "the scheduler never installed its handler"
+            time.sleep(0.01)  # polls the handler from another thread: no clock to drive here
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    stopper = threading.Thread(target=stop_once_installed)
+    stopper.start()
+    code, _, err = run("--app", app_ref, "scheduler", "--leader", "sole")
+    stopper.join()
+    assert code == 0, err
+    assert "scheduler on" in err
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == found

@@ -319,16 +319,16 @@ def scheduler(ctx: Context, leader: str, leader_ttl: timedelta, tick: timedelta)
                 "no task is registered", fix="register a module that exports task(...) handles"
             )
         s = app.scheduler(leader=_leader(leader), leader_ttl=leader_ttl, tick_interval=tick)
-        stop = _wait_for_signal()  # before the banner: a signal once it is out stops us
-        say(
-            f"scheduler on {app.driver.display_url}: {', '.join(sorted(app.registry.tasks))}",
-            "jobs.cli.scheduler",
-            url=app.driver.display_url,
-            tasks=",".join(sorted(app.registry.tasks)),
-        )
-        s.start()
-        stop.wait()
-        s.stop()
+        with _stopped_by_signal() as stop:  # before the banner: a signal once it is out stops us
+            say(
+                f"scheduler on {app.driver.display_url}: {', '.join(sorted(app.registry.tasks))}",
+                "jobs.cli.scheduler",
+                url=app.driver.display_url,
+                tasks=",".join(sorted(app.registry.tasks)),
+            )
+            s.start()
+            stop.wait()
+            s.stop()
 
 
 @click.command()
@@ -349,15 +349,16 @@ def relay(ctx: Context, batch_size: int, interval: timedelta) -> None:
         app = ctx.app
         r = app.relay(batch_size=batch_size, interval=interval)
         pending = r.pending()
-        stop = _wait_for_signal()  # before the banner: a signal once it is out stops us
-        say(
-            f"relay from {r.store.display_url} to {r.driver.display_url}, {pending} row(s) pending",
-            "jobs.cli.relay",
-            source=r.store.display_url,
-            url=r.driver.display_url,
-            pending=pending,
-        )
-        r.run(stop)
+        with _stopped_by_signal() as stop:  # before the banner: a signal once it is out stops us
+            say(
+                f"relay from {r.store.display_url} to {r.driver.display_url}, {pending} row(s) "
+                "pending",
+                "jobs.cli.relay",
+                source=r.store.display_url,
+                url=r.driver.display_url,
+                pending=pending,
+            )
+            r.run(stop)
 
 
 @click.command("run")
@@ -433,13 +434,19 @@ def _signals_counted(w: Worker) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def _wait_for_signal() -> threading.Event:
-    """An event set by SIGTERM or SIGINT (installed in the main thread)."""
+@contextmanager
+def _stopped_by_signal() -> Iterator[threading.Event]:
+    """An event set by SIGTERM or SIGINT during the block (installed in the main thread);
+    the handlers found are put back after it, so a command run in process (as tests and
+    embedding programs do) leaves Ctrl-C as it was."""
     stop = threading.Event()
 
     def handler(signum: int, frame: object) -> None:
         stop.set()
 
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-    return stop
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

@@ -7,6 +7,7 @@ job's work. A test waits for those on events (``started``), never on the clock."
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -15,18 +16,32 @@ from ultimat3.jobs.duration import DurationInput, to_timedelta
 from ultimat3.jobs.testing import FakeClock
 from ultimat3.jobs.worker import Worker
 
-#: The worker's loops that wait on its clock between steps: heartbeat, renew and maintenance.
-LOOPS = 3
+#: The worker's loops that keep and take leases, by thread name: each waits on its clock
+#: between steps. (The cycle loop does too while no handler is free; otherwise it waits for
+#: jobs on the database, in real time.)
+LOOPS = frozenset({"ultimat3-jobs-heartbeat", "ultimat3-jobs-renew", "ultimat3-jobs-maintenance"})
 #: How long (real seconds) ``pass_time`` waits for a loop busy with the database.
 SETTLE = 15.0
 
 
 def start(worker: Worker, clock: FakeClock) -> Worker:
     """Start ``worker`` and wait until its loops are parked on the clock: from then on
-    ``advance_until`` moves time only while each of them is parked, never while one is busy."""
+    ``advance_until`` moves time only while each of them is parked, never while one is busy.
+    By name, not by count: a count was met by three of the four loops that sleep on the
+    clock, and time could then run ahead of a renew loop not started yet, so the lease of a
+    running job ran out (its rescue is what the tests check never happens)."""
     worker.start()
-    clock.wait_for_sleepers(LOOPS)
+    parked(clock)
     return worker
+
+
+def parked(clock: FakeClock, timeout: float = 10.0) -> None:
+    """Wait, up to ``timeout`` real seconds, until every loop of ``LOOPS`` sleeps on ``clock``
+    (real threads starting: looked at every 5 ms)."""
+    end = time.monotonic() + timeout
+    while missing := LOOPS - {thread.name for thread in clock.sleeping()}:
+        assert time.monotonic() < end, f"not asleep on the clock after {timeout} s: {missing}"
+        time.sleep(0.005)
 
 
 def pass_time(clock: FakeClock, span: DurationInput, step: DurationInput = "50ms") -> None:

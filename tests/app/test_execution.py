@@ -309,7 +309,7 @@ def test_stuck_threads_holding_every_slot_stop_the_worker_for_a_restart(
         with caplog.at_level(logging.ERROR, logger="ultimat3.jobs"):
             runner.start()
             assert STUCK.wait(10)
-            clock.wait_for_sleepers(faketime.LOOPS)
+            faketime.parked(clock)
             stuck_at = clock.monotonic()
             faketime.join(runner, clock)  # its timeout, then the stuck limit, then the exit
     finally:

@@ -329,6 +329,11 @@ class FakeClock:
         with self._cond:
             return len(self._sleeping)
 
+    def sleeping(self) -> list[threading.Thread]:
+        """The threads asleep on this clock now."""
+        with self._cond:
+            return list(self._sleeping)
+
     def next_wake(self) -> float | None:
         """The soonest monotonic time a sleeper wakes at (None when nobody sleeps)."""
         with self._cond:

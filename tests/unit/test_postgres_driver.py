@@ -1334,21 +1334,3 @@ def test_the_one_statement_turn_repeats_the_completion_and_the_claim_word_for_wo
         if "'running'" in start:  # the turn writes: it never relaxes its commit
             theirs = theirs.replace(" AND (SELECT off FROM relax) IS NOT NULL", "")
         assert ours == theirs
-
-
-def test_an_insert_between_a_claim_and_the_wait_after_it_ends_the_wait(pg_dsn: str) -> None:
-    """Polling (no LISTEN, as behind a transaction pooler): a job this driver inserts after a
-    worker's claim found nothing, but before the worker's wait began, ends that wait at once.
-    It was slept through until the next poll (a minute), the insert's wake-up being counted
-    before the wait looked: a worker started just before an enqueue_many sat idle."""
-    driver = PostgresDriver(pg_dsn, listen=False, poll=60)
-    try:
-        turn = Cycle(claim=ClaimParams(("between",), 10, LEASE, "w"))
-        assert driver.job_cycle(turn).claimed == []
-        driver.job_insert_many([new_job("between")])
-        started = time.monotonic()
-        driver.wait_for_jobs(30, threading.Event())
-        assert time.monotonic() - started < 10, "the wait slept through the insert"
-        assert len(driver.job_cycle(turn).claimed) == 1
-    finally:
-        driver.close()

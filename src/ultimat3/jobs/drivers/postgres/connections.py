@@ -269,9 +269,6 @@ class Connections(Migrations):
         self._listener = self._new_listener()
         self._finished = Finished(self._listener, self._finished_channel, clock, wait_slice)
         self._wake_seq = 0
-        #: ``_wake_seq`` when the last claim began: a wait for jobs returns for any wake-up
-        #: since, so an insert between a claim and the wait after it is not slept through.
-        self._claim_seq = 0
         self._listen_lost = False
         #: A claim ran (and found what was due then): the first LISTEN after it wakes waiters.
         self._claimed = False

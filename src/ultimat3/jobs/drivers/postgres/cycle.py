@@ -102,8 +102,6 @@ class Cycles(Inserts):
         if not (cycle.writes or claim is not None):
             return CycleResult()
         self._claimed = True
-        if claim is not None:
-            self._claim_seq = self._wake_seq  # before the claim reads what is due
         # One transaction, its statements pipelined: one round trip, each statement with its
         # own (generic, prepared) plan. A turn that only claims skips the WAL flush: the
         # claim of an unlimited job is then one statement, a transaction of its own.

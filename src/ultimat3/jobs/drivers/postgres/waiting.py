@@ -78,7 +78,7 @@ class Waiting(Connections):
         """Without LISTEN: return after an insert by this driver (``_signal``), or once the
         newest job id has changed (``_look``), or after ``timeout``."""
         deadline = self._clock.monotonic() + timeout
-        seen = self._claim_seq  # a wake-up since the last claim began: claim again
+        seen = self._wake_seq
         while not wake.is_set() and not self._closed:
             now = self._clock.monotonic()
             if now >= deadline or self._wake_seq != seen:

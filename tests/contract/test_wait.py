@@ -16,7 +16,15 @@ from ultimat3.jobs.driver import Driver
 from ultimat3.jobs.records import JobFilter
 from ultimat3.jobs.wake import Wake
 
-from .helpers import SPAWN, T0, DriverSpec, new_job, proc_insert_until_stopped, run_processes
+from .helpers import (
+    SPAWN,
+    T0,
+    DriverSpec,
+    claim,
+    new_job,
+    proc_insert_until_stopped,
+    run_processes,
+)
 
 LONG = 20.0  # the timeout a test waits with when it expects an early return
 EARLY = 8.0  # what "early" means
@@ -65,6 +73,37 @@ def test_returns_early_on_an_insert_from_another_thread(
         elapsed = timed_wait(driver, LONG, new_wake())
     assert elapsed < EARLY
     assert inserted, "returned before anything was inserted"
+
+
+def insert_on_another_thread(driver: Driver, queue: str) -> None:
+    thread = threading.Thread(
+        target=lambda: driver.job_insert_many([new_job(queue=queue)], now=T0), daemon=True
+    )
+    thread.start()
+    thread.join(30)
+
+
+def test_an_insert_between_a_claim_and_the_wait_after_it_ends_the_wait(
+    driver: Driver, new_wake: Callable[[], threading.Event]
+) -> None:
+    """A worker's race: its claim finds nothing, a job is committed, then it waits. The wait
+    counts from the claim, not from its own start, or the job waits out a whole poll."""
+    assert claim(driver, T0, queues=["between"]) == []
+    insert_on_another_thread(driver, "between")
+    assert timed_wait(driver, LONG, new_wake()) < EARLY
+    assert len(claim(driver, T0, queues=["between"])) == 1
+    # Nor does waiting return at once from now on: once seen, a change is not news again
+    # (the first wait may still return for the claim's own commit, on SQLite).
+    timed_wait(driver, 0.6, new_wake())
+    assert timed_wait(driver, 0.6, new_wake()) >= 0.45
+
+
+def test_an_insert_between_two_waits_ends_the_second(
+    driver: Driver, new_wake: Callable[[], threading.Event]
+) -> None:
+    timed_wait(driver, 0.0, new_wake())
+    insert_on_another_thread(driver, "between")
+    assert timed_wait(driver, LONG, new_wake()) < EARLY
 
 
 def test_returns_early_when_woken(driver: Driver, new_wake: Callable[[], threading.Event]) -> None:

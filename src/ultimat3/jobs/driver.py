@@ -470,7 +470,10 @@ class Driver(Protocol):
 
     def wait_for_jobs(self, timeout: float, wake: threading.Event) -> None:
         """Block up to ``timeout`` seconds; return early when jobs may have been inserted or
-        changed by any process, or when ``wake`` is set. A hint only: callers still poll."""
+        changed by any process, or when ``wake`` is set. A hint only: callers still poll.
+        A change counts from the calling thread's last claim (``job_cycle``) or wait, not from
+        this wait's start: a job committed between a claim that found nothing and the wait
+        after it ends that wait (a thread's first wait may count from its own start)."""
         ...
 
 

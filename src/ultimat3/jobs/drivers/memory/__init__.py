@@ -392,6 +392,7 @@ class MemoryDriver(Store):
             wake_in = None
             if cycle.claims is not None:
                 claimed, wake_in = self._claim_until(cycle.claims)
+                self._counts.seen = self._generation  # this thread's next wait counts from here
         return CycleResult(completed, failed, claimed, wake_in)
 
     def job_release_claim(self, token: str, *, now: datetime | None = None) -> list[str]:
@@ -602,14 +603,19 @@ class MemoryDriver(Store):
         return stale
 
     def wait_for_jobs(self, timeout: float, wake: threading.Event) -> None:
+        """Until a change counted since this thread's last claim or wait (``_counts``; its
+        first wait counts from its start), ``wake``, or ``timeout``."""
         deadline = self._clock.monotonic() + timeout
         with self._changed:
-            seen = self._generation
+            seen = getattr(self._counts, "seen", self._generation)
             while self._generation == seen and not wake.is_set():
                 remaining = deadline - self._clock.monotonic()
                 if remaining <= 0:
-                    return
+                    break
                 self._changed.wait(min(remaining, _WAKE_POLL))
+            if self._generation != seen:
+                seen = self._generation
+            self._counts.seen = seen
 
     # -- helpers (call with the lock held) ---------------------------------------------------
 

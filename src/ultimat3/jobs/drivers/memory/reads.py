@@ -37,6 +37,9 @@ class Store:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._generation = 0  # bumped on every change a waiter cares about
+        #: Per thread, the generation its last claim or wait saw (``seen``): its next wait
+        #: returns for any change since, even one made before that wait began.
+        self._counts = threading.local()
         self._jobs: dict[str, Job] = {}
         self._keys: dict[Key, str] = {}  # (tenant_id, idempotency_key) -> id
         self._paused: dict[str, bool] = {}

@@ -268,10 +268,14 @@ class Connections(Migrations):
         #: The one LISTEN connection, for new jobs and finished ones (``listen.Listener``).
         self._listener = self._new_listener()
         self._finished = Finished(self._listener, self._finished_channel, clock, wait_slice)
+        #: Wake-ups so far: an insert of ours (polling) or a notification (LISTEN). Each thread
+        #: counts from its last claim or wait (``_counts.seen``), so a job committed between a
+        #: claim that found nothing and the wait after it ends that wait.
         self._wake_seq = 0
+        self._counts = threading.local()
         self._listen_lost = False
-        #: A claim ran (and found what was due then): the first LISTEN after it wakes waiters.
-        self._claimed = False
+        #: Some thread counts wake-ups from before now: the first LISTEN after wakes waiters.
+        self._counting = False
         # Polling (no LISTEN): the newest job id seen, when new ones last appeared, and when
         # to look next; one thread looks at a time.
         self._newest: str | None = None

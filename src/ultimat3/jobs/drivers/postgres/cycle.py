@@ -101,7 +101,7 @@ class Cycles(Inserts):
         claim = cycle.claims
         if not (cycle.writes or claim is not None):
             return CycleResult()
-        self._claimed = True
+        self._counts.seen, self._counting = self._wake_seq, True  # before the claim's snapshot
         # One transaction, its statements pipelined: one round trip, each statement with its
         # own (generic, prepared) plan. A turn that only claims skips the WAL flush: the
         # claim of an unlimited job is then one statement, a transaction of its own.

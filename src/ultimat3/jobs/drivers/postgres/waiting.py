@@ -37,18 +37,28 @@ class Waiting(Connections):
     """``wait_for_jobs``, ``job_wait`` and what they need."""
 
     def wait_for_jobs(self, timeout: float, wake: threading.Event) -> None:
+        """Return after a wake-up counted since this thread's last claim or wait (its first
+        wait counts from its start), when ``wake`` is set, or after ``timeout``."""
         timeout = max(0.0, timeout)
-        if not self._listening():
-            self._poll_wait(timeout, wake)
-            return
-        self._listener.consume(self._channel, self._heard_jobs)
+        seen: int = getattr(self._counts, "seen", self._wake_seq)
+        if self._listening():
+            self._listener.consume(self._channel, self._heard_jobs)
+            seen = self._listen_wait(timeout, wake, seen)
+        else:
+            seen = self._poll_wait(timeout, wake, seen)
+        self._counts.seen, self._counting = seen, True
+
+    def _listen_wait(self, timeout: float, wake: threading.Event, seen: int) -> int:
+        """Turn the listener until the count moves past ``seen``; the count seen last."""
         deadline = self._clock.monotonic() + timeout
-        seen = self._wake_seq
         while not wake.is_set() and not self._closed:
-            remaining = deadline - self._clock.monotonic()
-            if remaining <= 0 or self._wake_seq != seen:
-                return
+            remaining, now_seen = deadline - self._clock.monotonic(), self._wake_seq
+            if now_seen != seen:
+                return now_seen
+            if remaining <= 0:
+                break
             self._listener.turn(min(remaining, self._wait_slice), wake, changed=self._woken(seen))
+        return seen
 
     def _listening(self) -> bool:
         """Whether to LISTEN, after the pooler check when it is due. Not until that check has
@@ -63,34 +73,38 @@ class Waiting(Connections):
 
     def _heard_jobs(self, event: str, payload: str | None) -> None:
         """Under the listener's ``cond``: wake the waiters for a notification, a lost LISTEN
-        connection, and a fresh one after a loss or a claim (jobs inserted while nobody
-        listened: a worker's first wait comes after its first claim, and its next poll may be
-        a minute away): every waiter claims once."""
+        connection, and a fresh one after a loss or once some thread counts from a claim or
+        wait before it (jobs inserted while nobody listened: a worker's first wait comes
+        after its first claim, and its next poll may be a minute away): every waiter claims
+        once."""
         if event == LOST:
             self._listen_lost = True
         elif event == CONNECTED:
             lost, self._listen_lost = self._listen_lost, False
-            if not (lost or self._claimed):
+            if not (lost or self._counting):
                 return
         self._wake_seq += 1
 
-    def _poll_wait(self, timeout: float, wake: threading.Event) -> None:
-        """Without LISTEN: return after an insert by this driver (``_signal``), or once the
-        newest job id has changed (``_look``), or after ``timeout``."""
+    def _poll_wait(self, timeout: float, wake: threading.Event, seen: int) -> int:
+        """Without LISTEN: until an insert by this driver (``_signal``) or a new newest job id
+        (``_look``, which signals) moves the count past ``seen``, or a look fails (the
+        caller's next call meets the error); the count seen last."""
         deadline = self._clock.monotonic() + timeout
-        seen = self._wake_seq
         while not wake.is_set() and not self._closed:
-            now = self._clock.monotonic()
-            if now >= deadline or self._wake_seq != seen:
-                return
+            now, now_seen = self._clock.monotonic(), self._wake_seq
+            if now_seen != seen:
+                return now_seen
+            if now >= deadline:
+                break
             if now >= self._look_at and self._look_lock.acquire(blocking=False):
                 try:
                     if self._look(now):
-                        return
+                        return self._wake_seq
                 finally:
                     self._look_lock.release()
             pause = min(deadline, max(self._look_at, now + 0.001)) - self._clock.monotonic()
             self._clock.sleep(max(0.0, min(pause, _POLL_SLICE)), wake)
+        return seen
 
     def _look(self, now: float) -> bool:
         """One look at the newest job id; True (and every waiter signalled) when it changed.

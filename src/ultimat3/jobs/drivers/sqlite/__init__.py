@@ -241,6 +241,8 @@ class SqliteDriver(Connections):
 
         if not (cycle.writes or claim is not None):
             return CycleResult()
+        if claim is not None:
+            self._count_from_here()
         if cycle.writes or self._synchronous not in ("FULL", "EXTRA"):
             return self._write(body)
         # A claim alone need not survive a power cut (losing it only gives the attempts back),
@@ -496,9 +498,17 @@ class SqliteDriver(Connections):
     def worker_list(self) -> list[WorkerInfo]:
         return self._read(reads.worker_list)
 
+    def _count_from_here(self) -> None:
+        """Before a thread's first claim, if it has not waited yet: its first wait returns for
+        a commit made since (its later waits count from the wait before)."""
+        waiter = self._slot("waiter")
+        if waiter.seen_version is None:
+            waiter.seen_version = self._data_version(waiter.conn)
+
     def wait_for_jobs(self, timeout: float, wake: threading.Event) -> None:
-        """Return after a commit by another connection, in any process, or when ``wake`` is
-        set (``wait.wait_for_jobs``, on this thread's waiting connection)."""
+        """Return after a commit by another connection since this thread's last wait (or its
+        first claim), in any process, or when ``wake`` is set (``wait.wait_for_jobs``, on
+        this thread's waiting connection)."""
         if wake.is_set():
             return
         wait_for_jobs(

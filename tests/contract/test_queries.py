@@ -44,11 +44,11 @@ def jobs(driver: Driver) -> list[Job]:
     insert(driver, *new, now=at(0))
     running = claim(driver, at(1), queues=["q1", "q2"], limit=12)
     assert {job.id for job in running} == {j for j, t in targets.items() if t in _CLAIMED}
-    for job in running:
-        if targets[job.id] is JobState.COMPLETED:
-            assert complete(driver, [job.lease], now=at(2)) == {job.id}
-        elif targets[job.id] is JobState.DEAD:
-            assert fail(driver, job, at(2), retry_in=None) == {job.id}
+    for held in running:
+        if targets[held.id] is JobState.COMPLETED:
+            assert complete(driver, [held.lease], now=at(2)) == {held.id}
+        elif targets[held.id] is JobState.DEAD:
+            assert fail(driver, held, at(2), retry_in=None) == {held.id}
     for job_id, target in targets.items():
         if target is JobState.CANCELLED:
             assert driver.job_cancel(Cancellation(job_id, "test"), now=at(2))

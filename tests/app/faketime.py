@@ -7,7 +7,6 @@ job's work. A test waits for those on events (``started``), never on the clock."
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -37,11 +36,8 @@ def start(worker: Worker, clock: FakeClock) -> Worker:
 
 def parked(clock: FakeClock, timeout: float = 10.0) -> None:
     """Wait, up to ``timeout`` real seconds, until every loop of ``LOOPS`` sleeps on ``clock``
-    (real threads starting: looked at every 5 ms)."""
-    end = time.monotonic() + timeout
-    while missing := LOOPS - {thread.name for thread in clock.sleeping()}:
-        assert time.monotonic() < end, f"not asleep on the clock after {timeout} s: {missing}"
-        time.sleep(0.005)
+    (``FakeClock.wait_for_sleeping``: woken as each starts to sleep, no polling)."""
+    clock.wait_for_sleeping(LOOPS, timeout)
 
 
 def pass_time(clock: FakeClock, span: DurationInput, step: DurationInput = "50ms") -> None:

@@ -30,7 +30,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
@@ -258,7 +258,8 @@ class FakeClock:
     ``date -s`` would, and wakes no sleeper.
 
     To move time exactly when the loops are parked: ``sleepers()`` counts the threads asleep on
-    the clock, ``wait_for_sleepers(n)`` waits (in real time) until ``n`` are, ``next_wake()``
+    the clock, ``wait_for_sleepers(n)`` waits (in real time) until ``n`` are,
+    ``wait_for_sleeping(names)`` until the threads of those names are, ``next_wake()``
     says when the soonest wakes, and ``advance_until(predicate, step, limit=...)`` moves time
     by ``step`` until ``predicate()`` holds, each time once every thread that sleeps on the
     clock is parked again (none is busy with the previous step meanwhile).
@@ -353,6 +354,32 @@ class FakeClock:
                         f"after {timeout} s"
                     )
                 self._cond.wait(left)
+
+    def wait_for_sleeping(self, names: Iterable[str], timeout: float = 10.0) -> None:
+        """Wait, up to ``timeout`` real seconds, until a thread of each of ``names`` (thread
+        names) is asleep on this clock: parked, its time not yet come and its ``wake`` not set.
+        ``TimeoutError`` otherwise, naming the threads not asleep and those that are."""
+        wanted = frozenset(names)
+        end = time.monotonic() + timeout
+        with self._cond:
+            while missing := wanted - self._parked_names():
+                left = end - time.monotonic()
+                if left <= 0:
+                    asleep = sorted(self._parked_names()) or ["none"]
+                    raise TimeoutError(
+                        f"not asleep on the fake clock after {timeout} s: "
+                        f"{', '.join(sorted(missing))} (asleep: {', '.join(asleep)})"
+                    )
+                # Woken when a thread starts to sleep (``sleep`` notifies) or time moves.
+                self._cond.wait(left)
+
+    def _parked_names(self) -> set[str]:
+        """The names of the threads parked on the clock now, under the lock."""
+        return {
+            thread.name
+            for thread, (at, wake) in self._sleeping.items()
+            if at > self._mono and (wake is None or not wake.is_set())
+        }
 
     def advance_until(
         self,

@@ -140,6 +140,35 @@ def test_wait_for_sleeping_does_not_count_a_sleeper_whose_wake_is_set() -> None:
             del clock._sleeping[token]
 
 
+def test_advance_until_does_not_wait_for_the_threads_named_blocked() -> None:
+    clock = FakeClock()
+    release = threading.Event()
+
+    def run() -> None:
+        clock.sleep(1)
+        release.wait(30)  # blocked away from the clock (on a pool the test holds, say)
+
+    thread = threading.Thread(target=run, name="on-the-pool", daemon=True)
+    thread.start()
+    try:
+        clock.wait_for_sleeping(["on-the-pool"], 5)
+        clock.advance(1)  # it wakes, and blocks elsewhere: away, and known to the clock
+        started = time.monotonic()
+        moved = clock.advance_until(
+            lambda: clock.monotonic() >= 3,
+            "500ms",
+            limit="5s",
+            sleepers=0,
+            settle=10,
+            blocked={"on-the-pool"},
+        )
+        assert moved == 2
+        assert time.monotonic() - started < 5, "waited for a blocked thread (settle: 10 s)"
+    finally:
+        release.set()
+        thread.join(5)
+
+
 def _raised(fn: Callable[..., object], *args: object) -> BaseException | None:
     try:
         fn(*args)

@@ -389,6 +389,7 @@ class FakeClock:
         limit: DurationInput,
         sleepers: int = 1,
         settle: float = 1.0,
+        blocked: Iterable[str] = (),
     ) -> float:
         """Advance by ``step`` until ``predicate()`` holds; returns the seconds moved.
 
@@ -398,15 +399,18 @@ class FakeClock:
         A thread busy with real work between two sleeps (a write, say) is waited for, so fake
         time never runs ahead of it. The wait lasts ``settle`` real seconds at most, asking
         ``predicate`` meanwhile; a thread still away then is blocked elsewhere (a job, a pool,
-        a lock) and is not waited for again until its next sleep on the clock.
+        a lock) and is not waited for again until its next sleep on the clock. The threads named
+        in ``blocked`` are never waited for: the test knows they are blocked elsewhere (on a
+        pool whose connections it holds, say) and would cost ``settle`` at each return.
         ``AssertionError`` when ``predicate`` still fails after ``limit``."""
         span = to_timedelta(limit) // timedelta(microseconds=1) * 1000
         by = to_timedelta(step) // timedelta(microseconds=1) * 1000
+        skip = frozenset(blocked)
         with self._cond:
             start = self._mono
         while True:
             end = time.monotonic() + settle
-            while not self._settled(sleepers, end):
+            while not self._settled(sleepers, end, skip):
                 if predicate():  # the thread that made it true may have ended
                     return self._moved(start)
             if predicate():
@@ -417,30 +421,32 @@ class FakeClock:
                     raise AssertionError(f"still false after {moved:g} s of fake time")
             self.advance(timedelta(microseconds=by // 1000))
 
-    def _away(self) -> list[threading.Thread]:
+    def _away(self, skip: frozenset[str] = frozenset()) -> list[threading.Thread]:
         """The live threads that slept on the clock and are not parked on it now (but the
-        caller), under the lock."""
+        caller and those named in ``skip``), under the lock."""
         me = threading.current_thread()
         self._known = {t for t in self._known if t.is_alive()}
         away = []
         for thread in self._known:
+            if thread is me or thread.name in skip:
+                continue
             at, wake = self._sleeping.get(thread, (-1, None))
-            if (at <= self._mono or (wake is not None and wake.is_set())) and thread is not me:
+            if at <= self._mono or (wake is not None and wake.is_set()):
                 away.append(thread)
         return away
 
-    def _settled(self, sleepers: int, end: float) -> bool:
+    def _settled(self, sleepers: int, end: float, skip: frozenset[str] = frozenset()) -> bool:
         """Whether every thread that slept on the clock is parked on it again, and at least
         ``sleepers`` are, waiting a slice for it. Once the real time ``end`` has passed, the
         threads still away are taken to be blocked elsewhere (a job, a pool, a lock): they are
         no longer waited for until they sleep on the clock again."""
         with self._cond:
             for _ in range(2):
-                if not self._away() and len(self._sleeping) >= sleepers:
+                if not self._away(skip) and len(self._sleeping) >= sleepers:
                     return True
                 left = end - time.monotonic()
                 if left <= 0:
-                    self._known.difference_update(self._away())
+                    self._known.difference_update(self._away(skip))
                     return True
                 self._cond.wait(min(left, _SETTLE_SLICE))
             return False

@@ -7,7 +7,6 @@ job's work. A test waits for those on events (``started``), never on the clock."
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -37,25 +36,29 @@ def start(worker: Worker, clock: FakeClock) -> Worker:
 
 def parked(clock: FakeClock, timeout: float = 10.0) -> None:
     """Wait, up to ``timeout`` real seconds, until every loop of ``LOOPS`` sleeps on ``clock``
-    (real threads starting: looked at every 5 ms)."""
-    end = time.monotonic() + timeout
-    while missing := LOOPS - {thread.name for thread in clock.sleeping()}:
-        assert time.monotonic() < end, f"not asleep on the clock after {timeout} s: {missing}"
-        time.sleep(0.005)
+    (``FakeClock.wait_for_sleeping``: woken as each starts to sleep, no polling)."""
+    clock.wait_for_sleeping(LOOPS, timeout)
 
 
-def pass_time(clock: FakeClock, span: DurationInput, step: DurationInput = "50ms") -> None:
+def pass_time(
+    clock: FakeClock,
+    span: DurationInput,
+    step: DurationInput = "50ms",
+    blocked: frozenset[str] = frozenset(),
+) -> None:
     """Let ``span`` of fake time pass in steps of ``step``, each taken once the worker's loops
     are parked on the clock again (``FakeClock.advance_until``). A loop away from the clock
     is writing to the database (a renewal, a turn), which on a loaded machine (three test
     processes on two cores, each with its own PostgreSQL) has taken over a second: it is
-    waited for up to ``SETTLE`` real seconds before time moves on without it."""
+    waited for up to ``SETTLE`` real seconds before time moves on without it. The loops named
+    in ``blocked`` are not waited for: the test blocks them (on a pool it holds, say)."""
     end = clock.monotonic() + to_timedelta(span).total_seconds()
     clock.advance_until(
         lambda: clock.monotonic() >= end,
         step,
         limit=to_timedelta(span) + to_timedelta(step),
         settle=SETTLE,
+        blocked=blocked,
     )
 
 

@@ -575,20 +575,27 @@ def test_each_loop_survives_an_unexpected_error(
     loop: str,
     method: str,
     when: Callable[[Any], Any] | None,
+    clock: FakeClock,
 ) -> None:
-    @job
-    def slow(value: Any) -> None:
-        time.sleep(0.3)  # long enough for a heartbeat
+    go = threading.Event()
 
-    app = make_app(make_module(f"exec_loop_{method}_{when is None}", slow=slow))
-    ids = [slow.enqueue({}).id for _ in range(3)]
+    @job
+    def held(value: Any) -> None:
+        assert go.wait(30)  # held until the renew loop has had its turn, for ``renew``
+
+    app = make_app(make_module(f"exec_loop_{method}_{when is None}", held=held), clock=clock)
+    ids = [held.enqueue({}).id for _ in range(3)]
     worker = app.worker(poll_interval="20ms", lease="600ms", heartbeat="100ms")
     faulty = _FailsOnce(worker.driver, method, when)
     worker.driver = faulty  # type: ignore[assignment]
     worker.maintenance.driver = faulty  # type: ignore[assignment]
-    with caplog.at_level(logging.ERROR, logger="ultimat3.jobs"), worker:
-        _wait(lambda: all(app.get_job(i).state is JobState.COMPLETED for i in ids))
-        _wait(lambda: faulty.raised == 1, what=f"the {loop} loop to hit its fault")
+    done = lambda: all(app.get_job(i).state is JobState.COMPLETED for i in ids)  # noqa: E731
+    with caplog.at_level(logging.ERROR, logger="ultimat3.jobs"), faketime.running(worker, clock):
+        if loop != "cycle":  # settling needs completions; claiming fails at once
+            clock.advance_until(lambda: faulty.raised == 1, "50ms", limit="5s", settle=5)
+        go.set()
+        # The crashed loop comes back after its back-off, on the clock.
+        clock.advance_until(lambda: done() and faulty.raised == 1, "50ms", limit="30s", settle=5)
     crashed = [r for r in caplog.records if getattr(r, "event", "") == "jobs.loop.crashed"]
     assert [r.fields["loop"] for r in crashed] == [loop]
     assert worker.exit_code == 0

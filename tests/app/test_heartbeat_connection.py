@@ -5,16 +5,16 @@ On PostgreSQL the renewals run on a connection of their own, outside the pool. H
 has two connections and both handlers hold one each in an open ``app.transaction()`` for
 three leases: every lease is renewed all along (its expiry in the database keeps moving), none
 is given up, the renew loop and the presence beat never fail, and both jobs complete once. (SQLite needs nothing of
-the kind: its connections are per thread, the renew loop's included.)
+the kind: its connections are per thread, the renew loop's included.) The three leases pass on a
+fake clock (``faketime``), moved while the worker's loops are parked on it.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 import types
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -22,10 +22,15 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from ultimat3.jobs import App, JobState, job
+from ultimat3.jobs.testing import FakeClock
 
+from . import faketime
 from .processes import wait_until
 
 pytestmark = pytest.mark.postgres
+#: The loops that wait for a pooled connection (5 s, in real time) and fail, over and over,
+#: while the handlers hold the pool: fake time does not wait for them.
+ON_THE_POOL = frozenset({"ultimat3-jobs-cycle", "ultimat3-jobs-maintenance"})
 
 
 def _events(caplog: pytest.LogCaptureFixture, name: str) -> list[logging.LogRecord]:
@@ -52,12 +57,16 @@ def test_renewals_go_on_while_handlers_hold_every_pooled_connection(
 
     module = types.ModuleType("heartbeat_jobs")
     module.hog = hog  # type: ignore[attr-defined]
-    app = App(url, modules=[module])
+    clock = FakeClock()
+    app = App(url, modules=[module], clock=clock)
     app_ref.append(app)
     try:
-        ids = [r.id for r in app.enqueue_many(hog, [{}, {}])]
         worker = app.worker(concurrency=2, lease="2s", heartbeat="300ms", poll_interval="1s")
-        with caplog.at_level(logging.INFO, logger="ultimat3.jobs"), worker:
+        with (
+            caplog.at_level(logging.INFO, logger="ultimat3.jobs"),
+            faketime.running(worker, clock),  # its loops parked before the pool is taken
+        ):
+            ids = [r.id for r in app.enqueue_many(hog, [{}, {}])]
             holding.wait(30)  # both pooled connections are held from now on
             with psycopg.connect(pg_dsn, autocommit=True) as watch:
 
@@ -70,13 +79,17 @@ def test_renewals_go_on_while_handlers_hold_every_pooled_connection(
                     return [row[0] for row in rows]
 
                 first = expiries()
-                held_until = time.monotonic() + 6.0  # three leases
-                while time.monotonic() < held_until:
-                    time.sleep(0.5)
+                for _ in range(12):  # three leases, in half seconds
+                    faketime.pass_time(clock, "500ms", blocked=ON_THE_POOL)
                     assert not _events(caplog, "jobs.lease.lost"), "a lease was given up"
                 latest = expiries()
-            assert all(b > a for a, b in zip(first, latest, strict=True)), (first, latest)
+            # Renewed until the end: each expiry is a lease past a time the clock reached.
+            assert all(b > a + timedelta(seconds=5) for a, b in zip(first, latest, strict=True)), (
+                first,
+                latest,
+            )
             release.set()
+            # The completions' writes wait on the database, not on the clock: time stays.
             wait_until(
                 lambda: all(app.get_job(i).state is JobState.COMPLETED for i in ids),
                 30,

@@ -1,9 +1,12 @@
 """``clock``: a step of the host's wall clock (wall time moving apart from monotonic time by
-more than a second) is noticed by the first read after it, and only then."""
+more than a second) is noticed by the first read after it, and only then; a test waits for
+named threads to park on a fake clock (``FakeClock.wait_for_sleeping``)."""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -72,3 +75,103 @@ def test_a_forked_child_reads_the_clock_though_a_thread_held_its_lock() -> None:
             os._exit(0)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def _sleeper(clock: FakeClock, name: str, seconds: float, go: threading.Event) -> threading.Thread:
+    """A thread named ``name`` that sleeps ``seconds`` on ``clock`` once ``go`` is set."""
+
+    def run() -> None:
+        go.wait(5)
+        clock.sleep(seconds)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_wait_for_sleeping_returns_once_every_named_thread_is_asleep() -> None:
+    clock = FakeClock()
+    go_a, go_b = threading.Event(), threading.Event()
+    a = _sleeper(clock, "loop-a", 10, go_a)
+    b = _sleeper(clock, "loop-b", 10, go_b)
+    go_a.set()
+    waited: list[BaseException | None] = []
+    waiter = threading.Thread(
+        target=lambda: waited.append(_raised(clock.wait_for_sleeping, {"loop-a", "loop-b"}, 5))
+    )
+    waiter.start()
+    clock.wait_for_sleeping(["loop-a"], 5)
+    waiter.join(0.1)
+    assert waiter.is_alive(), "returned while loop-b was not asleep yet"
+    go_b.set()
+    waiter.join(5)
+    assert waited == [None], "woken when loop-b fell asleep, not left to its timeout"
+    clock.advance(10)
+    a.join(5)
+    b.join(5)
+
+
+def test_wait_for_sleeping_times_out_naming_who_is_missing() -> None:
+    clock = FakeClock()
+    go = threading.Event()
+    go.set()
+    sleeper = _sleeper(clock, "loop-a", 1, go)
+    clock.wait_for_sleeping(["loop-a"], 5)
+    clock.advance(1)  # its time has come: not asleep any more, though it may not have left
+    sleeper.join(5)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"not asleep on the fake clock after 0.2 s: loop-a"):
+        clock.wait_for_sleeping(["loop-a"], 0.2)
+    assert 0.2 <= time.monotonic() - started < 5, "waited its timeout in real time, not longer"
+
+
+def test_wait_for_sleeping_does_not_count_a_sleeper_whose_wake_is_set() -> None:
+    clock = FakeClock()
+    wake = threading.Event()
+    wake.set()
+    token = threading.current_thread()
+    with clock._cond:  # a sleeper woken, not yet gone: as ``sleep`` leaves it under the lock
+        clock._sleeping[token] = (10**9, wake)
+    try:
+        with pytest.raises(TimeoutError, match=r"\(asleep: none\)"):
+            clock.wait_for_sleeping([token.name], 0.05)
+    finally:
+        with clock._cond:
+            del clock._sleeping[token]
+
+
+def test_advance_until_does_not_wait_for_the_threads_named_blocked() -> None:
+    clock = FakeClock()
+    release = threading.Event()
+
+    def run() -> None:
+        clock.sleep(1)
+        release.wait(30)  # blocked away from the clock (on a pool the test holds, say)
+
+    thread = threading.Thread(target=run, name="on-the-pool", daemon=True)
+    thread.start()
+    try:
+        clock.wait_for_sleeping(["on-the-pool"], 5)
+        clock.advance(1)  # it wakes, and blocks elsewhere: away, and known to the clock
+        started = time.monotonic()
+        moved = clock.advance_until(
+            lambda: clock.monotonic() >= 3,
+            "500ms",
+            limit="5s",
+            sleepers=0,
+            settle=10,
+            blocked={"on-the-pool"},
+        )
+        assert moved == 2
+        assert time.monotonic() - started < 5, "waited for a blocked thread (settle: 10 s)"
+    finally:
+        release.set()
+        thread.join(5)
+
+
+def _raised(fn: Callable[..., object], *args: object) -> BaseException | None:
+    try:
+        fn(*args)
+    except BaseException as error:  # reported to the test's thread
+        return error
+    return None

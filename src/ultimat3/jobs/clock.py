@@ -30,7 +30,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
@@ -258,7 +258,8 @@ class FakeClock:
     ``date -s`` would, and wakes no sleeper.
 
     To move time exactly when the loops are parked: ``sleepers()`` counts the threads asleep on
-    the clock, ``wait_for_sleepers(n)`` waits (in real time) until ``n`` are, ``next_wake()``
+    the clock, ``wait_for_sleepers(n)`` waits (in real time) until ``n`` are,
+    ``wait_for_sleeping(names)`` until the threads of those names are, ``next_wake()``
     says when the soonest wakes, and ``advance_until(predicate, step, limit=...)`` moves time
     by ``step`` until ``predicate()`` holds, each time once every thread that sleeps on the
     clock is parked again (none is busy with the previous step meanwhile).
@@ -354,6 +355,32 @@ class FakeClock:
                     )
                 self._cond.wait(left)
 
+    def wait_for_sleeping(self, names: Iterable[str], timeout: float = 10.0) -> None:
+        """Wait, up to ``timeout`` real seconds, until a thread of each of ``names`` (thread
+        names) is asleep on this clock: parked, its time not yet come and its ``wake`` not set.
+        ``TimeoutError`` otherwise, naming the threads not asleep and those that are."""
+        wanted = frozenset(names)
+        end = time.monotonic() + timeout
+        with self._cond:
+            while missing := wanted - self._parked_names():
+                left = end - time.monotonic()
+                if left <= 0:
+                    asleep = sorted(self._parked_names()) or ["none"]
+                    raise TimeoutError(
+                        f"not asleep on the fake clock after {timeout} s: "
+                        f"{', '.join(sorted(missing))} (asleep: {', '.join(asleep)})"
+                    )
+                # Woken when a thread starts to sleep (``sleep`` notifies) or time moves.
+                self._cond.wait(left)
+
+    def _parked_names(self) -> set[str]:
+        """The names of the threads parked on the clock now, under the lock."""
+        return {
+            thread.name
+            for thread, (at, wake) in self._sleeping.items()
+            if at > self._mono and (wake is None or not wake.is_set())
+        }
+
     def advance_until(
         self,
         predicate: Callable[[], object],
@@ -362,6 +389,7 @@ class FakeClock:
         limit: DurationInput,
         sleepers: int = 1,
         settle: float = 1.0,
+        blocked: Iterable[str] = (),
     ) -> float:
         """Advance by ``step`` until ``predicate()`` holds; returns the seconds moved.
 
@@ -371,15 +399,18 @@ class FakeClock:
         A thread busy with real work between two sleeps (a write, say) is waited for, so fake
         time never runs ahead of it. The wait lasts ``settle`` real seconds at most, asking
         ``predicate`` meanwhile; a thread still away then is blocked elsewhere (a job, a pool,
-        a lock) and is not waited for again until its next sleep on the clock.
+        a lock) and is not waited for again until its next sleep on the clock. The threads named
+        in ``blocked`` are never waited for: the test knows they are blocked elsewhere (on a
+        pool whose connections it holds, say) and would cost ``settle`` at each return.
         ``AssertionError`` when ``predicate`` still fails after ``limit``."""
         span = to_timedelta(limit) // timedelta(microseconds=1) * 1000
         by = to_timedelta(step) // timedelta(microseconds=1) * 1000
+        skip = frozenset(blocked)
         with self._cond:
             start = self._mono
         while True:
             end = time.monotonic() + settle
-            while not self._settled(sleepers, end):
+            while not self._settled(sleepers, end, skip):
                 if predicate():  # the thread that made it true may have ended
                     return self._moved(start)
             if predicate():
@@ -390,30 +421,32 @@ class FakeClock:
                     raise AssertionError(f"still false after {moved:g} s of fake time")
             self.advance(timedelta(microseconds=by // 1000))
 
-    def _away(self) -> list[threading.Thread]:
+    def _away(self, skip: frozenset[str] = frozenset()) -> list[threading.Thread]:
         """The live threads that slept on the clock and are not parked on it now (but the
-        caller), under the lock."""
+        caller and those named in ``skip``), under the lock."""
         me = threading.current_thread()
         self._known = {t for t in self._known if t.is_alive()}
         away = []
         for thread in self._known:
+            if thread is me or thread.name in skip:
+                continue
             at, wake = self._sleeping.get(thread, (-1, None))
-            if (at <= self._mono or (wake is not None and wake.is_set())) and thread is not me:
+            if at <= self._mono or (wake is not None and wake.is_set()):
                 away.append(thread)
         return away
 
-    def _settled(self, sleepers: int, end: float) -> bool:
+    def _settled(self, sleepers: int, end: float, skip: frozenset[str] = frozenset()) -> bool:
         """Whether every thread that slept on the clock is parked on it again, and at least
         ``sleepers`` are, waiting a slice for it. Once the real time ``end`` has passed, the
         threads still away are taken to be blocked elsewhere (a job, a pool, a lock): they are
         no longer waited for until they sleep on the clock again."""
         with self._cond:
             for _ in range(2):
-                if not self._away() and len(self._sleeping) >= sleepers:
+                if not self._away(skip) and len(self._sleeping) >= sleepers:
                     return True
                 left = end - time.monotonic()
                 if left <= 0:
-                    self._known.difference_update(self._away())
+                    self._known.difference_update(self._away(skip))
                     return True
                 self._cond.wait(min(left, _SETTLE_SLICE))
             return False

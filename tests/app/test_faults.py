@@ -172,6 +172,9 @@ def test_four_workers_never_run_a_job_twice(
     ids = [r.id for r in fault_app.enqueue_many(faultjobs.ledger, [{"sleep": 0}] * 400)]
     procs = [spawn("--concurrency", "4", "--poll-interval", "100ms") for _ in range(4)]
     wait_until(lambda: fault_app.count_jobs(state="completed") == 400, 60, "400 completions")
+    # A worker that starts slowly (a loaded machine) may not have installed its signal
+    # handlers yet when the others have drained the queue; it has once its row is written.
+    wait_until(lambda: len(fault_app.workers()) == 4, 60, "every worker to start")
     for proc in procs:
         proc.send_signal(signal.SIGTERM)
     for proc in procs:

@@ -119,18 +119,22 @@ def fault_app(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[
 
 
 @pytest.fixture
-def spawn(env: dict[str, str]) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
-    """Start `ultimat3-jobs worker` processes; any still running at teardown are killed."""
+def spawn(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Start `ultimat3-jobs worker` processes; any still running at teardown are killed. Each
+    one's stderr goes to a file (``processes.last_words`` reads it for a failure message)."""
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(*args: str) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "ultimat3.jobs", "--app", "faultjobs:app", "worker", *args],
-            env=env,
-            cwd=HERE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        log = tmp_path / f"worker-{len(procs)}.log"
+        with log.open("wb") as stderr:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "ultimat3.jobs", "--app", "faultjobs:app", "worker", *args],
+                env=env,
+                cwd=HERE,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
+        proc.log = log  # type: ignore[attr-defined]
         procs.append(proc)
         return proc
 

@@ -24,6 +24,18 @@ def ledger(env: dict[str, str]) -> list[tuple[str, int, int, str]]:
     return rows
 
 
+def last_words(procs: list[subprocess.Popen[bytes]], lines: int = 15) -> str:
+    """For a failure message: the exit code and the last lines of stderr of each process of
+    ``procs`` (started by the ``spawn`` fixture) that has exited."""
+    words = []
+    for proc in procs:
+        if proc.poll() is not None:
+            log = getattr(proc, "log", None)
+            tail = log.read_text(errors="replace").splitlines()[-lines:] if log else []
+            words.append(f"pid {proc.pid} exited {proc.returncode}:\n" + "\n".join(tail))
+    return "\n".join(words)
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():

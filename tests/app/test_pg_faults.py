@@ -19,7 +19,7 @@ import pytest
 
 from ultimat3.jobs import App, JobState
 
-from .processes import HERE, ledger, poison_hurts_only_itself, wait_until
+from .processes import HERE, last_words, ledger, poison_hurts_only_itself, wait_until
 
 pytestmark = pytest.mark.postgres
 
@@ -81,10 +81,12 @@ def test_server_crash_and_restart_during_a_drain(
     wait_until(lambda: len(ledger(env)) >= 40, 30, "the drain to be under way")
     cluster.stop("immediate")
     time.sleep(2)
-    assert all(p.poll() is None for p in procs), "a worker died with the server"
+    assert all(p.poll() is None for p in procs), (
+        f"a worker died with the server: {last_words(procs)}"
+    )
     cluster.start()
     wait_until(lambda: fault_app.count_jobs(state="completed") == 300, 90, "every job to complete")
-    assert all(p.poll() is None for p in procs), "the workers survived and resumed"
+    assert all(p.poll() is None for p in procs), f"a worker died: {last_words(procs)}"
     starts = Counter(r[0] for r in ledger(env) if r[3] == "start")
     assert set(starts) == set(ids)
     for job_id in ids:

@@ -78,6 +78,10 @@ def test_server_crash_and_restart_during_a_drain(
 
     ids = [r.id for r in fault_app.enqueue_many(faultjobs.ledger, [{"sleep": 0.05}] * 300)]
     procs = [spawn("--concurrency", "4", *FAST) for _ in range(2)]
+    # Both running (each has its row) before the crash: a worker still starting when the
+    # server goes away exits, as documented (its supervisor starts it again), and on a loaded
+    # machine the first one alone can run the 40 jobs while the second still starts.
+    wait_until(lambda: len(fault_app.workers()) == 2, 30, "both workers to start")
     wait_until(lambda: len(ledger(env)) >= 40, 30, "the drain to be under way")
     cluster.stop("immediate")
     time.sleep(2)

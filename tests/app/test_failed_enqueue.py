@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pgwait import interrupt_when_waiting  # tests/ is on the path, as for pgcluster
+from pgwait import interrupt_when_blocked  # tests/ is on the path, as for pgcluster
 from ultimat3.jobs import App, DriverUnavailableError, EnqueueRefusedError, JobsError, job
 
 
@@ -344,7 +344,22 @@ def test_pg_an_enqueue_after_a_failed_statement_in_an_autocommit_pipeline(
     assert pg_app.count_jobs() == 1
 
 
+@pytest.fixture(params=["sigint_default", "sigint_ignored"])
+def inherited_sigint(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The SIGINT disposition the test process starts with: Python's default, or ignored, as
+    in a suite started in the background by a non-interactive shell (``pytest ... &``)."""
+    import signal
+
+    handler = signal.default_int_handler if request.param == "sigint_default" else signal.SIG_IGN
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.postgres
+@pytest.mark.usefixtures("inherited_sigint")
 def test_pg_an_interrupted_enqueue_rolls_back_to_its_savepoint(pg_app: App, pg_url: str) -> None:
     """Ctrl-C while the enqueue waits for a key: psycopg cancels the statement and raises
     KeyboardInterrupt; the savepoint is rolled back, so the caller's transaction goes on."""
@@ -356,12 +371,12 @@ def test_pg_an_interrupted_enqueue_rolls_back_to_its_savepoint(pg_app: App, pg_u
         with conn.transaction(), pg_app.using(conn):
             conn.execute("set local lock_timeout = '10s'")  # never for ever
             conn.execute("insert into orders values (1)")
-            watcher, sent = interrupt_when_waiting(pg_url, conn.info.backend_pid)
-            try:
-                with pytest.raises(KeyboardInterrupt):
-                    receipt.enqueue({"order": 5})
-            finally:
-                watcher.join()
+            blocked = (conn.info.backend_pid, other.info.backend_pid)
+            with (
+                interrupt_when_blocked(pg_url, *blocked) as sent,
+                pytest.raises(KeyboardInterrupt),
+            ):
+                receipt.enqueue({"order": 5})
             assert sent == [True], "interrupted while it waited for the key"
             conn.execute("insert into orders values (2)")
         other.rollback()

@@ -154,6 +154,14 @@ def test_a_queue_drains_soon_after_a_postgres_restart_whatever_the_poll_interval
     ids = [r.id for r in fault_app.enqueue_many(faultjobs.stamped, [{"sleep": 0.05}] * 300)]
     args = ("--concurrency", "4", "--lease", "30s", "--poll-interval", LONG_POLL)
     procs = [spawn(*args) for _ in range(2)]
+    # Both running (each has its row) before the crash: a worker still starting when the
+    # server goes away exits, as it should (its supervisor starts it again). On a loaded
+    # machine the first one alone could complete the 40 while the second still started.
+    wait_until(
+        lambda: all(p.poll() is None for p in procs) and len(fault_app.workers()) == 2,
+        30,
+        "both workers to start",
+    )
     wait_until(lambda: fault_app.count_jobs(state="completed") >= 40, 60, "the drain under way")
     cluster.stop("immediate")
     cluster.start()

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pgwait import interrupt_when_waiting  # tests/ is on the path, as for pgcluster
+from pgwait import interrupt_when_blocked  # tests/ is on the path, as for pgcluster
 from ultimat3.jobs.errors import (
     ConfigurationError,
     DriverUnavailableError,
@@ -344,12 +344,12 @@ def test_pg_an_interrupted_stage_rolls_back_to_its_savepoint(spec: StoreSpec) ->
         with spec.begin() as conn:
             conn.execute("SET LOCAL lock_timeout = '10s'")  # never for ever
             executor = spec.store.adopt(conn)
-            watcher, sent = interrupt_when_waiting(spec.url, conn.info.backend_pid)
-            try:
-                with pytest.raises(KeyboardInterrupt):
-                    spec.store.stage(executor, [new_job(1)])
-            finally:
-                watcher.join()
+            blocked = (conn.info.backend_pid, other.info.backend_pid)
+            with (
+                interrupt_when_blocked(spec.url, *blocked) as sent,
+                pytest.raises(KeyboardInterrupt),
+            ):
+                spec.store.stage(executor, [new_job(1)])
             assert sent == [True], "interrupted while it waited for the id"
             spec.store.stage(executor, [new_job(2)])  # the transaction goes on
         other.rollback()

@@ -123,6 +123,8 @@ def test_two_workers_never_run_a_job_twice(
     ids = [r.id for r in fault_app.enqueue_many(faultjobs.ledger, [{"sleep": 0}] * 400)]
     procs = [spawn("--concurrency", "4", "--poll-interval", "200ms") for _ in range(2)]
     wait_until(lambda: fault_app.count_jobs(state="completed") == 400, 60, "400 completions")
+    # As on SQLite: a worker has its signal handlers once its row is written.
+    wait_until(lambda: len(fault_app.workers()) == 2, 60, "both workers to start")
     for proc in procs:
         proc.send_signal(signal.SIGTERM)
     for proc in procs:

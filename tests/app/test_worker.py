@@ -257,36 +257,95 @@ def test_worker_picks_up_jobs_enqueued_while_idle(
 release = threading.Event()
 
 
-@job(timeout="200ms", retry=Retry(attempts=2, delay="0s", jitter=False))
+@job(timeout="30s", retry=Retry(attempts=2, delay="0s", jitter=False))
 def slow_sync(input: dict[str, Any], ctx: JobContext) -> None:
     while not ctx.cancelled and not release.is_set():
-        time.sleep(0.01)
+        release.wait(0.01)  # its work, in real time: it watches for its cancellation
     calls.append(("saw-cancel", ctx.cancelled))
 
 
-@job(timeout="200ms", retry=Retry(attempts=1))
+@job(timeout="30s", retry=Retry(attempts=1))
 async def slow_async(input: dict[str, Any]) -> None:
-    await asyncio.sleep(30)
+    await asyncio.sleep(3600)  # real time: only its cancellation ends it
 
 
-def test_timeouts_fail_the_attempt(make_app: Callable[..., App], make_module: Any) -> None:
+@job(timeout="30s", retry=Retry(attempts=1))
+async def swallows_cancel(input: dict[str, Any]) -> None:
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        calls.append("swallowed")  # and returns as if done: still a timeout
+
+
+class _Count:
+    """How many times a library event was emitted, waited for on a condition (no polling)."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self._cond = threading.Condition()
+
+    def __call__(self, event: object) -> None:
+        with self._cond:
+            self.seen += 1
+            self._cond.notify_all()
+
+    def reach(self, n: int, timeout: float = 10.0) -> None:
+        with self._cond:
+            assert self._cond.wait_for(lambda: self.seen >= n, timeout), (self.seen, n)
+
+
+def test_timeouts_fail_the_attempt(
+    make_app: Callable[..., App], make_module: Any, clock: FakeClock
+) -> None:
+    """Sync and async timeouts are both on the worker's clock (the heartbeat's): 30 s of fake
+    time end them, while their work (an hour for the async ones) is in real time. An async job
+    is cancelled at its await point; one that swallows the cancellation still timed out."""
     release.clear()
-    app = make_app(make_module(slow_sync=slow_sync, slow_async=slow_async))
+    module = make_module(slow_sync=slow_sync, slow_async=slow_async, swallows=swallows_cancel)
+    app = make_app(module, clock=clock)
     sync_job = slow_sync.enqueue({})
     async_job = slow_async.enqueue({})
-    with app.worker(concurrency=4, poll_interval="50ms"):
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            a = app.get_job(async_job.id)
-            s = app.get_job(sync_job.id)
-            if a.state is JobState.DEAD and s.state is JobState.DEAD:
-                break
-            time.sleep(0.02)
-    assert app.get_job(async_job.id).errors[0].kind == "timeout"
-    s = app.get_job(sync_job.id)
-    assert s.state is JobState.DEAD, s
-    assert [e.kind for e in s.errors] == ["timeout", "timeout"]
-    assert ("saw-cancel", True) in calls
+    swallowing = swallows_cancel.enqueue({})
+    started, dead = _Count(), _Count()
+    try:
+        with (
+            events.subscribe(started, names=["jobs.job.started"]),
+            events.subscribe(dead, names=["jobs.job.dead"]),
+            faketime.running(app.worker(concurrency=4, poll_interval="50ms"), clock),
+        ):
+            started.reach(3)
+            faketime.pass_time(clock, "30s")
+            dead.reach(2)  # the async jobs, written in real time; the sync one's retry:
+            started.reach(4)
+            faketime.pass_time(clock, "30s")
+            dead.reach(3)
+    finally:
+        release.set()
+    assert [e.kind for e in app.get_job(async_job.id).errors] == ["timeout"]
+    assert [e.kind for e in app.get_job(swallowing.id).errors] == ["timeout"]
+    assert [e.kind for e in app.get_job(sync_job.id).errors] == ["timeout", "timeout"]
+    assert ("saw-cancel", True) in calls and "swallowed" in calls
+
+
+def test_an_async_job_cancelled_at_its_timeout_is_not_stuck(
+    make_app: Callable[..., App], make_module: Any, clock: FakeClock
+) -> None:
+    """A sync job past its timeout holds its slot (its thread runs on): stuck. An async one is
+    cancelled and returns: its slot is free at once, and ``jobs.worker.stuck`` is not logged."""
+    app = make_app(make_module(slow_async=slow_async), clock=clock)
+    made = slow_async.enqueue({}).id
+    started, dead, stuck = _Count(), _Count(), _Count()
+    with (
+        events.subscribe(started, names=["jobs.job.started"]),
+        events.subscribe(dead, names=["jobs.job.dead"]),
+        events.subscribe(stuck, names=["jobs.worker.stuck"]),
+        faketime.running(app.worker(concurrency=1, poll_interval="50ms"), clock),
+    ):
+        started.reach(1)
+        faketime.pass_time(clock, "30s")
+        dead.reach(1)  # written after the beat that timed it out, which checks for stuck slots
+    assert [e.kind for e in app.get_job(made).errors] == ["timeout"]
+    assert stuck.seen == 0
 
 
 gate = threading.Event()

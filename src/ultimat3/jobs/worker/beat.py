@@ -1,12 +1,13 @@
 """A worker's heartbeat: the loops that keep what it holds alive and watched.
 
-- **heartbeat** (never waits for the database): marks jobs past their timeout
-  (``Run.time_out``, ``ctx.cancelled``), logs ``jobs.worker.stuck`` (and exits past
-  ``stuck_limit``) and an event loop blocked by an async job, gives up leases whose renewal
-  has gone unconfirmed for ``lease - heartbeat/2`` (``Run.lose``: before the database can have
-  expired them, so before they can have been rescued elsewhere; not on a single-writer
-  database, where a stall holds the rescuer too), and asks the renew loop to go every
-  heartbeat, or at once after a step of the wall clock.
+- **heartbeat** (never waits for the database): marks jobs past their timeout on the worker's
+  clock (``Run.time_out``, ``ctx.cancelled``) and cancels an async job's task (the one
+  timeout of both kinds of job), logs ``jobs.worker.stuck`` (and exits past ``stuck_limit``)
+  and an event loop blocked by an async job, gives up leases whose renewal has gone
+  unconfirmed for ``lease - heartbeat/2`` (``Run.lose``: before the database can have expired
+  them, so before they can have been rescued elsewhere; not on a single-writer database,
+  where a stall holds the rescuer too), and asks the renew loop to go every heartbeat, or at
+  once after a step of the wall clock.
 - **renew**: renews every held lease (``lease_extend``); a lease the database no longer
   grants is lost (``jobs.lease.lost``). A renewal stalled on the database blocks this loop
   only.
@@ -77,9 +78,13 @@ class Beat:
         now = self.clock.monotonic()
         with self._lock:
             held = list(self._held.values())
+        cancelled: list[Held] = []
         for h in held:
             if h.deadline is not None and now >= h.deadline and h.run.time_out():
                 h.cancelled.set()
+                if h.running is not None:
+                    _cancel(h.running)
+                    cancelled.append(h)
                 events.warning(
                     "jobs.job.timeout",
                     job_id=h.job.id,
@@ -91,7 +96,8 @@ class Beat:
                 # Outcomes of short jobs wait behind a long one on the thread that ran them
                 # (the cycle loop is woken when a handler returns): write them now.
                 self._wake_cycle()
-        self._check_stuck(held, now)
+        # An async job cancelled just now has until the next beat to return.
+        self._check_stuck([h for h in held if h not in cancelled], now)
         self._check_event_loop(held, now)
         self._check_leases(held, now)
         stepped = self.clock.stepped_at()
@@ -163,6 +169,8 @@ class Beat:
             self._free(h)
 
     def _check_stuck(self, held: list[Held], now: float) -> None:
+        """Every slot held by a job past its timeout: a sync job's thread runs on, an async
+        job's task did not return at its cancellation."""
         stuck = [h for h in held if h.run.timed_out and h.started_at is not None]
         if len(stuck) < self.config.concurrency or not stuck:
             if self._stuck_since is not None:
@@ -215,3 +223,12 @@ class Beat:
             except JobsError:
                 pass  # the database is away (the beat said so): checked at the next beat
         return every
+
+
+def _cancel(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` on its event loop, from another thread: its coroutine gets
+    ``CancelledError`` at its await point."""
+    try:
+        task.get_loop().call_soon_threadsafe(task.cancel)
+    except RuntimeError:
+        pass  # its loop is closed: the task is over

@@ -50,7 +50,7 @@ class Outcome:
 
 class Held:
     """A job this worker holds: its ``Run`` (the state the threads share, under its lock) and
-    what its handler thread alone writes (its deadline, start, duration and task)."""
+    what its handler thread (or task) alone writes (its deadline, start, duration and task)."""
 
     __slots__ = (
         "cancelled",
@@ -60,6 +60,7 @@ class Held:
         "job",
         "lease",
         "run",
+        "running",
         "started_at",
         "task",
     )
@@ -76,6 +77,9 @@ class Held:
         self.started_at: float | None = None
         self.duration: float | None = None  # seconds the function ran, once it returned
         self.task: concurrent.futures.Future[None] | None = None
+        #: The asyncio task that runs an async job's function, set by that task before its
+        #: deadline: the heartbeat that sees the deadline passed cancels it (``Beat``).
+        self.running: asyncio.Task[Any] | None = None
 
 
 class Handlers:
@@ -196,7 +200,12 @@ class Handlers:
         _job_finished(held, outcome, self.clock.monotonic() - began)
         return outcome
 
-    async def _run_async(self, held: Held) -> Outcome | None:
+    async def _run_async(self, held: Held, *, watched: bool = False) -> Outcome | None:
+        """Run an async job's function on the running event loop. ``watched``: the worker's
+        heartbeat enforces its timeout on the worker's clock, as a sync job's (``Beat``): past
+        ``held.deadline`` it marks the run timed out and cancels this task, and the outcome is
+        then a timeout, whatever the function does with its ``CancelledError``. Unwatched
+        (``Worker.drain``: no heartbeat), the timeout is ``asyncio.wait_for``'s, in real time."""
         prepared = self._prepare(held)
         if isinstance(prepared, Outcome):
             return prepared
@@ -204,19 +213,32 @@ class Handlers:
         reset = current_app.set(self.app)
         timeout = handle.timeout.total_seconds() if handle.timeout is not None else None
         began = _job_started(held, self.clock)
+        if watched:
+            held.running = asyncio.current_task()
+            if timeout is not None:
+                held.deadline = began + timeout
         outcome: Outcome | None
         try:
-            value = await asyncio.wait_for(handle.fn(*args), timeout)
-        except TimeoutError:
-            outcome = self._timeout_outcome(held)
+            if watched:
+                value = await handle.fn(*args)
+            else:
+                value = await asyncio.wait_for(handle.fn(*args), timeout)
         except asyncio.CancelledError:
-            outcome = None  # cancelled by the worker, which has settled this run already
+            # Cancelled by the worker: settled already (a lost lease, the shutdown), or timed
+            # out (below).
+            outcome = None
         except BaseException as exc:
-            outcome = self.outcome_of(held, exc)
+            if not watched and isinstance(exc, TimeoutError):
+                held.run.time_out()  # ``wait_for``'s
+                outcome = None
+            else:
+                outcome = self.outcome_of(held, exc)
         else:
             outcome = Outcome("complete") if value is None else self._completed(held, value)
         finally:
             current_app.reset(reset)
+        if held.run.timed_out:
+            outcome = self._timeout_outcome(held)
         _job_finished(held, outcome, self.clock.monotonic() - began)
         return outcome
 

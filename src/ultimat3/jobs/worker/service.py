@@ -609,7 +609,7 @@ class Worker(Beat, Handlers, Writer):
     async def _async_handler(self, held: Held) -> None:
         try:
             held.started_at = self.clock.monotonic()
-            outcome = await self._run_async(held)
+            outcome = await self._run_async(held, watched=True)
             self._settle(held, outcome)
         except BaseException as exc:
             self._settle(held, self._failed(held, exc))

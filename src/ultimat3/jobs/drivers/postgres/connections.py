@@ -255,8 +255,9 @@ class Connections(Migrations):
         self._reachable_at = 0.0
         self._closed = False
         self._identity: DatabaseId | None = None
-        #: A call slower than this, or failing to reach the server, counts as a stall.
-        self.stalls = StallTracker(threshold=1.0)
+        #: A call slower than this, or failing to reach the server, counts as a stall, timed
+        #: and stamped on the driver's clock (real time when opened by URL).
+        self.stalls = StallTracker(threshold=1.0, clock=self._clock)
 
         #: The lease renewals' connection, outside the pool (``_on_renewer``).
         self._renewer: Conn | None = None

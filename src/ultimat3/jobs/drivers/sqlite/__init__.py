@@ -181,8 +181,10 @@ class SqliteDriver(Connections):
         self._identity: DatabaseId | None = None
         #: Per queue, the last key a limited claim looked at (see ``limits``, step 1).
         self._after: dict[str, str] = {}
-        #: A wait longer than this for the write lock counts as a stall (see StallTracker).
-        self.stalls = StallTracker(threshold=0.5)
+        #: A wait longer than this for the write lock counts as a stall (see StallTracker),
+        #: stamped on the app's clock, which the rescuer's grace is measured on (the wait
+        #: itself is timed on ``wait_clock``).
+        self.stalls = StallTracker(threshold=0.5, clock=clock)
         #: The frame of the wall time this driver writes (``clock.Frame``; ``frame.align``).
         self._frame = frame_reader(clock)
         renew_after_fork(self)

@@ -8,10 +8,10 @@ import re
 import signal
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
@@ -650,17 +650,26 @@ def test_commands_on_jobs_never_create_the_schema_in_postgres(
     assert run("--url", url, *args)[0] == 0
 
 
-def test_the_scheduler_run_in_process_puts_the_signal_handlers_back(app_ref: str) -> None:
+def test_the_scheduler_run_in_process_puts_the_signal_handlers_back(
+    app_ref: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``scheduler`` (like ``relay``) stops on SIGTERM or SIGINT; run in process, as a test or
     an embedding program does, it leaves Ctrl-C as it found it. It used to keep its own
     handlers installed, so a later Ctrl-C only set an event nobody waited on."""
     found = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    installed = threading.Event()
+    install = signal.signal
+
+    def noting(sig: int, handler: Any) -> Any:
+        previous = install(sig, handler)
+        if sig == signal.SIGTERM and handler is not found[1]:
+            installed.set()
+        return previous
+
+    monkeypatch.setattr(signal, "signal", noting)
 
     def stop_once_installed() -> None:
-        deadline = time.monotonic() + 30
-        while signal.getsignal(signal.SIGTERM) is found[1]:
-            assert time.monotonic() < deadline, "the scheduler never installed its handler"
-            time.sleep(0.01)  # polls the handler from another thread: no clock to drive here
+        assert installed.wait(30), "the scheduler never installed its handler"
         os.kill(os.getpid(), signal.SIGTERM)
 
     stopper = threading.Thread(target=stop_once_installed)
